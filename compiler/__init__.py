@@ -1,0 +1,1 @@
+"""Offline side: tiny checkpoints, profiles, hardware specs, placement, codegen, plan writing."""

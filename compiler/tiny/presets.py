@@ -1,0 +1,51 @@
+"""Configs of the tiny test models: the official V4-Flash key set with small values.
+
+Constraints from the format (DSV4.md section 6): every FP8 matrix dim a multiple of 128, expert
+input dims multiples of 32, compress ratios only 0/4/128, index_head_dim >= qk_rope_head_dim.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+
+from ...plans import plans_dir
+
+# Keys that differ from the official V4-Flash config; everything else is copied from it.
+PRESETS: dict[str, dict] = {
+    # Runs in seconds on 2 cores. Covers sliding, CSA and HCA layers and hash + score routing.
+    # index_topk 128 keeps every visible compressed entry up to 512 tokens (exact-test safe).
+    "tiny": dict(
+        vocab_size=1024, hidden_size=256, num_hidden_layers=4, num_attention_heads=4, head_dim=128,
+        qk_rope_head_dim=64, q_lora_rank=128, o_groups=2, o_lora_rank=128, n_routed_experts=16,
+        num_experts_per_tok=4, moe_intermediate_size=128, compress_ratios=[0, 4, 128, 4, 0], num_hash_layers=1,
+        index_n_heads=4, index_head_dim=128, index_topk=128, sliding_window=16, max_position_embeddings=4096,
+        rope_scaling={"beta_fast": 32, "beta_slow": 1, "factor": 16, "original_max_position_embeddings": 256,
+                      "type": "yarn"},
+    ),
+    # Larger and differently ordered: more heads and experts, top-6, two hash layers, a small
+    # index_topk so the indexer really selects.
+    "small": dict(
+        vocab_size=1024, hidden_size=512, num_hidden_layers=6, num_attention_heads=8, head_dim=128,
+        qk_rope_head_dim=64, q_lora_rank=256, o_groups=4, o_lora_rank=128, n_routed_experts=32,
+        num_experts_per_tok=6, moe_intermediate_size=256, compress_ratios=[0, 128, 4, 128, 4, 4, 0],
+        num_hash_layers=2, index_n_heads=8, index_head_dim=128, index_topk=64, sliding_window=32,
+        max_position_embeddings=8192,
+        rope_scaling={"beta_fast": 32, "beta_slow": 1, "factor": 16, "original_max_position_embeddings": 512,
+                      "type": "yarn"},
+    ),
+}
+
+
+def official_flash_config() -> dict:
+    """The shipped DeepSeek-V4-Flash config.json as a dict."""
+    return json.loads((plans_dir() / "models" / "deepseek-v4-flash" / "config.json").read_text())
+
+
+def preset_config(name: str) -> dict:
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset '{name}'; choose one of {sorted(PRESETS)}")
+    cfg = official_flash_config()
+    cfg.update(copy.deepcopy(PRESETS[name]))
+    cfg["num_nextn_predict_layers"] = 0  # tiny models carry no MTP block
+    return cfg

@@ -1,0 +1,170 @@
+"""Lazy reader of an official DeepSeek-V4 checkpoint directory.
+
+`Checkpoint.open(dir)` reads config.json, the index (or a single model.safetensors) and every
+shard's header, and validates all of it against the name map (tensor_specs) before returning: a
+checkpoint either opens whole or raises one CheckpointError naming the file and tensor. Tensor
+data is read only when asked for, and only from the shard that holds it.
+
+With `weights=False` (planning) the shards may be absent: config.json and the index suffice, and
+shapes come from the config; headers of shards that do exist are still checked.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .config import ModelConfig
+from .errors import CheckpointError
+from .formats import dequantize_fp8, dequantize_mxfp4
+from .shard import Shard
+from .tensor_specs import TensorSpec, is_ignored_name, model_specs
+
+INDEX_NAME = "model.safetensors.index.json"
+SINGLE_NAME = "model.safetensors"
+
+
+@dataclass(frozen=True)
+class PackedExpert:
+    """One routed expert as stored: MXFP4 bytes [rows, cols/2] int8 and e8m0 scales [rows, cols/32]."""
+
+    w1: torch.Tensor        # gate [I, D/2]
+    w1_scale: torch.Tensor  # [I, D/32]
+    w3: torch.Tensor        # up   [I, D/2]
+    w3_scale: torch.Tensor  # [I, D/32]
+    w2: torch.Tensor        # down [D, I/2]
+    w2_scale: torch.Tensor  # [D, I/32]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.w1, self.w1_scale, self.w3, self.w3_scale,
+                                                           self.w2, self.w2_scale))
+
+
+class Checkpoint:
+    def __init__(self, root: Path, config: ModelConfig, specs: dict[str, TensorSpec], weight_map: dict[str, str],
+                 shards: dict[str, Shard]):
+        self.root = root
+        self.config = config
+        self.specs = specs
+        self.weight_map = weight_map
+        self._shards = shards
+
+    # ----- opening and validation ---------------------------------------------------------------
+    @classmethod
+    def open(cls, root: str | Path, weights: bool = True) -> "Checkpoint":
+        root = Path(root)
+        if not root.is_dir():
+            raise CheckpointError(root, "checkpoint directory not found")
+        config = ModelConfig.from_json(root / "config.json")
+        specs = model_specs(config)
+        weight_map, index_path = _read_weight_map(root)
+        shards: dict[str, Shard] = {}
+        for file in sorted(set(weight_map.values())):
+            if (root / file).exists():
+                shards[file] = Shard(root / file)
+            elif weights:
+                first = next(n for n, f in sorted(weight_map.items()) if f == file)
+                raise CheckpointError(root / file, f"shard file is missing (listed in {index_path.name})", tensor=first)
+        for name, spec in specs.items():
+            if name not in weight_map:
+                raise CheckpointError(index_path, "tensor required by config.json is missing from the index", tensor=name)
+            shard = shards.get(weight_map[name])
+            if shard is None:
+                continue  # planning without weights: shapes come from the config
+            entry = shard.entries.get(name)
+            if entry is None:
+                raise CheckpointError(shard.path, f"tensor is listed in {index_path.name} but absent from the file",
+                                      tensor=name)
+            if not spec.accepts(entry.dtype):
+                raise CheckpointError(shard.path, f"dtype {entry.dtype} is wrong; expected {spec.dtype}", tensor=name)
+            if entry.shape != spec.shape:
+                raise CheckpointError(shard.path, f"shape {list(entry.shape)} contradicts config.json "
+                                      f"(expected {list(spec.shape)})", tensor=name)
+        for name, file in weight_map.items():
+            if name not in specs and not is_ignored_name(name):
+                raise CheckpointError(root / file, "tensor is not part of the model config.json describes "
+                                      "(does the config match these weights?)", tensor=name)
+        return cls(root, config, specs, weight_map, shards)
+
+    # ----- facts --------------------------------------------------------------------------------
+    @property
+    def has_weights(self) -> bool:
+        return all(f in self._shards for f in set(self.weight_map[n] for n in self.specs))
+
+    @property
+    def opened_shards(self) -> list[str]:
+        """Shard files whose data has been opened so far (headers alone do not count)."""
+        return sorted(f for f, s in self._shards.items() if s.is_open)
+
+    def names(self, role: str | None = None, layer: int | None = None) -> list[str]:
+        return [n for n, s in self.specs.items()
+                if (role is None or s.role == role) and (layer is None or s.layer == layer)]
+
+    # ----- data ---------------------------------------------------------------------------------
+    def raw(self, name: str) -> torch.Tensor:
+        """The tensor exactly as stored (FP8, e8m0, packed int8, BF16, F32, int)."""
+        spec = self.specs.get(name)
+        if spec is None:
+            raise CheckpointError(self.root, "no such tensor in this model", tensor=name)
+        file = self.weight_map[name]
+        shard = self._shards.get(file)
+        if shard is None:
+            raise CheckpointError(self.root / file, "weights are not present (opened for planning only)", tensor=name)
+        return shard.get(name)
+
+    def dequantized(self, name: str, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """A weight as real numbers: FP8 and MXFP4 are decoded with their `.scale`, others cast to dtype.
+
+        Integer tables (tid2eid) are returned as int64.
+        """
+        spec = self.specs.get(name)
+        if spec is None:
+            raise CheckpointError(self.root, "no such tensor in this model", tensor=name)
+        stored = self.raw(name)
+        if spec.dtype == "F8_E4M3":
+            return dequantize_fp8(stored, self.raw(_scale_name(name)), dtype)
+        if spec.role == "routed_expert" and not spec.is_scale:
+            return dequantize_mxfp4(stored, self.raw(_scale_name(name)), dtype)
+        if not stored.is_floating_point():
+            return stored.to(torch.int64)
+        return stored.to(dtype)
+
+    def expert_packed(self, layer: int, expert: int) -> PackedExpert:
+        p = f"layers.{layer}.ffn.experts.{expert}"
+        return PackedExpert(*(self.raw(f"{p}.{w}.{kind}") for w in ("w1", "w3", "w2") for kind in ("weight", "scale")))
+
+    def close(self) -> None:
+        for s in self._shards.values():
+            s.close()
+
+    def __enter__(self) -> "Checkpoint":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _scale_name(weight_name: str) -> str:
+    assert weight_name.endswith(".weight"), weight_name
+    return weight_name[: -len("weight")] + "scale"
+
+
+def _read_weight_map(root: Path) -> tuple[dict[str, str], Path]:
+    index_path = root / INDEX_NAME
+    if index_path.exists():
+        try:
+            index = json.loads(index_path.read_text())
+            weight_map = index["weight_map"]
+        except (json.JSONDecodeError, KeyError, TypeError) as e:
+            raise CheckpointError(index_path, f"not a valid safetensors index ({type(e).__name__}: {e})") from None
+        if not isinstance(weight_map, dict):
+            raise CheckpointError(index_path, "weight_map must be an object", field="weight_map")
+        return {str(k): str(v) for k, v in weight_map.items()}, index_path
+    single = root / SINGLE_NAME
+    if single.exists():
+        return {name: SINGLE_NAME for name in Shard(single).entries}, single
+    raise CheckpointError(root, f"neither {INDEX_NAME} nor {SINGLE_NAME} found")

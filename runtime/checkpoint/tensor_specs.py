@@ -1,0 +1,146 @@
+"""The name map of a DeepSeek-V4 checkpoint: every native tensor name, its shape, dtype and role.
+
+One table, derived from the config alone, serves three users: the reader validates shard headers
+against it, the planner sizes the model from it (no weights needed), and the tiny-checkpoint writer
+generates exactly these tensors. Names are the official ones (no `model.` prefix).
+
+Legend: V vocab, D hidden, H heads, hd head_dim, ql q_lora_rank, I moe_intermediate_size,
+E routed experts, hc mHC streams, c compressor overlap (2 for CSA, 1 for HCA).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+from .config import ModelConfig
+from .formats import FP8_BLOCK, MXFP4_GROUP
+
+# safetensors dtype name -> bytes per element
+DTYPE_BYTES = {"BF16": 2, "F16": 2, "F32": 4, "F8_E4M3": 1, "F8_E8M0": 1, "I8": 1, "I16": 2, "I32": 4, "I64": 8, "U8": 1}
+
+# Roles: what a tensor is for. Placement and loading work on roles, never on name patterns.
+GLOBAL_ROLES = ("embed", "head", "final_norm", "hc_head")
+LAYER_ROLES = ("norm", "hc", "attention", "compressor", "indexer", "gate", "hash_table", "shared_expert",
+               "routed_expert")
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    shape: tuple[int, ...]
+    dtype: str                      # safetensors dtype name
+    role: str
+    layer: int | None = None        # None for global tensors
+    expert: int | None = None       # routed expert id, for role "routed_expert"
+    allowed_dtypes: tuple[str, ...] = ()  # other dtypes accepted on read (tid2eid: any int width)
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * DTYPE_BYTES[self.dtype]
+
+    @property
+    def is_scale(self) -> bool:
+        return self.name.endswith(".scale")
+
+    def accepts(self, dtype: str) -> bool:
+        return dtype == self.dtype or dtype in self.allowed_dtypes
+
+
+def _fp8_linear(prefix: str, rows: int, cols: int, role: str, layer: int | None) -> list[TensorSpec]:
+    scale = (math.ceil(rows / FP8_BLOCK), math.ceil(cols / FP8_BLOCK))
+    return [TensorSpec(f"{prefix}.weight", (rows, cols), "F8_E4M3", role, layer),
+            TensorSpec(f"{prefix}.scale", scale, "F8_E8M0", role, layer)]
+
+
+def _mxfp4_linear(prefix: str, rows: int, cols: int, layer: int, expert: int) -> list[TensorSpec]:
+    return [TensorSpec(f"{prefix}.weight", (rows, cols // 2), "I8", "routed_expert", layer, expert),
+            TensorSpec(f"{prefix}.scale", (rows, cols // MXFP4_GROUP), "F8_E8M0", "routed_expert", layer, expert)]
+
+
+def _compressor(prefix: str, cfg: ModelConfig, ratio: int, width: int, norm_dim: int, role: str,
+                layer: int) -> list[TensorSpec]:
+    D = cfg.hidden_size
+    return [TensorSpec(f"{prefix}.wkv.weight", (width, D), "BF16", role, layer),
+            TensorSpec(f"{prefix}.wgate.weight", (width, D), "BF16", role, layer),
+            TensorSpec(f"{prefix}.ape", (ratio, width), "F32", role, layer),
+            TensorSpec(f"{prefix}.norm.weight", (norm_dim,), "BF16", role, layer)]
+
+
+def expert_specs(cfg: ModelConfig, layer: int, expert: int) -> list[TensorSpec]:
+    """The six tensors of one routed expert: w1 (gate), w3 (up) [I, D]; w2 (down) [D, I]; each + scale."""
+    D, I = cfg.hidden_size, cfg.moe_intermediate_size
+    p = f"layers.{layer}.ffn.experts.{expert}"
+    return (_mxfp4_linear(f"{p}.w1", I, D, layer, expert) + _mxfp4_linear(f"{p}.w2", D, I, layer, expert)
+            + _mxfp4_linear(f"{p}.w3", I, D, layer, expert))
+
+
+def layer_specs(cfg: ModelConfig, layer: int, with_experts: bool = True) -> list[TensorSpec]:
+    """Every tensor of decoder layer `layer`, in a stable order."""
+    D, H, hd, ql, I = cfg.hidden_size, cfg.num_attention_heads, cfg.head_dim, cfg.q_lora_rank, cfg.moe_intermediate_size
+    L, p = layer, f"layers.{layer}"
+    ratio = cfg.compress_ratio(layer)
+    specs = [TensorSpec(f"{p}.attn_norm.weight", (D,), "BF16", "norm", L),
+             TensorSpec(f"{p}.ffn_norm.weight", (D,), "BF16", "norm", L)]
+    for sub in ("attn", "ffn"):
+        specs += [TensorSpec(f"{p}.hc_{sub}_fn", (cfg.hc_mix_dim, cfg.hc_dim), "F32", "hc", L),
+                  TensorSpec(f"{p}.hc_{sub}_base", (cfg.hc_mix_dim,), "F32", "hc", L),
+                  TensorSpec(f"{p}.hc_{sub}_scale", (3,), "F32", "hc", L)]
+    a = f"{p}.attn"
+    group_in = (H // cfg.o_groups) * hd  # each output group reads its heads' concatenated outputs
+    specs += [TensorSpec(f"{a}.attn_sink", (H,), "F32", "attention", L)]
+    specs += _fp8_linear(f"{a}.wq_a", ql, D, "attention", L)
+    specs += [TensorSpec(f"{a}.q_norm.weight", (ql,), "BF16", "attention", L)]
+    specs += _fp8_linear(f"{a}.wq_b", H * hd, ql, "attention", L)
+    specs += _fp8_linear(f"{a}.wkv", hd, D, "attention", L)
+    specs += [TensorSpec(f"{a}.kv_norm.weight", (hd,), "BF16", "attention", L)]
+    specs += _fp8_linear(f"{a}.wo_a", cfg.o_groups * cfg.o_lora_rank, group_in, "attention", L)
+    specs += _fp8_linear(f"{a}.wo_b", D, cfg.o_groups * cfg.o_lora_rank, "attention", L)
+    if ratio:
+        specs += _compressor(f"{a}.compressor", cfg, ratio, cfg.compressor_width(layer), hd, "compressor", L)
+    if ratio == 4:
+        ihd = cfg.index_head_dim
+        specs += _fp8_linear(f"{a}.indexer.wq_b", cfg.index_n_heads * ihd, ql, "indexer", L)
+        specs += [TensorSpec(f"{a}.indexer.weights_proj.weight", (cfg.index_n_heads, D), "BF16", "indexer", L)]
+        specs += _compressor(f"{a}.indexer.compressor", cfg, ratio, 2 * ihd, ihd, "indexer", L)
+    f = f"{p}.ffn"
+    specs += [TensorSpec(f"{f}.gate.weight", (cfg.n_routed_experts, D), "BF16", "gate", L)]
+    if cfg.is_hash_layer(layer):
+        specs += [TensorSpec(f"{f}.gate.tid2eid", (cfg.vocab_size, cfg.num_experts_per_tok), "I64", "hash_table", L,
+                             allowed_dtypes=("I32", "I16"))]
+    else:
+        specs += [TensorSpec(f"{f}.gate.bias", (cfg.n_routed_experts,), "F32", "gate", L)]
+    specs += _fp8_linear(f"{f}.shared_experts.w1", I, D, "shared_expert", L)
+    specs += _fp8_linear(f"{f}.shared_experts.w2", D, I, "shared_expert", L)
+    specs += _fp8_linear(f"{f}.shared_experts.w3", I, D, "shared_expert", L)
+    if with_experts:
+        for e in range(cfg.n_routed_experts):
+            specs += expert_specs(cfg, layer, e)
+    return specs
+
+
+def global_specs(cfg: ModelConfig) -> list[TensorSpec]:
+    V, D, hc = cfg.vocab_size, cfg.hidden_size, cfg.hc_mult
+    return [TensorSpec("embed.weight", (V, D), "BF16", "embed"),
+            TensorSpec("head.weight", (V, D), "BF16", "head"),
+            TensorSpec("norm.weight", (D,), "BF16", "final_norm"),
+            TensorSpec("hc_head_fn", (hc, cfg.hc_dim), "F32", "hc_head"),
+            TensorSpec("hc_head_base", (hc,), "F32", "hc_head"),
+            TensorSpec("hc_head_scale", (1,), "F32", "hc_head")]
+
+
+def model_specs(cfg: ModelConfig) -> dict[str, TensorSpec]:
+    """All main-model tensors (MTP excluded), keyed by native name."""
+    specs = global_specs(cfg)
+    for layer in range(cfg.num_hidden_layers):
+        specs += layer_specs(cfg, layer)
+    return {s.name: s for s in specs}
+
+
+_MTP = re.compile(r"^mtp\.\d+\.")
+
+
+def is_ignored_name(name: str) -> bool:
+    """Tensors a checkpoint may carry that the main model does not use (the MTP block)."""
+    return bool(_MTP.match(name))

@@ -1,0 +1,1 @@
+"""Jinja2 templates for generated kernels (package data): triton/ for hot experts, cpu/ for cold."""
