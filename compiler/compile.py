@@ -1,0 +1,278 @@
+"""ostinato-compile as one visible, ordered list of named passes: (model, profile, hardware) -> plan.
+
+  read_model -> read_profile -> read_hardware -> memory -> placement -> cost_model -> kernels -> plan
+
+Each pass reads what earlier passes put in the `Build` and adds its own result; each is logged.
+Planning reads only config.json, the index and safetensors headers, never weights.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .. import __version__
+from ..runtime.checkpoint import model_sizes
+from ..runtime.checkpoint.config import ModelConfig
+from ..runtime.checkpoint.fingerprint import ModelFingerprint, model_fingerprint
+from ..runtime.checkpoint.reader import INDEX_NAME, SINGLE_NAME, Checkpoint
+from ..runtime.checkpoint.tensor_specs import layer_specs
+from ..runtime.plan import SCHEMA_VERSION, DeviceMemory, LayerPlan, ModelSummary, Plan, Policy, Provenance
+from .cost_model import CostModel, LayerCostInputs
+from .hardware import HardwareSpec, load_hardware
+from .memory_model import MemoryPolicy, gpu_fixed_bytes, global_bytes, layer_resident_bytes, workspace_bytes
+from .placement import DoesNotFit, Placement, PlacementProblem, place
+from .profile import PHASES, RoutingProfile, load_profile, synthetic_profile, uniform_profile
+
+log = logging.getLogger("ostinato.compile")
+
+PREDICTED_TURNS = (16, 64, 120, 512, 1500, 4096, 16384)
+
+
+class CompileError(ValueError):
+    """The inputs cannot give a plan; the message says what is short and what to change."""
+
+
+@dataclass(frozen=True)
+class CompileOptions:
+    model: Path
+    output: Path
+    hardware: str
+    profile: str | None = None               # a profile file, "synthetic:ALPHA", or None (uniform)
+    context: int = 65536
+    sessions: int = 1
+    prefill_chunk: int = 4096
+    upload_group: int = 16
+    dense_format: str = "stored"
+    max_hot_per_layer: int | None = None
+    objective_phases: tuple[str, ...] = ("decode", "short_prefill")
+    build_kernels: bool = True
+
+
+@dataclass
+class Build:
+    """What the passes produce, in order."""
+    options: CompileOptions
+    config: ModelConfig | None = None
+    fingerprint: ModelFingerprint | None = None
+    has_weights: bool = False
+    profile: RoutingProfile | None = None
+    hardware: HardwareSpec | None = None
+    policy: MemoryPolicy | None = None
+    layer_bytes: list = field(default_factory=list)        # [L] {kind: bytes}
+    gpu_fixed: list = field(default_factory=list)          # [G] {kind: bytes}
+    placement: Placement | None = None
+    cost: CostModel | None = None
+    threshold: int | None = None
+    kernels: list = field(default_factory=list)
+    templates: dict = field(default_factory=dict)
+    notes: list = field(default_factory=list)
+    plan: Plan | None = None
+
+
+# ----- passes -----------------------------------------------------------------------------------
+def read_model(b: Build) -> None:
+    root = b.options.model
+    if (root / INDEX_NAME).exists() or (root / SINGLE_NAME).exists():
+        ckpt = Checkpoint.open(root, weights=False)
+        b.config, b.has_weights = ckpt.config, ckpt.has_weights
+    else:
+        b.config = ModelConfig.from_json(root)
+        b.notes.append("no weight index: sizes computed from config.json alone")
+    b.fingerprint = model_fingerprint(root)
+    if not b.has_weights:
+        b.notes.append("no weights present: kernel build and weight checks skipped (planning only)")
+
+
+def read_profile(b: Build) -> None:
+    cfg, spec = b.config, b.options.profile
+    if spec is None:
+        b.profile = uniform_profile(cfg)
+        b.notes.append("no routing profile given: planned from UNIFORM routing (every expert equally likely); "
+                       "record one with ostinato-profile for a useful hot set")
+    elif spec.startswith("synthetic"):
+        alpha = float(spec.split(":", 1)[1]) if ":" in spec else 1.0
+        b.profile = synthetic_profile(cfg, alpha=alpha)
+        b.notes.append(f"SYNTHETIC routing profile ({b.profile.source}); real routing was not measured")
+    else:
+        b.profile = load_profile(spec)
+    b.profile.check_fits(cfg.n_layers, cfg.n_routed_experts, cfg.num_experts_per_tok, where=str(spec))
+
+
+def read_hardware(b: Build) -> None:
+    b.hardware = load_hardware(b.options.hardware)
+
+
+def memory(b: Build) -> None:
+    o, cfg, hw = b.options, b.config, b.hardware
+    b.policy = MemoryPolicy(context=o.context, sessions=o.sessions, prefill_chunk=o.prefill_chunk,
+                            upload_group=o.upload_group, dense_format=o.dense_format)
+    expert = model_sizes(cfg).expert_bytes
+    b.layer_bytes = [layer_resident_bytes(cfg, l, b.policy) for l in range(cfg.n_layers)]
+    G = hw.gpu_count
+    b.gpu_fixed = [gpu_fixed_bytes(cfg, b.policy, hw.gpu.usable_bytes, expert, last=(g == G - 1)) for g in range(G)]
+
+
+def placement(b: Build) -> None:
+    cfg, hw = b.config, b.hardware
+    expert = model_sizes(cfg).expert_bytes
+    counts = b.profile.phase_counts(b.options.objective_phases).numpy()
+    budgets = tuple(hw.gpu.usable_bytes - sum(f.values()) for f in b.gpu_fixed)
+    problem = PlacementProblem(counts=counts, layer_bytes=tuple(sum(l.values()) for l in b.layer_bytes),
+                               gpu_budget=budgets, expert_bytes=expert, max_hot_per_layer=b.options.max_hot_per_layer)
+    if cfg.n_layers < hw.gpu_count:
+        raise CompileError(f"{hw.gpu_count} GPUs for {cfg.n_layers} layers: plan with at most {cfg.n_layers} GPUs")
+    try:
+        b.placement = place(problem)
+    except DoesNotFit as e:
+        raise CompileError(f"does not fit: gpu{e.device} ({hw.gpu.name}, {hw.gpu.usable_bytes:,d} usable bytes) "
+                           f"is short by {e.short_by:,d} bytes for its layers' dense weights, KV cache "
+                           f"(context {b.options.context:,d} x {b.options.sessions} session(s)) and buffers. "
+                           f"Use a shorter --context, fewer --sessions, a smaller --prefill-chunk, or more GPUs.") from None
+    if sum(len(h) for h in b.placement.hot) == 0 and b.options.max_hot_per_layer != 0:
+        short = expert - max(budgets[g] - sum(problem.layer_bytes[l] for l in range(cfg.n_layers)
+                                              if b.placement.layer_gpu[l] == g) for g in range(hw.gpu_count))
+        raise CompileError(f"no hot expert fits: every GPU is short by at least {short:,d} bytes of one expert "
+                           f"({expert:,d} B). Use a shorter --context, fewer --sessions or more GPUs.")
+    _check_host(b, expert)
+
+
+def _check_host(b: Build, expert: int) -> None:
+    host = _host_components(b, expert)
+    need = sum(host.values())
+    if need > b.hardware.host.usable_bytes:
+        raise CompileError(f"does not fit: host memory is short by {need - b.hardware.host.usable_bytes:,d} bytes "
+                           f"(cold experts {host['cold_experts']:,d} B + staging + embedding). "
+                           "Use a machine with more memory or more GPUs (more hot experts).")
+
+
+def _host_components(b: Build, expert: int) -> dict[str, int]:
+    cfg = b.config
+    n_cold = sum(cfg.n_routed_experts - len(h) for h in b.placement.hot)
+    return {"cold_experts": n_cold * expert,
+            "embedding": global_bytes(cfg, "embed", b.policy.dense_format),
+            "pinned_staging": b.hardware.gpu_count * 2 * b.policy.upload_group * expert,
+            "cpu_workspace": workspace_bytes(cfg, b.policy.prefill_chunk)}
+
+
+def cost_model(b: Build) -> None:
+    cfg, pl = b.config, b.placement
+    counts = b.profile.phase_counts(b.options.objective_phases).double().numpy()
+    layers = []
+    for l in range(cfg.n_layers):
+        row = counts[l]
+        share = row / row.sum() if row.sum() > 0 else np.full(row.size, 1.0 / row.size)
+        hot = np.zeros(cfg.n_routed_experts, dtype=bool)
+        hot[list(pl.hot[l])] = True
+        dense = [s for s in layer_specs(cfg, l, with_experts=False)]
+        params = sum(int(np.prod(s.shape)) for s in dense if len(s.shape) == 2 and s.role != "hash_table"
+                     and not s.is_scale and not s.name.endswith("_fn"))
+        layers.append(LayerCostInputs(pl.layer_gpu[l], b.layer_bytes[l]["dense_weights"], params, hot, share))
+    head = b.gpu_fixed[-1]["head"]
+    b.cost = CostModel(cfg, b.hardware, layers, model_sizes(cfg).expert_bytes, head, b.options.context)
+    b.threshold = b.cost.crossover()
+
+
+def kernels(b: Build) -> None:
+    if not b.has_weights:
+        b.notes.append("kernels: skipped (no weights present)")
+        return
+    if not b.options.build_kernels:
+        b.notes.append("kernels: skipped (--no-kernels)")
+        return
+    from .codegen.plan_kernels import build_plan_kernels  # noqa: PLC0415  (optional until codegen lands)
+
+    b.kernels, b.templates = build_plan_kernels(b)
+
+
+def plan(b: Build) -> None:
+    cfg, hw, o, pl = b.config, b.hardware, b.options, b.placement
+    expert = model_sizes(cfg).expert_bytes
+    memory_rows = []
+    for g in range(hw.gpu_count):
+        comps = {"dense_weights": 0, "kv_cache": 0, "decode_graph": 0}
+        for l in range(cfg.n_layers):
+            if pl.layer_gpu[l] == g:
+                for k, v in b.layer_bytes[l].items():
+                    comps[k] += v
+        comps["hot_experts"] = sum(len(pl.hot[l]) for l in range(cfg.n_layers) if pl.layer_gpu[l] == g) * expert
+        comps.update(b.gpu_fixed[g])
+        total = sum(comps.values())
+        memory_rows.append(DeviceMemory(f"gpu{g}", hw.gpu.usable_bytes, comps, total, hw.gpu.usable_bytes - total))
+    host = _host_components(b, expert)
+    memory_rows.append(DeviceMemory("host", hw.host.usable_bytes, host, sum(host.values()),
+                                    hw.host.usable_bytes - sum(host.values())))
+    counts = b.profile.phase_counts(o.objective_phases)
+    layer_rows = []
+    for l in range(cfg.n_layers):
+        total = int(counts[l].sum())
+        covered = int(counts[l][list(pl.hot[l])].sum()) if pl.hot[l] else 0
+        layer_rows.append(LayerPlan(l, pl.layer_gpu[l], cfg.attention_kind(l), list(pl.hot[l]),
+                                    _round(covered / total if total else 0.0)))
+    b.plan = Plan(
+        schema_version=SCHEMA_VERSION,
+        notes=list(b.notes),
+        provenance=Provenance(__version__, b.fingerprint.config_sha256, b.fingerprint.index_sha256,
+                              b.profile.sha256(), b.profile.source, hw.source_sha256, dict(sorted(b.templates.items()))),
+        model=ModelSummary(str(o.model), cfg.n_layers, cfg.n_routed_experts, cfg.num_experts_per_tok, cfg.hidden_size,
+                           "mxfp4", expert, o.dense_format, [cfg.attention_kind(l) for l in range(cfg.n_layers)],
+                           cfg.num_hash_layers),
+        hardware=_hardware_dict(hw),
+        memory=memory_rows,
+        layers=layer_rows,
+        policy=Policy(o.context, o.sessions, b.threshold, o.prefill_chunk, o.upload_group, cfg.num_experts_per_tok,
+                      hw.host.cores, list(o.objective_phases)),
+        kernels=b.kernels,
+        predictions=_predictions(b),
+    )
+
+
+PASSES = (read_model, read_profile, read_hardware, memory, placement, cost_model, kernels, plan)
+
+
+def compile_plan(options: CompileOptions) -> Build:
+    b = Build(options)
+    for p in PASSES:
+        log.info("pass %s", p.__name__)
+        p(b)
+    return b
+
+
+# ----- helpers ----------------------------------------------------------------------------------
+def _round(x: float) -> float:
+    return float(f"{x:.6g}")
+
+
+def _hardware_dict(hw: HardwareSpec) -> dict:
+    return {"name": hw.name, "cpu_only": hw.cpu_only,
+            "gpus": {"name": hw.gpu.name, "count": hw.gpu.count, "usable_bytes": hw.gpu.usable_bytes,
+                     "bandwidth": hw.gpu.bandwidth, "matmul_flops": hw.gpu.matmul_flops,
+                     "launch_overhead_s": hw.gpu.launch_overhead_s},
+            "host": {"cores": hw.host.cores, "usable_bytes": hw.host.usable_bytes, "bandwidth": hw.host.bandwidth,
+                     "matmul_flops": hw.host.matmul_flops, "isa": hw.host.isa},
+            "link": {"h2d_bandwidth": hw.link.h2d_bandwidth, "d2h_bandwidth": hw.link.d2h_bandwidth,
+                     "latency_s": hw.link.latency_s}}
+
+
+def _predictions(b: Build) -> dict:
+    c, t = b.cost, b.threshold
+    decode = c.decode_step()
+    turns = []
+    for n in PREDICTED_TURNS:
+        split, upload = c.split_prefill(n), c.upload_prefill(n)
+        mode = "upload" if t is not None and n > t else "split"
+        turns.append({"tokens": n, "mode": mode, "split_ms": _round(split * 1e3), "upload_ms": _round(upload * 1e3),
+                      "wait_ms": _round(((upload if mode == "upload" else split) + decode) * 1e3)})
+    shares = {}
+    for phase in PHASES:
+        counts = b.profile.phase_counts((phase,))
+        total = int(counts.sum())
+        covered = sum(int(counts[l][list(h)].sum()) for l, h in enumerate(b.placement.hot) if h)
+        shares[phase] = _round(covered / total) if total else None
+    return {"hot_route_share": _round(c.hot_share()), "hot_route_share_by_phase": shares,
+            "decode_ms_per_token": _round(decode * 1e3), "decode_tokens_per_s": _round(1.0 / decode),
+            "wait_after_tool_output_120_tokens_ms": next(x["wait_ms"] for x in turns if x["tokens"] == 120),
+            "prefill": turns}

@@ -1,0 +1,70 @@
+"""ostinato-compile: parse the command line into CompileOptions and run the passes."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from ..runtime.checkpoint import CheckpointError
+from ..runtime.plan import PlanError
+from .compile import CompileError, CompileOptions, compile_plan
+from .explain import explain
+from .hardware import HardwareError, available_presets
+from .profile import ProfileError
+
+
+def parse_args(argv: list[str] | None) -> tuple[CompileOptions, bool]:
+    p = argparse.ArgumentParser(
+        prog="ostinato-compile",
+        description="Plan where every expert of a DeepSeek-V4 checkpoint lives (hot on a GPU or cold on the host) "
+                    "for a routing profile and a hardware spec, and write a fully resolved, fingerprinted plan.yaml. "
+                    "Reads only config.json, the index and safetensors headers.")
+    p.add_argument("model", type=Path, help="checkpoint directory (config.json + index suffice for planning)")
+    p.add_argument("plan", type=Path, help="where to write plan.yaml")
+    p.add_argument("--hardware", required=True,
+                   help=f"hardware spec: a YAML file or a preset ({', '.join(available_presets())})")
+    p.add_argument("--profile", help="routing profile (.safetensors from ostinato-profile), or 'synthetic:ALPHA' "
+                                     "for a documented Zipf profile; default: uniform routing (said in the plan)")
+    p.add_argument("--context", type=int, default=65536, help="context tokens per session to reserve KV for (65536)")
+    p.add_argument("--sessions", type=int, default=1, help="sessions whose KV cache stays resident (1)")
+    p.add_argument("--prefill-chunk", type=int, default=4096, help="largest prefill chunk in tokens (4096)")
+    p.add_argument("--upload-group", type=int, default=16, help="experts per upload staging buffer (16)")
+    p.add_argument("--dense-format", choices=("stored", "bf16"), default="stored",
+                   help="how GPUs hold dense weights: as stored (FP8 + scales) or dequantized to bf16")
+    p.add_argument("--max-hot-per-layer", type=int, help="cap on hot experts per layer (default: memory decides)")
+    p.add_argument("--no-kernels", action="store_true", help="skip rendering and building the expert kernels")
+    p.add_argument("--explain", action="store_true", help="print a readable table of the plan")
+    p.add_argument("-v", "--verbose", action="store_true", help="log each compiler pass")
+    a = p.parse_args(argv)
+    for name in ("context", "sessions", "prefill_chunk", "upload_group"):
+        if getattr(a, name) <= 0:
+            p.error(f"--{name.replace('_', '-')} must be positive, got {getattr(a, name)}")
+    if a.max_hot_per_layer is not None and a.max_hot_per_layer < 0:
+        p.error(f"--max-hot-per-layer must be >= 0, got {a.max_hot_per_layer}")
+    logging.basicConfig(level=logging.INFO if a.verbose else logging.WARNING, format="%(name)s: %(message)s")
+    return CompileOptions(model=a.model, output=a.plan, hardware=a.hardware, profile=a.profile, context=a.context,
+                          sessions=a.sessions, prefill_chunk=a.prefill_chunk, upload_group=a.upload_group,
+                          dense_format=a.dense_format, max_hot_per_layer=a.max_hot_per_layer,
+                          build_kernels=not a.no_kernels), a.explain
+
+
+def main(argv: list[str] | None = None) -> int:
+    options, show = parse_args(argv)
+    try:
+        build = compile_plan(options)
+    except (CompileError, CheckpointError, HardwareError, ProfileError, PlanError) as e:
+        print(f"ostinato-compile: error: {e}", file=sys.stderr)
+        return 1
+    build.plan.write(options.output)
+    for note in build.notes:
+        print(f"note: {note}")
+    if show:
+        print(explain(build.plan))
+    print(f"wrote {options.output} (sha256 {build.plan.sha256[:16]})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,151 @@
+"""Cost model: predicted times of prefill (split-route and upload-once) and decode from the hardware spec.
+
+The one model of the hardware in the project (the session simulator uses it too). Per layer:
+- routes: each token picks top_k experts; expert e is in a token's set with probability
+  q_e = min(1, top_k * share_e) (share from the profile), so n tokens touch it with probability
+  1 - (1 - q_e)^n and the expected distinct experts touched is the sum of those;
+- an expert computed on a device costs max(its weight bytes / memory bandwidth, its routes'
+  FLOPs / matmul rate): streaming the weights once bounds short batches, compute bounds long ones;
+- split-route prefill: GPU (dense part + hot routes) and CPU (cold routes, + activations over the
+  link both ways) run concurrently; the layer takes the longer of the two;
+- upload-once prefill: the distinct cold experts cross the link once, double-buffered against the
+  GPU's compute of the layer: the layer takes the longer of upload and compute;
+- decode (one token): the same split as prefill with n = 1, plus the attention's KV reads and one
+  graph launch per GPU; layers run one after another (a single sequence has no pipelining).
+Hidden states move between GPUs over the link once per GPU boundary. On a cpu-only spec the
+"GPU" and the host are the same cores, so their parts add up instead of overlapping.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..runtime.checkpoint.config import ModelConfig
+from .hardware import HardwareSpec
+
+EXPERT_FLOPS_PER_TOKEN_FACTOR = 2 * 3   # 3 matmuls (gate, up, down), 2 FLOP per multiply-add
+
+
+@dataclass(frozen=True)
+class LayerCostInputs:
+    gpu: int
+    dense_bytes: int              # weights read per forward on the GPU
+    dense_params: int             # multiply-adds per token of the dense matmuls
+    hot: np.ndarray               # [E] bool
+    share: np.ndarray             # [E] float, route share of each expert (sums to 1)
+
+
+class CostModel:
+    def __init__(self, cfg: ModelConfig, hw: HardwareSpec, layers: list[LayerCostInputs], expert_bytes: int,
+                 head_bytes: int, context: int):
+        self.cfg, self.hw, self.layers = cfg, hw, layers
+        self.expert_bytes, self.head_bytes, self.context = expert_bytes, head_bytes, context
+        k = cfg.num_experts_per_tok
+        self.expert_flops = EXPERT_FLOPS_PER_TOKEN_FACTOR * cfg.hidden_size * cfg.moe_intermediate_size
+        self._q = [np.minimum(1.0, k * l.share) for l in layers]
+
+    # ----- building blocks ----------------------------------------------------------------------
+    def distinct(self, layer: int, n: int, hot: bool) -> float:
+        """Expected distinct hot (or cold) experts of `layer` touched by n tokens."""
+        l, q = self.layers[layer], self._q[layer]
+        mask = l.hot if hot else ~l.hot
+        return float((1.0 - (1.0 - q[mask]) ** n).sum())
+
+    def routes(self, layer: int, n: int, hot: bool) -> float:
+        l = self.layers[layer]
+        mask = l.hot if hot else ~l.hot
+        return float(n * self.cfg.num_experts_per_tok * l.share[mask].sum())
+
+    def _experts_time(self, distinct: float, routes: float, bandwidth: float, flops: float) -> float:
+        return max(distinct * self.expert_bytes / bandwidth, routes * self.expert_flops / flops)
+
+    def attention_time(self, layer: int, n: int) -> float:
+        """Dense matmuls + core attention + KV reads of n tokens on the layer's GPU."""
+        cfg, l, g = self.cfg, self.layers[layer], self.hw.gpu
+        ratio = cfg.compress_ratio(layer)
+        compressed = self.context // ratio if ratio else 0
+        keys = cfg.sliding_window + (min(cfg.index_topk, compressed) if ratio == 4 else compressed)
+        flops = 2 * n * l.dense_params + 4 * n * cfg.num_attention_heads * cfg.head_dim * keys
+        kv_bytes = (cfg.sliding_window + compressed) * cfg.head_dim * 2
+        return max((l.dense_bytes + kv_bytes) / g.bandwidth, flops / g.matmul_flops)
+
+    def _hops(self, n: int) -> float:
+        """Hidden state crossing each GPU boundary (hc streams of hidden_size, fp32)."""
+        crossings = len(set(l.gpu for l in self.layers)) - 1
+        size = n * self.cfg.hc_mult * self.cfg.hidden_size * 4
+        return crossings * (self.hw.link.latency_s + size / self.hw.link.h2d_bandwidth)
+
+    def _head_time(self, n: int) -> float:
+        g = self.hw.gpu
+        return max(self.head_bytes / g.bandwidth, 2 * n * self.cfg.vocab_size * self.cfg.hidden_size / g.matmul_flops)
+
+    # ----- per layer ----------------------------------------------------------------------------
+    def split_layer(self, layer: int, n: int) -> tuple[float, float]:
+        """(GPU seconds, CPU seconds) of split-route for n tokens; the layer takes the max."""
+        g, h, link = self.hw.gpu, self.hw.host, self.hw.link
+        gpu = self.attention_time(layer, n) + self._experts_time(
+            self.distinct(layer, n, True), self.routes(layer, n, True), g.bandwidth, g.matmul_flops)
+        cold_routes = self.routes(layer, n, False)
+        cpu = 0.0
+        if cold_routes > 0:
+            act = n * self.cfg.hidden_size * 4
+            cpu = (self._experts_time(self.distinct(layer, n, False), cold_routes, h.bandwidth, h.matmul_flops)
+                   + 2 * link.latency_s + act / link.d2h_bandwidth + act / link.h2d_bandwidth)
+        return gpu, cpu
+
+    def upload_layer(self, layer: int, n: int) -> tuple[float, float]:
+        """(upload seconds, GPU compute seconds) of upload-once for n tokens."""
+        g, link = self.hw.gpu, self.hw.link
+        cold = self.distinct(layer, n, False)
+        upload = cold * self.expert_bytes / link.h2d_bandwidth + (link.latency_s if cold > 0 else 0.0)
+        distinct_all = self.distinct(layer, n, True) + cold
+        compute = self.attention_time(layer, n) + self._experts_time(
+            distinct_all, n * self.cfg.num_experts_per_tok, g.bandwidth, g.matmul_flops)
+        return upload, compute
+
+    # ----- whole forward ------------------------------------------------------------------------
+    def _overlap(self, a: float, b: float) -> float:
+        """Two concurrent parts: the longer one, unless they share the same cores (cpu-only)."""
+        return a + b if self.hw.cpu_only else max(a, b)
+
+    def split_prefill(self, n: int) -> float:
+        layers = sum(self._overlap(*self.split_layer(l, n)) for l in range(len(self.layers)))
+        return layers + self._hops(n) + self._head_time(1)
+
+    def upload_prefill(self, n: int) -> float:
+        per = [self.upload_layer(l, n) for l in range(len(self.layers))]
+        # double buffering: layer l+1's upload overlaps layer l's compute; the first upload is exposed
+        nxt = [per[l + 1][0] if l + 1 < len(per) else 0.0 for l in range(len(per))]
+        total = per[0][0] + sum(self._overlap(per[l][1], nxt[l]) for l in range(len(per)))
+        return total + self._hops(n) + self._head_time(1)
+
+    def decode_step(self) -> float:
+        gpus = len(set(l.gpu for l in self.layers))
+        layers = sum(self._overlap(*self.split_layer(l, 1)) for l in range(len(self.layers)))
+        return layers + self._hops(1) + self._head_time(1) + gpus * self.hw.gpu.launch_overhead_s
+
+    def prefill(self, n: int, threshold: int | None) -> float:
+        """The plan's choice: split-route up to the threshold, upload-once above it."""
+        return self.upload_prefill(n) if threshold is not None and n > threshold else self.split_prefill(n)
+
+    def crossover(self, limit: int = 1 << 20) -> int | None:
+        """Largest n for which split-route is still at least as fast as upload-once (None: always)."""
+        if self.upload_prefill(limit) >= self.split_prefill(limit):
+            return None
+        lo, hi = 0, limit  # invariant: split wins at lo (or lo = 0), upload wins at hi
+        if self.upload_prefill(1) < self.split_prefill(1):
+            return 0
+        lo = 1
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if self.upload_prefill(mid) < self.split_prefill(mid):
+                hi = mid
+            else:
+                lo = mid
+        return lo
+
+    def hot_share(self) -> float:
+        """Profiled share of all routes that land on hot experts (mean over layers)."""
+        return float(np.mean([l.share[l.hot].sum() for l in self.layers]))

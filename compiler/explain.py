@@ -1,0 +1,36 @@
+"""The human-readable view of a plan (ostinato-compile --explain)."""
+
+from __future__ import annotations
+
+from ..runtime.plan import Plan
+
+GIB = 1024**3
+
+
+def explain(plan: Plan) -> str:
+    m, p = plan.model, plan.predictions
+    out = [f"plan for {m.path}: {m.layers} layers x {m.routed_experts} experts (top-{m.top_k}), "
+           f"{plan.hardware['gpus']['count']}x {plan.hardware['gpus']['name']} ({plan.hardware['name']})",
+           f"routing profile: {plan.provenance.profile_source}", ""]
+    kinds = ["dense_weights", "hot_experts", "kv_cache", "decode_graph", "upload_staging", "workspace", "headroom", "head"]
+    out.append("device  layers    " + "".join(f"{k[:12]:>13s}" for k in kinds) + "        total   hot  route share")
+    for dev in plan.memory:
+        if dev.device == "host":
+            continue
+        g = int(dev.device[3:])
+        layers = [l for l in plan.layers if l.gpu == g]
+        hot = sum(len(l.hot_experts) for l in layers)
+        share = sum(l.hot_route_share for l in layers) / len(layers) if layers else 0.0
+        span = f"{layers[0].layer}-{layers[-1].layer}" if layers else "-"
+        out.append(f"{dev.device:7s} {span:9s} " + "".join(f"{dev.components.get(k, 0) / GIB:12.3f}G" for k in kinds)
+                   + f" {dev.total_bytes / GIB:11.3f}G {hot:5d}  {share:10.1%}")
+    host = next(d for d in plan.memory if d.device == "host")
+    out.append("host    " + ", ".join(f"{k} {v / GIB:.3f}G" for k, v in host.components.items())
+               + f"; total {host.total_bytes / GIB:.3f}G of {host.usable_bytes / GIB:.1f}G")
+    t = plan.policy.prefill_threshold
+    out += ["",
+            f"hot route share (profiled): {p['hot_route_share']:.1%}",
+            f"prefill: split-route up to {t if t is not None else 'any number of'} tokens, upload-once above",
+            f"predicted wait after a 120-token tool output: {p['wait_after_tool_output_120_tokens_ms']:.1f} ms",
+            f"predicted decode: {p['decode_ms_per_token']:.2f} ms/token = {p['decode_tokens_per_s']:.1f} tokens/s"]
+    return "\n".join(out)

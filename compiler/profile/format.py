@@ -1,0 +1,147 @@
+"""The routing profile: per layer and expert, route counts by phase, stored as safetensors.
+
+Tensors (L layers, E experts, P forward passes):
+  counts         int64 [L, 3, E]  routes per phase (PHASES order) and expert
+  pass_tokens    int64 [P]        tokens of each recorded forward pass
+  pass_phase     int64 [P]        its phase (index into PHASES)
+  pass_distinct  int64 [P, L]     distinct experts it touched per layer
+Metadata (strings): format, version, model fingerprint and hashes, n_layers, n_experts, top_k,
+phase_boundary (a prefill of more tokens than this is "long"), source, sessions (JSON list).
+
+A profile made elsewhere (another engine, a synthetic generator) has no passes (P = 0) and may
+have no fingerprint; its shape must still match the model it is used for.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+PHASES = ("decode", "short_prefill", "long_prefill")
+FORMAT = "ostinato-routing-profile"
+VERSION = "1"
+
+
+class ProfileError(ValueError):
+    """A profile file is malformed or does not fit the model; the message names the file and field."""
+
+
+@dataclass(frozen=True)
+class RoutingProfile:
+    counts: torch.Tensor                 # int64 [L, 3, E]
+    top_k: int
+    phase_boundary: int
+    source: str
+    model_fingerprint: str = ""
+    sessions: tuple[str, ...] = ()
+    pass_tokens: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.int64))
+    pass_phase: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.int64))
+    pass_distinct: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        if self.counts.dim() != 3 or self.counts.shape[1] != len(PHASES) or self.counts.dtype != torch.int64:
+            raise ProfileError(f"counts must be int64 [layers, {len(PHASES)}, experts], got "
+                               f"{self.counts.dtype} {list(self.counts.shape)}")
+        if (self.counts < 0).any():
+            raise ProfileError("counts must be non-negative")
+        if self.pass_distinct is None:
+            object.__setattr__(self, "pass_distinct", torch.zeros(0, self.n_layers, dtype=torch.int64))
+
+    @property
+    def n_layers(self) -> int:
+        return self.counts.shape[0]
+
+    @property
+    def n_experts(self) -> int:
+        return self.counts.shape[2]
+
+    def phase_counts(self, phases: tuple[str, ...]) -> torch.Tensor:
+        """[L, E] routes summed over the given phases."""
+        idx = [PHASES.index(p) for p in phases]
+        return self.counts[:, idx, :].sum(dim=1)
+
+    @property
+    def is_uniform(self) -> bool:
+        return self.source == "uniform"
+
+    def check_fits(self, n_layers: int, n_experts: int, top_k: int, where: str = "profile") -> None:
+        for name, mine, model in (("n_layers", self.n_layers, n_layers), ("n_experts", self.n_experts, n_experts),
+                                  ("top_k", self.top_k, top_k)):
+            if mine != model:
+                raise ProfileError(f"{where}: field '{name}' is {mine} but the model has {model}: "
+                                   "this profile was recorded for another model")
+
+    # ----- storage ------------------------------------------------------------------------------
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return {"counts": self.counts.contiguous(), "pass_tokens": self.pass_tokens.contiguous(),
+                "pass_phase": self.pass_phase.contiguous(), "pass_distinct": self.pass_distinct.contiguous()}
+
+    def metadata(self) -> dict[str, str]:
+        return {"format": FORMAT, "version": VERSION, "n_layers": str(self.n_layers),
+                "n_experts": str(self.n_experts), "top_k": str(self.top_k),
+                "phase_boundary": str(self.phase_boundary), "source": self.source,
+                "model_fingerprint": self.model_fingerprint, "sessions": json.dumps(list(self.sessions))}
+
+    def sha256(self) -> str:
+        """Content hash: the tensors and metadata, independent of file layout."""
+        h = hashlib.sha256(json.dumps(self.metadata(), sort_keys=True).encode())
+        for name, t in sorted(self.tensors().items()):
+            h.update(name.encode())
+            h.update(t.numpy().tobytes())
+        return h.hexdigest()
+
+    def save(self, path: str | Path) -> Path:
+        """Write atomically: a reader sees the old file or the whole new one, never a partial one."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+        os.close(fd)
+        try:
+            save_file(self.tensors(), tmp, metadata=self.metadata())
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return path
+
+
+def load_profile(path: str | Path) -> RoutingProfile:
+    path = Path(path)
+    if not path.exists():
+        raise ProfileError(f"{path}: profile file not found")
+    try:
+        tensors = load_file(str(path))
+        with open(path, "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            meta = json.loads(f.read(n)).get("__metadata__", {})
+    except (SafetensorError, json.JSONDecodeError, OSError) as e:
+        raise ProfileError(f"{path}: not a safetensors profile ({e})") from None
+    if meta.get("format") != FORMAT:
+        raise ProfileError(f"{path}: field 'format' is {meta.get('format')!r}, expected {FORMAT!r}")
+    if meta.get("version") != VERSION:
+        raise ProfileError(f"{path}: field 'version' is {meta.get('version')!r}; this Ostinato reads {VERSION!r}")
+    for name in ("counts", "pass_tokens", "pass_phase", "pass_distinct"):
+        if name not in tensors:
+            raise ProfileError(f"{path}: tensor '{name}' is missing")
+    try:
+        profile = RoutingProfile(counts=tensors["counts"], top_k=int(meta["top_k"]),
+                                 phase_boundary=int(meta["phase_boundary"]), source=meta.get("source", ""),
+                                 model_fingerprint=meta.get("model_fingerprint", ""),
+                                 sessions=tuple(json.loads(meta.get("sessions", "[]"))),
+                                 pass_tokens=tensors["pass_tokens"], pass_phase=tensors["pass_phase"],
+                                 pass_distinct=tensors["pass_distinct"])
+    except (KeyError, ValueError) as e:
+        raise ProfileError(f"{path}: {e}") from None
+    for name, value in (("n_layers", profile.n_layers), ("n_experts", profile.n_experts)):
+        if meta.get(name) != str(value):
+            raise ProfileError(f"{path}: field '{name}' ({meta.get(name)}) disagrees with the counts tensor ({value})")
+    return profile

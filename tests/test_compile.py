@@ -1,0 +1,144 @@
+"""ostinato-compile: exact memory totals, determinism, committed plans, refusals, the plan contract."""
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ostinato.compiler import compile_cli
+from ostinato.compiler.compile import CompileError, CompileOptions, compile_plan
+from ostinato.compiler.memory_model import kv_cache_bytes
+from ostinato.plans import plans_dir
+from ostinato.runtime.checkpoint import ModelConfig, model_sizes
+from ostinato.runtime.checkpoint.fingerprint import model_fingerprint
+from ostinato.runtime.plan import PlanError, check_fingerprint, load_plan, plan_from_dict
+
+REPO = Path(__file__).resolve().parents[1]
+FLASH = Path("plans/models/deepseek-v4-flash")
+FLASH_PLAN = "plans/deepseek-v4-flash.rtx4090d-x4.yaml"
+
+
+@pytest.fixture
+def in_repo(monkeypatch):
+    monkeypatch.chdir(REPO)
+
+
+def _flash_options(**kw):
+    base = dict(model=FLASH, output=Path("unused.yaml"), hardware="rtx4090d-x4", profile="synthetic:1.0")
+    base.update(kw)
+    return CompileOptions(**base)
+
+
+def test_committed_flash_plan_regenerates_byte_identically(in_repo, tmp_path):
+    out = tmp_path / "plan.yaml"
+    assert compile_cli.main([str(FLASH), str(out), "--hardware", "rtx4090d-x4", "--profile", "synthetic:1.0"]) == 0
+    assert out.read_bytes() == (REPO / FLASH_PLAN).read_bytes(), \
+        f"{FLASH_PLAN} is stale: regenerate it with ostinato-compile (see README)"
+
+
+def test_flash_memory_adds_up_to_the_checkpoint_bytes(in_repo):
+    plan = compile_plan(_flash_options()).plan
+    sizes = model_sizes(ModelConfig.from_json(FLASH / "config.json"))
+    for dev in plan.memory:
+        assert sum(dev.components.values()) == dev.total_bytes <= dev.usable_bytes
+        assert dev.free_bytes == dev.usable_bytes - dev.total_bytes
+    gpus = [d for d in plan.memory if d.device != "host"]
+    host = next(d for d in plan.memory if d.device == "host")
+    weights = (sum(d.components["dense_weights"] + d.components["hot_experts"] + d.components.get("head", 0)
+                   for d in gpus) + host.components["cold_experts"] + host.components["embedding"])
+    assert weights == sizes.total_bytes  # every stored byte of the model is placed exactly once
+    hot = sum(len(l.hot_experts) for l in plan.layers)
+    assert sum(d.components["hot_experts"] for d in gpus) == hot * 13_369_344
+    assert host.components["cold_experts"] == (43 * 256 - hot) * 13_369_344
+
+
+def test_kv_cache_matches_the_model_card():
+    cfg = ModelConfig.from_json(REPO / FLASH / "config.json")
+    # DSV4.md 4: 6,880 B/token over the model, plus a constant 128 KiB sliding ring per layer + compressor state
+    per_token = sum(kv_cache_bytes(cfg, l, 2 * 128 * 1024) - kv_cache_bytes(cfg, l, 128 * 1024) for l in range(43))
+    assert per_token == 6_880 * 128 * 1024
+    assert kv_cache_bytes(cfg, 0, 10**6) == 128 * 1024                                   # sliding only
+    assert kv_cache_bytes(cfg, 3, 0) == 128 * 1024 + 128 * 512 * 4 * 2                   # HCA: ring + 512 KiB state
+    assert kv_cache_bytes(cfg, 2, 0) == 128 * 1024 + 8 * 1024 * 4 * 2 + 8 * 256 * 4 * 2  # CSA + indexer state
+
+
+def test_flash_plan_content(in_repo):
+    plan = load_plan(FLASH_PLAN)
+    assert plan.model.layers == 43 and len(plan.layers) == 43
+    assert [l.gpu for l in plan.layers] == sorted(l.gpu for l in plan.layers) and {l.gpu for l in plan.layers} == {0, 1, 2, 3}
+    assert any("SYNTHETIC" in n for n in plan.notes) and plan.provenance.profile_source.startswith("synthetic zipf")
+    assert plan.provenance.index_sha256 is None  # config.json alone: said in the plan
+    assert 0.5 < plan.predictions["hot_route_share"] < 1.0
+    t = plan.policy.prefill_threshold
+    for row in plan.predictions["prefill"]:
+        assert row["mode"] == ("upload" if t is not None and row["tokens"] > t else "split")
+        assert (row["split_ms"] <= row["upload_ms"]) == (t is None or row["tokens"] <= t)
+
+
+def test_compile_is_deterministic(in_repo):
+    a = compile_plan(_flash_options(context=8192)).plan.dumps()
+    b = compile_plan(_flash_options(context=8192)).plan.dumps()
+    assert a == b
+
+
+def test_plan_round_trips_through_yaml(in_repo):
+    plan = compile_plan(_flash_options()).plan
+    again = plan_from_dict(yaml.safe_load(plan.dumps()))
+    assert again.dumps() == plan.dumps()
+
+
+def test_uniform_profile_is_said(tiny_ckpt, tmp_path, capsys):
+    out = tmp_path / "p.yaml"
+    assert compile_cli.main([str(tiny_ckpt), str(out), "--hardware", "cpu-only", "--no-kernels"]) == 0
+    assert "UNIFORM routing" in capsys.readouterr().out
+    plan = load_plan(out)
+    assert plan.provenance.profile_source == "uniform" and any("UNIFORM" in n for n in plan.notes)
+    assert "# note: no routing profile given" in out.read_text()
+
+
+def test_does_not_fit_names_device_and_bytes(in_repo):
+    with pytest.raises(CompileError, match=r"gpu\d \(RTX 4090D.*\) is short by [\d,]+ bytes.*shorter --context"):
+        compile_plan(_flash_options(context=40_000_000))
+
+
+def test_no_hot_expert_fits(tiny_ckpt, tmp_path):
+    roomy = compile_plan(CompileOptions(tiny_ckpt, tmp_path / "a.yaml", "cpu-only", build_kernels=False)).plan
+    gpu = roomy.memory[0]
+    base = gpu.total_bytes - gpu.components["hot_experts"] - gpu.components["headroom"]
+    spec = yaml.safe_load((plans_dir() / "hardware" / "cpu-only.yaml").read_text())
+    spec["gpus"]["usable_bytes"] = int((base + roomy.model.expert_bytes // 2) / 0.95)  # half an expert free
+    (tmp_path / "small.yaml").write_text(yaml.safe_dump(spec))
+    with pytest.raises(CompileError, match="no hot expert fits: every GPU is short by at least [\\d,]+ bytes"):
+        compile_plan(CompileOptions(tiny_ckpt, tmp_path / "b.yaml", str(tmp_path / "small.yaml"), build_kernels=False))
+
+
+def test_plan_for_another_checkpoint_is_refused(tiny_ckpt, small_ckpt, tmp_path):
+    out = tmp_path / "p.yaml"
+    assert compile_cli.main([str(tiny_ckpt), str(out), "--hardware", "cpu-only", "--no-kernels"]) == 0
+    plan = load_plan(out)
+    fp = model_fingerprint(tiny_ckpt)
+    check_fingerprint(plan, fp.config_sha256, fp.index_sha256)  # its own checkpoint: fine
+    other = model_fingerprint(small_ckpt)
+    with pytest.raises(PlanError, match="field 'provenance.config_sha256'"):
+        check_fingerprint(plan, other.config_sha256, other.index_sha256)
+
+
+def test_profile_for_another_model_is_refused(tiny_ckpt, tmp_path, capsys):
+    from ostinato.compiler.profile import synthetic_profile
+
+    other = synthetic_profile(ModelConfig.from_json(REPO / FLASH / "config.json"))
+    other.save(tmp_path / "flash.safetensors")
+    rc = compile_cli.main([str(tiny_ckpt), str(tmp_path / "p.yaml"), "--hardware", "cpu-only",
+                           "--profile", str(tmp_path / "flash.safetensors"), "--no-kernels"])
+    assert rc == 1
+    assert "field 'n_layers' is 43 but the model has 4" in capsys.readouterr().err
+
+
+def test_malformed_plan_names_the_field(in_repo, tmp_path):
+    d = yaml.safe_load((REPO / FLASH_PLAN).read_text())
+    del d["policy"]["prefill_threshold"]
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(d))
+    with pytest.raises(PlanError, match="field 'policy.prefill_threshold' is missing"):
+        load_plan(tmp_path / "bad.yaml")
