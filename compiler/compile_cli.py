@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ..runtime.checkpoint import CheckpointError
 from ..runtime.plan import PlanError
+from .codegen.cxx import KernelCompileError
 from .compile import CompileError, CompileOptions, compile_plan
 from .explain import explain
 from .hardware import HardwareError, available_presets
@@ -54,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     options, show = parse_args(argv)
     try:
         build = compile_plan(options)
-    except (CompileError, CheckpointError, HardwareError, ProfileError, PlanError) as e:
+    except (CompileError, CheckpointError, HardwareError, ProfileError, PlanError, KernelCompileError) as e:
         print(f"ostinato-compile: error: {e}", file=sys.stderr)
         return 1
     build.plan.write(options.output)

@@ -142,3 +142,26 @@ def test_malformed_plan_names_the_field(in_repo, tmp_path):
     (tmp_path / "bad.yaml").write_text(yaml.safe_dump(d))
     with pytest.raises(PlanError, match="field 'policy.prefill_threshold' is missing"):
         load_plan(tmp_path / "bad.yaml")
+
+
+def test_kernels_are_built_and_recorded(tiny_ckpt, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    plan = compile_plan(CompileOptions(tiny_ckpt, tmp_path / "p.yaml", "cpu-only")).plan
+    names = [k["name"] for k in plan.kernels]
+    assert names == ["cold_experts_cpu", "hot_experts_prefill", "hot_experts_decode"]
+    for k in plan.kernels:
+        assert not os.path.isabs(k["path"]) and (tmp_path / k["path"]).exists()
+        assert k["path"].startswith(f"build/kernels/{k['content_sha256'][:20]}/")
+        assert plan.provenance.templates[k["template"]] == k["template_sha256"]
+    assert plan.kernels[0]["params"]["isa"] == "avx2" and plan.kernels[2]["params"]["max_routes"] == 4
+
+
+def test_a_kernel_that_fails_to_compile_fails_the_compile(tiny_ckpt, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    broken = tmp_path / "broken-cxx"
+    broken.write_text("#!/bin/sh\necho 'moe_experts.cpp:1:1: error: the compiler says no' >&2\nexit 1\n")
+    broken.chmod(0o755)
+    monkeypatch.setenv("CXX", str(broken))
+    assert compile_cli.main([str(tiny_ckpt), str(tmp_path / "p.yaml"), "--hardware", "cpu-only"]) == 1
+    err = capsys.readouterr().err
+    assert "the compiler says no" in err and not (tmp_path / "p.yaml").exists()

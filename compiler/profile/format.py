@@ -4,7 +4,8 @@ Tensors (L layers, E experts, P forward passes):
   counts         int64 [L, 3, E]  routes per phase (PHASES order) and expert
   pass_tokens    int64 [P]        tokens of each recorded forward pass
   pass_phase     int64 [P]        its phase (index into PHASES)
-  pass_distinct  int64 [P, L]     distinct experts it touched per layer
+  pass_touched   uint8 [P, L, B]  which experts it touched per layer, as bits (B = ceil(E/8) bytes,
+                                  expert e is bit e % 8 of byte e // 8); distinct counts derive from it
 Metadata (strings): format, version, model fingerprint and hashes, n_layers, n_experts, top_k,
 phase_boundary (a prefill of more tokens than this is "long"), source, sessions (JSON list).
 
@@ -44,7 +45,7 @@ class RoutingProfile:
     sessions: tuple[str, ...] = ()
     pass_tokens: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.int64))
     pass_phase: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.int64))
-    pass_distinct: torch.Tensor | None = None
+    pass_touched: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         if self.counts.dim() != 3 or self.counts.shape[1] != len(PHASES) or self.counts.dtype != torch.int64:
@@ -52,8 +53,13 @@ class RoutingProfile:
                                f"{self.counts.dtype} {list(self.counts.shape)}")
         if (self.counts < 0).any():
             raise ProfileError("counts must be non-negative")
-        if self.pass_distinct is None:
-            object.__setattr__(self, "pass_distinct", torch.zeros(0, self.n_layers, dtype=torch.int64))
+        if self.pass_touched is None:
+            object.__setattr__(self, "pass_touched",
+                               torch.zeros(0, self.n_layers, (self.n_experts + 7) // 8, dtype=torch.uint8))
+        P = self.pass_tokens.numel()
+        if self.pass_phase.numel() != P or self.pass_touched.shape != (P, self.n_layers, (self.n_experts + 7) // 8):
+            raise ProfileError(f"per-pass tensors disagree: {P} pass_tokens, {self.pass_phase.numel()} pass_phase, "
+                               f"pass_touched {list(self.pass_touched.shape)}")
 
     @property
     def n_layers(self) -> int:
@@ -72,6 +78,16 @@ class RoutingProfile:
     def is_uniform(self) -> bool:
         return self.source == "uniform"
 
+    def touched(self) -> torch.Tensor:
+        """[P, L, E] bool: the experts each recorded forward pass touched."""
+        bits = (self.pass_touched[..., None] >> torch.arange(8, dtype=torch.uint8)) & 1  # [P, L, B, 8]
+        return bits.reshape(*self.pass_touched.shape[:2], -1)[..., : self.n_experts].bool()
+
+    @property
+    def pass_distinct(self) -> torch.Tensor:
+        """[P, L] int64: distinct experts touched per pass and layer."""
+        return self.touched().sum(-1)
+
     def check_fits(self, n_layers: int, n_experts: int, top_k: int, where: str = "profile") -> None:
         for name, mine, model in (("n_layers", self.n_layers, n_layers), ("n_experts", self.n_experts, n_experts),
                                   ("top_k", self.top_k, top_k)):
@@ -82,7 +98,7 @@ class RoutingProfile:
     # ----- storage ------------------------------------------------------------------------------
     def tensors(self) -> dict[str, torch.Tensor]:
         return {"counts": self.counts.contiguous(), "pass_tokens": self.pass_tokens.contiguous(),
-                "pass_phase": self.pass_phase.contiguous(), "pass_distinct": self.pass_distinct.contiguous()}
+                "pass_phase": self.pass_phase.contiguous(), "pass_touched": self.pass_touched.contiguous()}
 
     def metadata(self) -> dict[str, str]:
         return {"format": FORMAT, "version": VERSION, "n_layers": str(self.n_layers),
@@ -129,7 +145,7 @@ def load_profile(path: str | Path) -> RoutingProfile:
         raise ProfileError(f"{path}: field 'format' is {meta.get('format')!r}, expected {FORMAT!r}")
     if meta.get("version") != VERSION:
         raise ProfileError(f"{path}: field 'version' is {meta.get('version')!r}; this Ostinato reads {VERSION!r}")
-    for name in ("counts", "pass_tokens", "pass_phase", "pass_distinct"):
+    for name in ("counts", "pass_tokens", "pass_phase", "pass_touched"):
         if name not in tensors:
             raise ProfileError(f"{path}: tensor '{name}' is missing")
     try:
@@ -138,10 +154,19 @@ def load_profile(path: str | Path) -> RoutingProfile:
                                  model_fingerprint=meta.get("model_fingerprint", ""),
                                  sessions=tuple(json.loads(meta.get("sessions", "[]"))),
                                  pass_tokens=tensors["pass_tokens"], pass_phase=tensors["pass_phase"],
-                                 pass_distinct=tensors["pass_distinct"])
-    except (KeyError, ValueError) as e:
+                                 pass_touched=tensors["pass_touched"])
+    except (KeyError, ValueError) as e:  # ProfileError is a ValueError: re-raised with the file name
         raise ProfileError(f"{path}: {e}") from None
     for name, value in (("n_layers", profile.n_layers), ("n_experts", profile.n_experts)):
         if meta.get(name) != str(value):
             raise ProfileError(f"{path}: field '{name}' ({meta.get(name)}) disagrees with the counts tensor ({value})")
     return profile
+
+
+def pack_touched(mask: torch.Tensor) -> torch.Tensor:
+    """[..., E] bool -> [..., ceil(E/8)] uint8 bits (expert e = bit e % 8 of byte e // 8)."""
+    E = mask.shape[-1]
+    padded = torch.zeros(*mask.shape[:-1], (E + 7) // 8 * 8, dtype=torch.uint8)
+    padded[..., :E] = mask.to(torch.uint8)
+    weights = (1 << torch.arange(8, dtype=torch.int32)).to(torch.uint8)
+    return (padded.reshape(*mask.shape[:-1], -1, 8) * weights).sum(-1, dtype=torch.int32).to(torch.uint8)

@@ -1,0 +1,92 @@
+"""The expert kernels a plan needs: validated parameters, then render (+ compile for the CPU).
+
+Each builder returns a KernelRecord for the plan's `kernels` section.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from .cxx import BASE_FLAGS, compile_shared
+from .isa import ISAS, KERNEL_ISA, detect_isa, isa_flags
+from .render import KernelRecord, render
+
+CPU_TEMPLATE = "cpu/moe_experts.cpp.j2"
+TRITON_TEMPLATE = "triton/moe_experts.py.j2"
+
+
+def _check(cond: bool, name: str, value, allowed: str) -> None:
+    if not cond:
+        raise ValueError(f"{name}: {value!r} is invalid; allowed: {allowed}")
+
+
+@dataclass(frozen=True)
+class CpuExpertParams:
+    D: int
+    I: int
+    isa: str = "avx2"
+    row_tile: int = 16          # output rows per work item
+    k_chunk: int = 128          # batched path: 2 x row_tile x k_chunk float32 tile = 16 KiB (L1)
+    gemv_max_tokens: int = 4    # up to this many routes per expert decode straight into registers
+    max_experts: int = 256
+    swiglu_limit: float = 10.0
+
+    def __post_init__(self):
+        _check(self.D > 0 and self.D % 64 == 0, "D", self.D, "a positive multiple of 64")
+        _check(self.I > 0 and self.I % 64 == 0, "I", self.I, "a positive multiple of 64")
+        _check(self.isa in ISAS, "isa", self.isa, str(ISAS))
+        _check(self.row_tile % 4 == 0 and self.D % self.row_tile == 0 and self.I % self.row_tile == 0,
+               "row_tile", self.row_tile, "a multiple of 4 dividing D and I")
+        _check(self.k_chunk % 64 == 0 and self.D % self.k_chunk == 0 and self.I % self.k_chunk == 0,
+               "k_chunk", self.k_chunk, "a multiple of 64 dividing D and I")
+        _check(1 <= self.gemv_max_tokens <= 4, "gemv_max_tokens", self.gemv_max_tokens, "1..4")
+        _check(self.max_experts >= 1, "max_experts", self.max_experts, ">= 1")
+        _check(isinstance(self.swiglu_limit, float) and self.swiglu_limit > 0, "swiglu_limit", self.swiglu_limit,
+               "a positive float")
+
+    def template_params(self) -> dict:
+        return asdict(self) | {"isa": KERNEL_ISA[self.isa]}
+
+
+def build_cpu_experts(params: CpuExpertParams, root: str | Path | None = None) -> KernelRecord:
+    """Render and compile the CPU expert kernel; the record's path is the shared library."""
+    flags = (*BASE_FLAGS, *isa_flags(params.isa))  # hashed with the source: new flags, new artifact
+    return compile_shared(render(CPU_TEMPLATE, params.template_params(), flags=flags, root=root))
+
+
+def host_cpu_params(D: int, I: int, **kw) -> CpuExpertParams:
+    """Parameters for this machine's ISA."""
+    return CpuExpertParams(D=D, I=I, isa=detect_isa(), **kw)
+
+
+@dataclass(frozen=True)
+class TritonExpertParams:
+    D: int
+    I: int
+    variant: str                # "prefill" (routes grouped by expert) or "decode" (fixed, masked routes)
+    block_m: int = 16           # prefill: routes per program (tl.dot needs >= 16)
+    block_n: int = 64           # output rows per program
+    block_k: int = 64           # contraction step (a multiple of the 32-input MXFP4 group)
+    max_routes: int = 0         # decode: fixed route count the CUDA graph captures
+    swiglu_limit: float = 10.0
+    dot_precision: str = "ieee"  # "ieee" keeps float32 exact; "tf32" trades accuracy for speed
+
+    def __post_init__(self):
+        _check(self.variant in ("prefill", "decode"), "variant", self.variant, "prefill, decode")
+        for name in ("block_m", "block_n", "block_k"):
+            v = getattr(self, name)
+            _check(v >= 16 and v & (v - 1) == 0, name, v, "a power of two >= 16")
+        _check(self.block_k % 32 == 0, "block_k", self.block_k, "a multiple of 32")
+        _check(self.D % self.block_k == 0 and self.I % self.block_k == 0, "block_k", self.block_k, "divides D and I")
+        _check(self.D % self.block_n == 0 and self.I % self.block_n == 0, "block_n", self.block_n, "divides D and I")
+        _check((self.max_routes > 0) == (self.variant == "decode"), "max_routes", self.max_routes,
+               "> 0 for decode, 0 for prefill")
+        _check(self.dot_precision in ("ieee", "tf32"), "dot_precision", self.dot_precision, "ieee, tf32")
+        _check(isinstance(self.swiglu_limit, float) and self.swiglu_limit > 0, "swiglu_limit", self.swiglu_limit,
+               "a positive float")
+
+
+def render_triton_experts(params: TritonExpertParams, root: str | Path | None = None) -> KernelRecord:
+    """Render the Triton expert module; the record's path is the .py file."""
+    return render(TRITON_TEMPLATE, asdict(params), root=root)

@@ -1,0 +1,48 @@
+"""Routes (token -> expert assignments) grouped by expert: the layout every expert kernel reads.
+
+Legend: T = tokens, k = experts per token, E = experts in the group, R = routes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class GroupedRoutes:
+    """Routes of expert e are offsets[e] .. offsets[e+1]-1, tokens ascending inside an expert."""
+
+    offsets: torch.Tensor  # [E+1] int64
+    token: torch.Tensor    # [R] int64
+    weight: torch.Tensor   # [R] float32
+
+    def __post_init__(self):
+        if self.offsets.dtype != torch.int64 or self.token.dtype != torch.int64:
+            raise ValueError("offsets and token must be int64")
+        if self.weight.dtype != torch.float32:
+            raise ValueError(f"weight must be float32, got {self.weight.dtype}")
+        if int(self.offsets[-1]) != self.token.numel() or self.weight.numel() != self.token.numel():
+            raise ValueError(f"offsets[-1]={int(self.offsets[-1])} must equal the route count {self.token.numel()}")
+
+    @property
+    def n_experts(self) -> int:
+        return self.offsets.numel() - 1
+
+    def counts(self) -> torch.Tensor:
+        return self.offsets[1:] - self.offsets[:-1]  # [E]
+
+
+def group_routes(expert_ids: torch.Tensor, weights: torch.Tensor, n_experts: int) -> GroupedRoutes:
+    """expert_ids [T, k] (values in 0..E-1, or -1 for no route), weights [T, k] -> GroupedRoutes."""
+    t = torch.arange(expert_ids.shape[0]).unsqueeze(1).expand_as(expert_ids).reshape(-1)  # [T*k]
+    e = expert_ids.reshape(-1).long()
+    w = weights.reshape(-1).float()
+    keep = e >= 0
+    t, e, w = t[keep], e[keep], w[keep]
+    order = torch.sort(e * max(1, expert_ids.shape[0]) + t, stable=True).indices  # by expert, then token
+    counts = torch.bincount(e, minlength=n_experts)  # [E]
+    offsets = torch.zeros(n_experts + 1, dtype=torch.int64)
+    offsets[1:] = torch.cumsum(counts, 0)
+    return GroupedRoutes(offsets, t[order].contiguous(), w[order].contiguous())

@@ -1,0 +1,97 @@
+"""Launch the generated Triton expert kernels (rendered from templates/triton/moe_experts.py.j2).
+
+The runtime imports the rendered module from its build path; it needs neither jinja2 nor the
+compiler. On a machine without a GPU, set TRITON_INTERPRET=1 before the module is loaded and pass
+CPU tensors.
+Legend: T = tokens, D = hidden, I = expert intermediate, P = pool slots, R = routes, B = route blocks.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+from ..checkpoint.reader import PackedExpert
+from .routes import GroupedRoutes
+
+
+def load_triton_module(path: str | Path) -> ModuleType:
+    """Import a rendered kernel module from its file; the name is unique per file content."""
+    path = Path(path)
+    name = "ostinato_kernel_" + hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@dataclass(frozen=True)
+class HotPool:
+    """P experts stacked for the GPU kernel; scales as raw e8m0 bytes (uint8)."""
+
+    w1: torch.Tensor  # [P, I, D/2] int8
+    w1_scale: torch.Tensor  # [P, I, D/32] uint8
+    w3: torch.Tensor
+    w3_scale: torch.Tensor
+    w2: torch.Tensor  # [P, D, I/2] int8
+    w2_scale: torch.Tensor  # [P, D, I/32] uint8
+
+    @classmethod
+    def stack(cls, experts: list[PackedExpert], device: str | torch.device = "cpu") -> "HotPool":
+        def st(name):
+            return torch.stack([getattr(e, name).view(torch.uint8) if "scale" in name else getattr(e, name)
+                                for e in experts]).to(device).contiguous()
+        return cls(*(st(n) for n in ("w1", "w1_scale", "w3", "w3_scale", "w2", "w2_scale")))
+
+
+def _check(mod: ModuleType, variant: str, x: torch.Tensor, out: torch.Tensor) -> None:
+    if mod.VARIANT != variant:
+        raise ValueError(f"module is the {mod.VARIANT!r} variant, this launcher needs {variant!r}")
+    if x.dim() != 2 or x.shape[1] != mod.D or not x.is_contiguous():
+        raise ValueError(f"x: need contiguous [T, {mod.D}], got {tuple(x.shape)}")
+    if out.shape != (x.shape[0], mod.D) or out.dtype != torch.float32 or not out.is_contiguous():
+        raise ValueError(f"out: need contiguous [{x.shape[0]}, {mod.D}] float32, got {tuple(out.shape)} {out.dtype}")
+
+
+def route_blocks(routes: GroupedRoutes, block_m: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Split every expert's routes into blocks of block_m: (slot, start, end), each [B] int32."""
+    slots, starts, ends = [], [], []
+    off = routes.offsets.tolist()
+    for e in range(routes.n_experts):
+        for s in range(off[e], off[e + 1], block_m):
+            slots.append(e), starts.append(s), ends.append(min(s + block_m, off[e + 1]))
+    return tuple(torch.tensor(v, dtype=torch.int32) for v in (slots, starts, ends))
+
+
+def prefill_experts(mod: ModuleType, x: torch.Tensor, routes: GroupedRoutes, pool: HotPool,
+                    out: torch.Tensor) -> torch.Tensor:
+    """out [T, D] float32 += sum over routes of weight * expert(x[token]); routes grouped by pool slot."""
+    _check(mod, "prefill", x, out)
+    dev = x.device
+    slot, start, end = (t.to(dev) for t in route_blocks(routes, mod.BLOCK_M))
+    if slot.numel() == 0:
+        return out
+    tok, wgt = routes.token.to(dev), routes.weight.to(dev)
+    h = torch.empty(routes.token.numel(), mod.I, dtype=torch.float32, device=dev)  # [R, I]
+    mod.gate_up_kernel[(slot.numel(), mod.I // mod.BLOCK_N)](x, pool.w1, pool.w1_scale, pool.w3, pool.w3_scale, h, tok,
+                                                            slot, start, end)
+    mod.down_kernel[(slot.numel(), mod.D // mod.BLOCK_N)](h, pool.w2, pool.w2_scale, out, tok, wgt, slot, start, end)
+    return out
+
+
+def decode_experts(mod: ModuleType, x: torch.Tensor, slot: torch.Tensor, token: torch.Tensor, weight: torch.Tensor,
+                   pool: HotPool, out: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+    """Fixed-shape launch: slot/token/weight [MAX_ROUTES] (slot -1 = padding), h [MAX_ROUTES, I] float32
+    scratch kept by the caller (a CUDA graph captures its address). out += the valid routes' results."""
+    _check(mod, "decode", x, out)
+    n = mod.MAX_ROUTES
+    if slot.shape != (n,) or token.shape != (n,) or weight.shape != (n,) or h.shape != (n, mod.I):
+        raise ValueError(f"decode launch needs slot/token/weight [{n}] and h [{n}, {mod.I}]")
+    mod.gate_up_kernel[(n, mod.I // mod.BLOCK_N)](x, pool.w1, pool.w1_scale, pool.w3, pool.w3_scale, h, slot, token)
+    mod.down_kernel[(n, mod.D // mod.BLOCK_N)](h, pool.w2, pool.w2_scale, out, slot, token, weight)
+    return out

@@ -1,0 +1,192 @@
+"""Generated CPU expert kernels (templates/cpu) against the float32 torch reference.
+
+The kernel accumulates into out, so out is pre-filled with known random values and must end as
+prefill + reference contribution; rows of tokens without routes must keep their prefill bit for bit.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ostinato.compiler.codegen.isa import detect_isa
+from ostinato.compiler.codegen.kernels import CpuExpertParams, build_cpu_experts
+from ostinato.runtime.checkpoint.formats import unpack_fp4_codes
+from ostinato.runtime.kernels.cpu_experts import CpuExpertKernel
+from ostinato.runtime.kernels.reference import dequantize_expert, moe_experts_reference
+from ostinato.runtime.kernels.routes import GroupedRoutes, group_routes
+from ostinato.runtime.kernels.testing import random_packed_expert
+
+HOST_ISA = detect_isa()
+# Stated bound for bf16 activations: builds without vdpbf16ps widen bf16 exactly and run the float32
+# path (1e-5); the avx512_bf16 batched path rounds h to bf16 for the down matmul (2^-9 per element).
+BF16_BOUND = 8e-3 if HOST_ISA in ("avx512_bf16", "amx") else 1e-5
+TINY, REAL = (256, 128), (4096, 2048)
+
+
+@pytest.fixture(scope="module")
+def build_root(tmp_path_factory):
+    return tmp_path_factory.mktemp("kernels")
+
+
+@pytest.fixture(scope="module")
+def kernel(build_root):
+    cache = {}
+
+    def get(D, I, **kw):
+        key = (D, I, tuple(sorted(kw.items())))
+        if key not in cache:
+            cache[key] = CpuExpertKernel(build_cpu_experts(CpuExpertParams(D=D, I=I, isa=HOST_ISA, **kw),
+                                                           root=build_root).path)
+        return cache[key]
+    return get
+
+
+@pytest.fixture(scope="module")
+def real_experts():
+    g = torch.Generator().manual_seed(7)
+    experts = [random_packed_expert(*REAL, g) for _ in range(8)]
+    return experts, [dequantize_expert(e) for e in experts]
+
+
+def _routes(T: int, E: int, k: int, g: torch.Generator, skip_last_token: bool = False) -> GroupedRoutes:
+    k = min(k, E)
+    ids = torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(T)])  # [T, k]
+    if skip_last_token and T > 1:
+        ids[-1] = -1  # a token with no route: its out row must stay untouched
+    return group_routes(ids, torch.rand(T, k, generator=g) + 0.1, E)
+
+
+def _check(kern, x, routes, experts, dense=None, bound=1e-5, n_threads=2):
+    T, D = x.shape
+    prefill = torch.randn(T, D)
+    out = prefill.clone()
+    kern(x, routes, experts, out, n_threads)
+    ref = moe_experts_reference(x.float(), routes, experts, torch.zeros(T, D), dense=dense)  # [T, D]
+    assert torch.isfinite(out).all()
+    err = ((out - prefill) - ref).abs().max() / ref.abs().max()
+    assert err <= bound, f"relative error {err:.3g} > {bound}"
+    untouched = torch.ones(T, dtype=torch.bool)
+    untouched[routes.token] = False
+    assert torch.equal(out[untouched], prefill[untouched])
+    return out
+
+
+@pytest.mark.parametrize("T", [1, 2, 7, 32, 128])
+@pytest.mark.parametrize("E", [1, 3, 8])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_tiny_shapes_match_reference(kernel, T, E, dtype):
+    g = torch.Generator().manual_seed(1000 * T + E)
+    experts = [random_packed_expert(*TINY, g) for _ in range(E)]
+    x = torch.randn(T, TINY[0], generator=g).to(dtype)
+    _check(kernel(*TINY), x, _routes(T, E, 2, g, skip_last_token=True), experts,
+           bound=1e-5 if dtype == torch.float32 else BF16_BOUND)
+
+
+@pytest.mark.parametrize("T,E,k", [(1, 1, 1), (1, 8, 6), (2, 3, 2), (7, 8, 6), (32, 8, 2), (128, 8, 2)])
+def test_real_shape_matches_reference(kernel, real_experts, T, E, k):
+    experts, dense = real_experts
+    g = torch.Generator().manual_seed(T * 31 + E)
+    x = torch.randn(T, REAL[0], generator=g)
+    _check(kernel(*REAL), x, _routes(T, E, k, g), experts[:E], dense=dense[:E])
+
+
+def test_real_shape_bf16_activations(kernel, real_experts):
+    experts, dense = real_experts
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(32, REAL[0], generator=g).bfloat16()
+    _check(kernel(*REAL), x, _routes(32, 8, 2, g), experts, dense=dense, bound=BF16_BOUND)
+
+
+def test_every_code_and_extreme_scales(kernel):
+    """Each token goes to one expert whose scales sit near the ends of the e8m0 range (x compensates,
+    so results stay finite and meaningful); groups with all-zero codes carry scale bytes 0 and 254."""
+    g = torch.Generator().manual_seed(3)
+    D, I = TINY
+    # (gate/up scale bytes, down scale bytes, log2 of the activation scale)
+    regimes = [((11, 17), (27, 33), 110), ((237, 243), (221, 227), -110), ((118, 124), (118, 124), 0)]
+    experts = []
+    for (lo, hi), (dlo, dhi), _ in regimes:
+        e = random_packed_expert(D, I, g, lo, hi, dlo, dhi)
+        for w, s in ((e.w1, e.w1_scale), (e.w2, e.w2_scale)):
+            w[0, :16] = 0  # first group of row 0: all-zero codes, scale at the byte range's ends
+            s.view(torch.uint8)[0, 0] = 0
+            w[1, :16] = 0
+            s.view(torch.uint8)[1, 0] = 254
+        experts.append(e)
+        codes = unpack_fp4_codes(e.w1)
+        assert set(codes.unique().tolist()) == set(range(16))  # every FP4 code is exercised
+    T = 12
+    expert_of = torch.arange(T) % len(regimes)
+    x = torch.randn(T, D, generator=g) * torch.tensor([2.0 ** r[2] for r in regimes])[expert_of, None]
+    routes = group_routes(expert_of[:, None], torch.ones(T, 1), len(regimes))
+    out = torch.zeros(T, D)
+    kernel(D, I)(x, routes, experts, out, 2)
+    ref = moe_experts_reference(x, routes, experts, torch.zeros(T, D))
+    assert torch.isfinite(ref).all() and torch.isfinite(out).all()
+    row_err = (out - ref).abs().amax(1) / ref.abs().amax(1)  # per token: rows differ by 2^200 in scale
+    assert (ref.abs().amax(1) > 0).all()
+    assert row_err.max() <= 1e-5, row_err
+
+
+@pytest.mark.parametrize("T", [1, 32])
+def test_thread_count_does_not_change_results(kernel, T):
+    g = torch.Generator().manual_seed(11)
+    experts = [random_packed_expert(*TINY, g) for _ in range(4)]
+    x = torch.randn(T, TINY[0], generator=g)
+    routes = _routes(T, 4, 3, g)
+    outs = []
+    for n in (1, 2, 3):
+        out = torch.zeros(T, TINY[0])
+        kernel(*TINY)(x, routes, experts, out, n)
+        outs.append(out)
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+
+
+def test_gemv_and_tiled_paths_agree(kernel):
+    """The same routes through a build that decodes into registers (gemv_max_tokens=4) and one that
+    always tiles (gemv_max_tokens=1) agree to float32 rounding."""
+    g = torch.Generator().manual_seed(12)
+    experts = [random_packed_expert(*TINY, g) for _ in range(2)]
+    x = torch.randn(4, TINY[0], generator=g)
+    routes = group_routes(torch.tensor([[0, 1]] * 4), torch.ones(4, 2), 2)  # 4 tokens per expert
+    a, b = torch.zeros(4, TINY[0]), torch.zeros(4, TINY[0])
+    kernel(*TINY, gemv_max_tokens=4)(x, routes, experts, a, 2)
+    kernel(*TINY, gemv_max_tokens=1)(x, routes, experts, b, 2)
+    assert not torch.equal(a, torch.zeros_like(a))
+    assert ((a - b).abs().max() / a.abs().max()) <= 1e-6
+
+
+def test_invalid_routes_are_rejected_before_writing(kernel):
+    g = torch.Generator().manual_seed(13)
+    experts = [random_packed_expert(*TINY, g)]
+    x = torch.randn(2, TINY[0])
+    bad = GroupedRoutes(torch.tensor([0, 2]), torch.tensor([0, 5]), torch.ones(2))  # token 5 of 2
+    out = torch.full((2, TINY[0]), 3.0)
+    with pytest.raises(ValueError, match="token is out of range"):
+        kernel(*TINY)(x, bad, experts, out, 2)
+    assert (out == 3.0).all()
+    with pytest.raises(ValueError, match="x: need"):
+        kernel(*TINY)(torch.randn(2, 128), bad, experts, out, 2)
+
+
+def test_empty_routes_leave_out_untouched(kernel):
+    experts = [random_packed_expert(*TINY, torch.Generator().manual_seed(1))]
+    out = torch.full((3, TINY[0]), 2.0)
+    kernel(*TINY)(torch.randn(3, TINY[0]), group_routes(torch.full((3, 1), -1), torch.ones(3, 1), 1), experts, out)
+    assert (out == 2.0).all()
+
+
+@pytest.mark.parametrize("isa", ["avx2", "avx512", "avx512_bf16"])
+def test_every_isa_variant_compiles(build_root, isa):
+    """All variants build here; each runs only where the CPU has its instructions."""
+    record = build_cpu_experts(CpuExpertParams(D=256, I=128, isa=isa), root=build_root)
+    assert record.path.endswith(".so") and record.params["isa"] == isa
+    order = ["avx2", "avx512", "avx512_bf16", "amx"]
+    if order.index(isa) > order.index(HOST_ISA):
+        pytest.skip(f"this CPU ({HOST_ISA}) cannot run the {isa} variant")
+    kern = CpuExpertKernel(record.path)
+    assert kern.info["isa"] == isa
+    g = torch.Generator().manual_seed(21)
+    experts = [random_packed_expert(256, 128, g) for _ in range(3)]
+    _check(kern, torch.randn(7, 256, generator=g), _routes(7, 3, 2, g), experts)
