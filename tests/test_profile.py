@@ -10,7 +10,8 @@ from ostinato.compiler.profile.cli import main as profile_main
 from ostinato.compiler.profile.counts_io import export_csv, import_counts
 from ostinato.compiler.profile.format import pack_touched
 from ostinato.compiler.profile.merge import merge_profiles
-from ostinato.compiler.profile.record import SessionShape, Turn, read_sessions, record_profile
+from ostinato.compiler.profile.record import record_profile
+from ostinato.runtime.workload import SessionShape, Turn, read_sessions
 from ostinato.compiler.profile.report import build_report, top_k_mask
 from ostinato.plans import plans_dir
 from ostinato.runtime import load_model

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from ...runtime.checkpoint import CheckpointError, ModelConfig
+from ...runtime.workload import WorkloadError
 from .format import ProfileError, load_profile
 
 COMMANDS = ("report", "merge", "import", "export")
@@ -45,13 +46,14 @@ def _record(argv: list[str]) -> int:
     if a.scale <= 0:
         p.error(f"--scale must be positive, got {a.scale}")
     from ...runtime import load_model
-    from .record import read_sessions, record_profile, shrink_sessions
+    from ...runtime.workload import read_sessions, shrink_sessions
+    from .record import record_profile
 
     sessions = read_sessions(a.sessions)[a.first_session:]
     sessions = shrink_sessions(sessions[: a.limit_sessions] if a.limit_sessions else sessions, a.scale,
                                a.limit_turns, a.max_generated)
     if not sessions:
-        raise ProfileError(f"{a.sessions}: no sessions selected")
+        raise ProfileError(f"{a.sessions}: no sessions selected (check --first-session and --limit-sessions)")
     model = load_model(a.model)
     profile = record_profile(model, a.model, sessions, a.phase_boundary, a.seed, a.text, progress=not a.quiet)
     profile.save(a.output)
@@ -147,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     handler = handlers.get(argv[0]) if argv else None
     try:
         return handler(argv[1:]) if handler else _record(argv)
-    except (ProfileError, CheckpointError) as e:
+    except (ProfileError, CheckpointError, WorkloadError) as e:
         print(f"ostinato-profile: error: {e}", file=sys.stderr)
         return 1
 

@@ -13,7 +13,9 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-CORPUS = Path(__file__).with_name("corpus.txt")
+from ...plans import plans_dir
+
+CORPUS = plans_dir() / "workloads" / "corpus.txt"
 
 BOS, EOS, PAD = "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜▁pad▁｜>"
 # Chat/tool markers of DeepSeek-V4 (DSV4.md section 5); ids differ from the real tokenizer's.

@@ -1,0 +1,156 @@
+"""The placement executor: the model's MoE block hands it a layer's routes; the plan says where they run.
+
+Modes (set per forward by the engine session, from the plan's policy):
+- `split` (prefills up to the plan's threshold): routes to the layer's resident hot experts run on
+  its device; routes to cold experts run on the CPU kernel over host memory, in a worker thread
+  started as soon as the routing is known, so both sides work at once; the device side adds the
+  CPU's result only when it needs the layer's output.
+- `upload` (longer prefills): the layer's distinct cold experts are copied once into two staging
+  buffers of `upload_group` experts (the next group's copy overlapping this group's compute on a
+  side stream when the device is a GPU) and every route runs on the device.
+- `decode` (one token): fixed shapes, top_k route slots, padding masked, cold routes crossing to
+  the CPU: the step a CUDA graph captures (without CUDA it runs eagerly).
+Legend: T tokens, k routes per token, R routes, E experts, D hidden.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import nullcontext
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import torch
+
+from ..checkpoint.reader import PackedExpert
+from ..kernels.cpu_experts import CpuExpertKernel, ExpertTable
+from ..kernels.triton_experts import HotPool
+from .counters import Counters
+from .hot_compute import DensePool, grouped
+
+MODES = ("split", "upload", "decode")
+
+
+@dataclass
+class LayerExperts:
+    """Where one layer's experts live under the plan."""
+    device: torch.device
+    slot_of: torch.Tensor          # [E] int64 on device: hot pool slot, or -1
+    cold_of: torch.Tensor          # [E] int64 on CPU: index into the cold table, or -1
+    hot_pool: HotPool              # packed hot experts on the device
+    hot_dense: DensePool | None    # dequantized hot pool (torch backend)
+    cold: list[PackedExpert]       # host copies of the cold experts (pinned with a GPU)
+    cold_table: ExpertTable | None # their pointers for the CPU kernel
+    staging: list[HotPool]         # two upload buffers of `upload_group` experts each, on the device
+
+
+class PlacementExecutor:
+    def __init__(self, layers: list[LayerExperts], pool_compute, cpu_kernel: CpuExpertKernel | None, cpu_threads: int,
+                 upload_group: int, expert_bytes: int, compute_dtype: torch.dtype):
+        self.layers, self.compute, self.cpu_kernel = layers, pool_compute, cpu_kernel
+        self.cpu_threads, self.upload_group, self.expert_bytes = cpu_threads, upload_group, expert_bytes
+        self.dtype = compute_dtype
+        self.mode = "split"
+        self.counters = Counters()
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ostinato-cold")
+
+    def set_mode(self, mode: str) -> None:
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        self.mode = mode
+
+    # ----- the contract of the model's MoE block ----------------------------------------------
+    def __call__(self, layer: int, x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        le = self.layers[layer]
+        t, k = expert_ids.shape
+        token = torch.arange(t, device=expert_ids.device).repeat_interleave(k)  # [R]
+        ids, w = expert_ids.reshape(-1), weights.reshape(-1).float()  # [R]
+        slot = le.slot_of[ids]  # [R]
+        hot = slot >= 0
+        c = self.counters
+        c.forwards += 1
+        c.routes_hot += int(hot.sum())
+        c.routes_cold += int((~hot).sum())
+        cold_ids = ids[~hot]
+        c.distinct_cold += int(cold_ids.unique().numel())
+        out = torch.zeros(t, x.shape[1], dtype=torch.float32, device=le.device)  # [T, D]
+        if self.mode == "upload":
+            self._hot(le.hot_pool, le.hot_dense, x, token[hot], slot[hot], w[hot], out)
+            self._upload_and_compute(le, x, token[~hot], cold_ids, w[~hot], out)
+            return out.to(x.dtype)
+        pending = self._submit_cold(le, x, token[~hot], cold_ids, w[~hot]) if cold_ids.numel() else None
+        if self.mode == "decode":
+            self._hot_decode(le, x, token, slot, w, out)
+        else:
+            self._hot(le.hot_pool, le.hot_dense, x, token[hot], slot[hot], w[hot], out)
+        if pending is not None:
+            out += pending.result().to(le.device)
+        return out.to(x.dtype)
+
+    # ----- device side ------------------------------------------------------------------------
+    def _hot(self, pool: HotPool, dense: DensePool | None, x, token, slot, weight, out) -> None:
+        start = time.perf_counter()
+        self.compute.prefill(pool, dense, x, token, slot, weight, out)
+        self.counters.hot_s += time.perf_counter() - start
+
+    def _hot_decode(self, le: LayerExperts, x, token, slot, weight, out) -> None:
+        """Fixed shapes: all k route slots are launched; cold ones are padding (slot -1, weight masked)."""
+        start = time.perf_counter()
+        if le.hot_pool.w1.shape[0]:
+            self.compute.decode(le.hot_pool, le.hot_dense, x, slot, token, weight, out)
+        self.counters.hot_s += time.perf_counter() - start
+
+    def _upload_and_compute(self, le: LayerExperts, x, token, expert, weight, out) -> None:
+        distinct = expert.unique()  # sorted cold expert ids touched by this layer
+        if distinct.numel() == 0:
+            return
+        g = self.upload_group
+        cuda = le.device.type == "cuda"
+        copy_stream = torch.cuda.Stream(le.device) if cuda else None
+        groups = [distinct[i:i + g] for i in range(0, distinct.numel(), g)]
+        ready = [self._copy_group(le, groups[0], le.staging[0], copy_stream)]
+        for i, group in enumerate(groups):
+            if i + 1 < len(groups):  # double buffering: start the next group's copy before computing this one
+                ready.append(self._copy_group(le, groups[i + 1], le.staging[(i + 1) % 2], copy_stream))
+            if cuda:
+                torch.cuda.current_stream(le.device).wait_event(ready[i])
+            pool = le.staging[i % 2]
+            local = torch.full((le.slot_of.numel(),), -1, dtype=torch.int64, device=expert.device)
+            local[group] = torch.arange(group.numel(), device=expert.device)
+            mine = local[expert] >= 0
+            dense = DensePool.from_packed(pool, group.numel(), self.dtype) if self.compute.name == "torch" else None
+            self._hot(pool, dense, x, token[mine], local[expert[mine]], weight[mine], out)
+        self.counters.experts_uploaded += distinct.numel()
+        self.counters.bytes_uploaded += distinct.numel() * self.expert_bytes
+
+    def _copy_group(self, le: LayerExperts, group: torch.Tensor, pool: HotPool, stream):
+        start = time.perf_counter()
+        ctx = torch.cuda.stream(stream) if stream is not None else nullcontext()
+        with ctx:
+            for j, e in enumerate(group.tolist()):
+                src = le.cold[int(le.cold_of[e])]
+                for name in ("w1", "w1_scale", "w3", "w3_scale", "w2", "w2_scale"):
+                    getattr(pool, name)[j].copy_(getattr(src, name).view(getattr(pool, name).dtype),
+                                                 non_blocking=stream is not None)
+            event = None
+            if stream is not None:
+                event = torch.cuda.Event()
+                event.record(stream)
+        self.counters.upload_s += time.perf_counter() - start
+        return event
+
+    # ----- CPU side ---------------------------------------------------------------------------
+    def _submit_cold(self, le: LayerExperts, x, token, expert, weight):
+        x_host = x.detach().to("cpu", torch.float32 if x.dtype == torch.float32 else torch.bfloat16).contiguous()
+        return self._worker.submit(self._cold, le, x_host, token.cpu(), expert.cpu(), weight.cpu())
+
+    def _cold(self, le: LayerExperts, x_host, token, expert, weight) -> torch.Tensor:
+        start = time.perf_counter()
+        out = torch.zeros(x_host.shape[0], x_host.shape[1], dtype=torch.float32)  # [T, D] host
+        routes = grouped(token, le.cold_of[expert], weight, len(le.cold))
+        self.cpu_kernel(x_host, routes, le.cold_table, out, self.cpu_threads)
+        self.counters.cold_s += time.perf_counter() - start
+        return out
+
+    def close(self) -> None:
+        self._worker.shutdown(wait=True)

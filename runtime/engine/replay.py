@@ -1,0 +1,101 @@
+"""Replay an agent session on the engine and measure what the agent waits for, turn by turn.
+
+The wait after a tool output is the prefill of the appended tokens plus the first decode step
+(workload README). Each turn also reports its decode speed, the share of routes that hit the hot
+set, and the distinct cold experts its prefill touched (summed over layers); the plan's prediction
+for a prefill of that size sits beside the measurement.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..plan import Plan
+from ..workload import SessionShape, TokenSource
+from .loader import Engine
+
+
+@dataclass(frozen=True)
+class TurnResult:
+    turn: int
+    appended: int
+    generated: int
+    mode: str
+    wait_s: float
+    decode_tokens_per_s: float | None
+    hot_share: float
+    distinct_cold: int
+    predicted_wait_s: float | None
+
+
+def predicted_wait(plan: Plan, tokens: int) -> float | None:
+    """The plan's predicted wait for a prefill of `tokens`, interpolated log-log in its table."""
+    rows = sorted((r["tokens"], r["wait_ms"]) for r in plan.predictions.get("prefill", []))
+    if not rows or tokens <= 0:
+        return None
+    xs = np.log([r[0] for r in rows])
+    ys = np.log([r[1] for r in rows])
+    return float(math.exp(np.interp(math.log(tokens), xs, ys, left=None, right=None))) / 1e3
+
+
+def replay(engine: Engine, shape: SessionShape, tokens: TokenSource, on_turn=None) -> list[TurnResult]:
+    session = engine.new_session()
+    counters = engine.executor.counters
+    results, nxt = [], None
+    for i, turn in enumerate(shape.turns):
+        before = counters.copy()
+        start = time.perf_counter()
+        mode = "none"
+        if turn.appended:
+            mode = session.prefill_mode(turn.appended)
+            logits = session.prefill(tokens.take(turn.appended))
+            nxt = int(logits[-1].argmax())
+        prefill = counters.minus(before)
+        wait, speed = 0.0, None
+        if nxt is not None and turn.generated:
+            logits = session.decode(nxt)
+            nxt = int(logits.argmax())
+            wait = time.perf_counter() - start
+            t0 = time.perf_counter()
+            for _ in range(turn.generated - 1):
+                nxt = int(session.decode(nxt).argmax())
+            if turn.generated > 1:
+                speed = (turn.generated - 1) / (time.perf_counter() - t0)
+        else:
+            wait = time.perf_counter() - start
+        turn_counters = counters.minus(before)
+        result = TurnResult(i, turn.appended, turn.generated, mode, wait, speed, turn_counters.hot_share,
+                            prefill.distinct_cold, predicted_wait(engine.plan, turn.appended))
+        results.append(result)
+        if on_turn is not None:
+            on_turn(result)
+    return results
+
+
+HEADER = (f"{'turn':>4s} {'append':>6s} {'gen':>5s} {'mode':>6s} {'wait ms':>9s} {'pred ms':>9s} "
+          f"{'dec tok/s':>9s} {'hot':>6s} {'cold experts':>12s}")
+
+
+def format_turn(r: TurnResult) -> str:
+    pred = f"{r.predicted_wait_s * 1e3:9.1f}" if r.predicted_wait_s is not None else f"{'-':>9s}"
+    speed = f"{r.decode_tokens_per_s:9.1f}" if r.decode_tokens_per_s is not None else f"{'-':>9s}"
+    return (f"{r.turn:4d} {r.appended:6d} {r.generated:5d} {r.mode:>6s} {r.wait_s * 1e3:9.1f} {pred} {speed} "
+            f"{r.hot_share:6.1%} {r.distinct_cold:12d}")
+
+
+def summary(results: list[TurnResult], plan: Plan, session_s: float) -> str:
+    waits = np.array([r.wait_s for r in results[1:]] or [r.wait_s for r in results]) * 1e3
+    speeds = [r.decode_tokens_per_s for r in results if r.decode_tokens_per_s]
+    p = plan.predictions
+    return "\n".join([
+        f"wait after tool output (turns after the first): median {np.median(waits):.1f} ms, "
+        f"p90 {np.percentile(waits, 90):.1f} ms",
+        f"decode: median {np.median(speeds) if speeds else float('nan'):.1f} tokens/s "
+        f"(plan predicts {p.get('decode_tokens_per_s', float('nan')):.1f})",
+        f"session time: {session_s:.2f} s over {len(results)} turns",
+        f"hot route share: plan (profiled) {p.get('hot_route_share', float('nan')):.1%}, measured "
+        f"{np.mean([r.hot_share for r in results]):.1%} (mean over turns)"])

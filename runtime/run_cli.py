@@ -1,0 +1,89 @@
+"""ostinato-run: load a plan and run its model as planned: replay a session, or answer a prompt."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from .checkpoint import CheckpointError
+from .plan import PlanError
+from .workload import WorkloadError
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(
+        prog="ostinato-run",
+        description="Run a plan from ostinato-compile: weights placed as planned (hot experts on their device, cold "
+                    "experts behind the CPU kernel), split-route or upload-once prefill, the decode step.")
+    p.add_argument("plan", type=Path, help="plan.yaml")
+    what = p.add_mutually_exclusive_group()
+    what.add_argument("--session", type=Path, help="replay an agent session from a workload CSV and time every turn")
+    what.add_argument("--prompt", help="generate a reply to this text (greedy)")
+    p.add_argument("--session-index", type=int, default=0, help="which session of the CSV (0)")
+    p.add_argument("--limit-turns", type=int, help="replay at most this many turns")
+    p.add_argument("--max-generated", type=int, help="decode at most this many tokens per turn")
+    p.add_argument("--scale", type=float, default=1.0, help="multiply appended tokens by this factor (1.0)")
+    p.add_argument("--max-new", type=int, default=32, help="tokens to generate for --prompt (32)")
+    p.add_argument("--model", type=Path, help="checkpoint directory (default: the plan's model.path)")
+    p.add_argument("--device", choices=("cpu", "cuda"), help="cpu maps every planned GPU to the CPU "
+                                                             "(default: cuda when available)")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    p.add_argument("--hot-backend", choices=("torch", "triton"),
+                   help="hot-expert compute: triton (default on GPUs) or torch (default on the CPU)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the replayed token ids (0)")
+    a = p.parse_args(argv)
+    if a.scale <= 0:
+        p.error(f"--scale must be positive, got {a.scale}")
+    return a
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse_args(argv)
+    from .engine.loader import load_engine
+    from .engine.replay import HEADER, format_turn, replay, summary
+    from .workload import TokenSource, read_sessions, shrink_sessions
+
+    try:
+        dtype = torch.float32 if a.dtype == "float32" else torch.bfloat16
+        engine = load_engine(a.plan, a.model, a.device, dtype, a.hot_backend)
+        model_dir = Path(a.model or engine.plan.model.path)
+        print(f"plan {a.plan}: {engine.plan.model.layers} layers on {engine.plan.hardware['name']} "
+              f"(devices: {', '.join(sorted({str(d) for d in engine.devices}))}), "
+              f"prefill threshold {engine.plan.policy.prefill_threshold}")
+        if a.session:
+            sessions = read_sessions(a.session)
+            if not 0 <= a.session_index < len(sessions):
+                raise WorkloadError(f"{a.session}: --session-index {a.session_index} out of range "
+                                    f"(the file has {len(sessions)} sessions)")
+            shape = shrink_sessions([sessions[a.session_index]], a.scale, a.limit_turns, a.max_generated)[0]
+            print(f"session {shape.name}: {len(shape.turns)} turns\n{HEADER}")
+            start = time.perf_counter()
+            results = replay(engine, shape, TokenSource(model_dir, engine.model.config.vocab_size, a.seed),
+                             on_turn=lambda r: print(format_turn(r), flush=True))
+            print(summary(results, engine.plan, time.perf_counter() - start))
+        else:
+            _prompt(engine, model_dir, a.prompt or "Hello", a.max_new)
+    except (PlanError, CheckpointError, WorkloadError) as e:
+        print(f"ostinato-run: error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _prompt(engine, model_dir: Path, text: str, max_new: int) -> None:
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    ids = [engine.model.config.bos_token_id] + tok.encode(text).ids
+    session = engine.new_session()
+    nxt = int(session.prefill(ids)[-1].argmax())
+    out = [nxt]
+    for _ in range(max_new - 1):
+        if nxt == engine.model.config.eos_token_id:
+            break
+        nxt = int(session.decode(nxt).argmax())
+        out.append(nxt)
+    print(tok.decode(out))

@@ -1,0 +1,93 @@
+"""Agent-session workloads (plans/workloads/README.md) and the token ids a replay feeds.
+
+A workload CSV has one row per model call: the tokens appended on top of the cached context and
+the tokens generated. Replays (profiling, ostinato-run --session, benchmarks) need token ids of
+those lengths: real text through the model's tokenizer when the checkpoint has one (hash-routed
+layers route by token id, so real ids matter), cut from a seeded offset; else seeded random ids.
+"""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..plans import plans_dir
+
+CORPUS = plans_dir() / "workloads" / "corpus.txt"  # agent-like text the package ships
+
+
+class WorkloadError(ValueError):
+    """A workload file is missing or malformed; the message names the file and line."""
+
+
+@dataclass(frozen=True)
+class Turn:
+    appended: int
+    generated: int
+
+
+@dataclass(frozen=True)
+class SessionShape:
+    name: str        # "source/session"
+    turns: tuple[Turn, ...]
+
+
+def read_sessions(path: str | Path) -> list[SessionShape]:
+    """Sessions of a workload CSV (plans/workloads/README.md), in file order."""
+    path = Path(path)
+    if not path.exists():
+        raise WorkloadError(f"{path}: sessions file not found")
+    sessions: dict[str, list[Turn]] = {}
+    with open(path, newline="") as f:
+        reader = csv.DictReader(f)
+        need = {"source", "session", "turn", "appended_tokens", "generated_tokens"}
+        if reader.fieldnames is None or not need <= set(reader.fieldnames):
+            raise WorkloadError(f"{path}:1: columns {sorted(need)} are required, got {reader.fieldnames}")
+        for line, row in enumerate(reader, start=2):
+            try:
+                turn = Turn(int(row["appended_tokens"]), int(row["generated_tokens"]))
+            except ValueError:
+                raise WorkloadError(f"{path}:{line}: appended_tokens and generated_tokens must be integers") from None
+            if turn.appended < 0 or turn.generated < 0:
+                raise WorkloadError(f"{path}:{line}: token counts must be non-negative")
+            sessions.setdefault(f"{row['source']}/{row['session']}", []).append(turn)
+    return [SessionShape(name, tuple(turns)) for name, turns in sessions.items()]
+
+
+def shrink_sessions(sessions: list[SessionShape], scale: float = 1.0, max_turns: int | None = None,
+                    max_generated: int | None = None) -> list[SessionShape]:
+    """Smaller replays of the same shapes, for small machines: appended tokens x scale (at least 1),
+    the first max_turns turns, at most max_generated generated tokens per turn."""
+    out = []
+    for s in sessions:
+        turns = s.turns[:max_turns] if max_turns else s.turns
+        out.append(SessionShape(s.name, tuple(
+            Turn(max(1, round(t.appended * scale)) if t.appended else 0,
+                 t.generated if max_generated is None else min(t.generated, max_generated)) for t in turns)))
+    return out
+
+
+class TokenSource:
+    """Deterministic token ids of a given length: windows of tokenized text, or seeded random ids."""
+
+    def __init__(self, model_dir: Path, vocab_size: int, seed: int, text: Path | None = None):
+        self.gen = torch.Generator().manual_seed(seed)
+        self.vocab = vocab_size
+        self.ids: torch.Tensor | None = None
+        tok_file = model_dir / "tokenizer.json"
+        if tok_file.exists():
+            from tokenizers import Tokenizer
+
+            ids = Tokenizer.from_file(str(tok_file)).encode((text or CORPUS).read_text()).ids
+            self.ids = torch.tensor([i for i in ids if i < vocab_size], dtype=torch.int64)
+        self.kind = "text" if self.ids is not None and self.ids.numel() > 0 else "random"
+
+    def take(self, n: int) -> torch.Tensor:
+        if self.kind == "random":
+            return torch.randint(0, self.vocab, (n,), generator=self.gen)
+        start = int(torch.randint(0, self.ids.numel(), (1,), generator=self.gen))
+        reps = (start + n) // self.ids.numel() + 1
+        return self.ids.repeat(reps)[start:start + n]

@@ -1,0 +1,169 @@
+"""The placement engine computes the plain model's function under every placement and mode."""
+
+import dataclasses
+import os
+import random
+
+import pytest
+import torch
+
+from ostinato.compiler.compile import CompileOptions, compile_plan
+from ostinato.runtime import load_model
+from ostinato.runtime.engine.loader import load_engine
+from ostinato.runtime.plan import PlanError
+from ostinato.runtime.run_cli import main as run_main
+
+TOL = 1e-4  # relative to the logits' scale, float32
+
+
+@pytest.fixture(scope="module")
+def compiled(tiny_ckpt, tmp_path_factory):
+    """A mixed plan for the tiny model on cpu-only, compiled with kernels in its own directory."""
+    work = tmp_path_factory.mktemp("engine")
+    cwd = os.getcwd()
+    os.chdir(work)
+    try:
+        plan = compile_plan(CompileOptions(tiny_ckpt, work / "plan.yaml", "cpu-only", context=4096,
+                                           max_hot_per_layer=6)).plan
+        plan.write(work / "plan.yaml")
+    finally:
+        os.chdir(cwd)
+    return plan, work
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_ckpt):
+    return load_model(tiny_ckpt)
+
+
+def _variant(plan, placement: str, threshold, seed=0):
+    E = plan.model.routed_experts
+    rng = random.Random(seed)
+    layers = []
+    for lp in plan.layers:
+        hot = {"all-hot": list(range(E)), "all-cold": [], "mixed": lp.hot_experts,
+               "random": sorted(rng.sample(range(E), rng.randint(1, E - 1)))}[placement]
+        layers.append(dataclasses.replace(lp, hot_experts=hot))
+    policy = dataclasses.replace(plan.policy, prefill_threshold=threshold, upload_group=3)
+    return dataclasses.replace(plan, layers=layers, policy=policy)
+
+
+def _engine(compiled, tiny_ckpt, placement, threshold=None, **kw):
+    plan, work = compiled
+    cwd = os.getcwd()
+    os.chdir(work)  # kernel paths are relative to where compile ran
+    try:
+        return load_engine(_variant(plan, placement, threshold), tiny_ckpt, device="cpu", **kw)
+    finally:
+        os.chdir(cwd)
+
+
+def _close(a, b):
+    scale = b.abs().max()
+    assert (a - b).abs().max() <= TOL * scale, f"max diff {(a - b).abs().max()} at scale {scale}"
+
+
+IDS = torch.randint(0, 1024, (150,), generator=torch.Generator().manual_seed(7))
+
+
+@pytest.mark.parametrize("placement", ["all-hot", "all-cold", "mixed", "random"])
+@pytest.mark.parametrize("mode", ["split", "upload"])
+def test_prefill_and_decode_equal_the_plain_model(compiled, tiny_ckpt, reference, placement, mode):
+    engine = _engine(compiled, tiny_ckpt, placement, threshold=None if mode == "split" else 16)
+    ours, ref = engine.new_session(), reference.new_session()
+    _close(ours.prefill(IDS[:100]), ref.prefill(IDS[:100]))
+    _close(ours.prefill(IDS[100:110]), ref.prefill(IDS[100:110]))  # 10 tokens: split even in upload plans
+    token = int(IDS[110])
+    for _ in range(4):  # decode steps: the fixed-shape step
+        a, b = ours.decode(token), ref.decode(token)
+        _close(a, b)
+        token = int(b.argmax())
+    c, k, L = engine.executor.counters, engine.plan.model.top_k, engine.plan.model.layers
+    assert c.routes_hot + c.routes_cold == 114 * k * L
+    if placement == "all-hot":
+        assert c.routes_cold == 0
+    if placement == "all-cold":
+        assert c.routes_hot == 0
+    engine.close()
+
+
+def test_counters_add_up_in_upload_mode(compiled, tiny_ckpt, reference):
+    engine = _engine(compiled, tiny_ckpt, "mixed", threshold=16)
+    seen = []
+    reference.set_observer(lambda layer, tokens, ids: seen.append((layer, ids.clone())))
+    try:
+        reference.new_session().prefill(IDS[:64])
+    finally:
+        reference.set_observer(None)
+    engine.new_session().prefill(IDS[:64])
+    c = engine.executor.counters
+    hot = {lp.layer: set(lp.hot_experts) for lp in engine.plan.layers}
+    distinct_cold = sum(len(set(ids.reshape(-1).tolist()) - hot[layer]) for layer, ids in seen)
+    routes_cold = sum(sum(1 for e in ids.reshape(-1).tolist() if e not in hot[layer]) for layer, ids in seen)
+    assert c.routes_cold == routes_cold and c.routes_hot + c.routes_cold == 64 * engine.plan.model.top_k * 4
+    assert c.experts_uploaded == c.distinct_cold == distinct_cold > 0
+    assert c.bytes_uploaded == distinct_cold * engine.plan.model.expert_bytes
+    engine.close()
+
+
+def test_greedy_tokens_of_a_multi_turn_session_match(compiled, tiny_ckpt, reference):
+    engine = _engine(compiled, tiny_ckpt, "mixed", threshold=40)
+    ours, ref = engine.new_session(), reference.new_session()
+    got, want = [], []
+    for turn, (start, stop) in enumerate([(0, 60), (60, 75), (75, 140)]):  # upload, split, upload prefills
+        for sess, out in ((ours, got), (ref, want)):
+            tok = int(sess.prefill(IDS[start:stop])[-1].argmax())
+            for _ in range(6):
+                out.append(tok)
+                tok = int(sess.decode(tok).argmax())
+    assert got == want
+    engine.close()
+
+
+def test_truncate_and_fork_through_the_engine(compiled, tiny_ckpt, reference):
+    engine = _engine(compiled, tiny_ckpt, "mixed")
+    s = engine.new_session()
+    s.prefill(IDS[:50])
+    s.prefill(IDS[50:80])
+    other = s.fork()
+    s.truncate(50)
+    _close(s.prefill(IDS[50:60]), reference.new_session().prefill(IDS[:60])[50:])
+    assert len(other) == 80
+    engine.close()
+
+
+def test_triton_hot_backend_under_the_interpreter(compiled, tiny_ckpt, reference, monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    engine = _engine(compiled, tiny_ckpt, "mixed", threshold=4, hot_backend="triton")
+    ours, ref = engine.new_session(), reference.new_session()
+    _close(ours.prefill(IDS[:3]), ref.prefill(IDS[:3]))      # split
+    _close(ours.prefill(IDS[3:9]), ref.prefill(IDS[3:9]))    # upload
+    _close(ours.decode(int(IDS[9])), ref.decode(int(IDS[9])))  # decode variant
+    engine.close()
+
+
+def test_a_plan_for_another_checkpoint_is_refused(compiled, small_ckpt):
+    plan, _ = compiled
+    with pytest.raises(PlanError, match="field 'provenance.config_sha256'"):
+        load_engine(plan, small_ckpt, device="cpu")
+
+
+def test_missing_kernel_artifact_is_a_clear_error(compiled, tiny_ckpt, tmp_path, monkeypatch):
+    plan, _ = compiled
+    monkeypatch.chdir(tmp_path)  # neither here nor beside the plan object: no build/ directory
+    with pytest.raises(PlanError, match="kernel artifact build/kernels/.* not found.*run ostinato-compile again"):
+        load_engine(plan, tiny_ckpt, device="cpu")
+
+
+def test_ostinato_run_replays_a_session(compiled, tiny_ckpt, capsys, monkeypatch):
+    plan, work = compiled
+    monkeypatch.chdir(work)
+    from ostinato.plans import plans_dir
+
+    rc = run_main(["plan.yaml", "--model", str(tiny_ckpt), "--device", "cpu", "--session",
+                   str(plans_dir() / "workloads" / "agent_turns.csv"), "--limit-turns", "3", "--scale", "0.05",
+                   "--max-generated", "3"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    rows = [l for l in out.splitlines() if l[:4].strip().isdigit()]
+    assert len(rows) == 3 and "wait after tool output" in out and "session time" in out
