@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -43,6 +44,8 @@ def parse_args(argv):
 
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
+    if a.hot_backend == "triton" and (a.device == "cpu" or not torch.cuda.is_available()):
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # before Triton is first imported
     from .engine.loader import load_engine
     from .engine.replay import HEADER, format_turn, replay, summary
     from .workload import TokenSource, read_sessions, shrink_sessions

@@ -1,10 +1,20 @@
-"""Shared fixtures: tiny checkpoints are written once per test session."""
+"""Shared fixtures: tiny checkpoints are written once per test session.
+
+Without a GPU, Triton kernels run in its interpreter. Triton reads TRITON_INTERPRET when it is
+first imported (transformers imports it too), so it is set here, before any test imports anything.
+"""
 
 from __future__ import annotations
 
-import pytest
+import os
+import torch
 
-from ostinato.compiler.tiny import write_tiny_checkpoint
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+
+from ostinato.compiler.tiny import write_tiny_checkpoint  # noqa: E402
 
 
 @pytest.fixture(scope="session")

@@ -1,5 +1,6 @@
 """FP8 and MXFP4 encode/decode on fresh random data, every code and extreme scales."""
 
+import pytest
 import torch
 
 from ostinato.runtime.checkpoint.formats import (
@@ -19,7 +20,9 @@ def test_e8m0_is_a_power_of_two_with_bias_127():
     assert torch.equal(decoded[:6], _e8m0([0, 1, 126, 127, 128, 254]).float())
 
 
-def test_fp8_round_trip_is_stable_and_close():
+@pytest.mark.parametrize("seed", range(4))
+def test_fp8_round_trip_is_stable_and_close(seed):
+    torch.manual_seed(seed)
     w = torch.randn(256, 384) * torch.logspace(-3, 3, 384)  # columns with very different ranges
     q, s = quantize_fp8(w)
     assert q.dtype == torch.float8_e4m3fn and s.dtype == torch.float8_e8m0fnu and s.shape == (2, 3)
@@ -27,8 +30,9 @@ def test_fp8_round_trip_is_stable_and_close():
     # e4m3 keeps 3 mantissa bits: relative error <= 2^-4 per element, up to the block's subnormal floor
     block_max = w.abs().reshape(2, 128, 3, 128).amax(dim=(1, 3)).repeat_interleave(128, 0).repeat_interleave(128, 1)
     assert ((d - w).abs() <= w.abs() * 2**-4 + block_max * 2**-16).all()
-    q2, s2 = quantize_fp8(d)  # decoded values are representable: re-encoding is the identity
-    assert torch.equal(q2.view(torch.uint8), q.view(torch.uint8)) and torch.equal(s2.view(torch.uint8), s.view(torch.uint8))
+    # decoded values are representable: re-encoding them loses nothing (the scale may get finer by one
+    # power of two when rounding lowered a block's maximum, which only makes room)
+    assert torch.equal(dequantize_fp8(*quantize_fp8(d)), d)
 
 
 def test_fp8_decode_matches_the_definition_elementwise():
@@ -57,7 +61,9 @@ def test_mxfp4_every_code_and_extreme_scales():
     assert torch.equal(torch.signbit(d[1, 8:9]), torch.tensor([True]))  # code 8 is -0
 
 
-def test_mxfp4_round_trip_on_random_data():
+@pytest.mark.parametrize("seed", range(4))
+def test_mxfp4_round_trip_on_random_data(seed):
+    torch.manual_seed(seed)
     w = torch.randn(64, 256) * torch.logspace(-4, 4, 64)[:, None]
     packed, scale = quantize_mxfp4(w)
     assert packed.dtype == torch.int8 and packed.shape == (64, 128) and scale.shape == (64, 8)

@@ -1,0 +1,124 @@
+"""DeepSeek-V4 attention for all three layer kinds, on top of a LayerCache (DSV4.md section 3).
+
+One shared K=V head (MQA). Keys of query t: the sliding window (positions t-W < s <= t) plus, in
+CSA/HCA layers, compressed entries: all complete ones (HCA) or the indexer's picks (CSA). A per-head
+sink logit joins the softmax denominator only. The output's rope channels are rotated back by -t
+(values carry rope too), then heads go through the grouped low-rank output projection.
+
+Memory per call is linear in the context: window logits T x H x W (banded), HCA logits T x H x n,
+CSA logits T x H x min(n, k*hd/H) (scored densely while that is smaller than gathering T x k keys). Long prefills are chunked by the session, which keeps T bounded.
+
+Legend: T new tokens, H heads, hd head_dim, ql q_lora_rank, G o_groups, ol o_lora_rank,
+W sliding_window, n compressed entries, k CSA picks, D hidden.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .compressor import CompressorWeights, compress
+from .indexer import IndexerWeights, index_queries, select
+from .kv_cache import LayerCache
+from .norms import rms_norm, unweighted_rms_norm
+from .rope import Rope, apply_rope
+
+# CSA scores every compressed entry and masks the unpicked ones while that costs no more than
+# gathering each query's k picked rows (n * H <= ratio * k * hd); beyond, it gathers.
+CSA_DENSE_MAX_RATIO = 1.0
+
+
+@dataclass(frozen=True)
+class AttentionWeights:
+    wq_a: torch.Tensor     # [ql, D]
+    q_norm: torch.Tensor   # [ql] float32
+    wq_b: torch.Tensor     # [H*hd, ql]
+    wkv: torch.Tensor      # [hd, D]
+    kv_norm: torch.Tensor  # [hd] float32
+    wo_a: torch.Tensor     # [G*ol, H*hd/G]: rows g*ol..(g+1)*ol read group g's heads
+    wo_b: torch.Tensor     # [D, G*ol]
+    sink: torch.Tensor     # [H] float32
+    compressor: CompressorWeights | None  # CSA (ratio 4) and HCA (ratio 128)
+    indexer: IndexerWeights | None        # CSA only
+    n_heads: int
+    head_dim: int
+    o_groups: int
+    window: int
+
+
+def attention(w: AttentionWeights, x: torch.Tensor, positions: torch.Tensor, cache: LayerCache, rope: Rope,
+              eps: float) -> torch.Tensor:
+    """x [T, D] at contiguous `positions` [T] after what `cache` holds -> [T, D]; updates the cache."""
+    t, H, hd = x.shape[0], w.n_heads, w.head_dim
+    cos, sin = rope.cos_sin(positions)  # [T, R/2] each
+    qr = rms_norm(x @ w.wq_a.T, w.q_norm, eps)  # [T, ql]
+    q = unweighted_rms_norm((qr @ w.wq_b.T).view(t, H, hd), eps)  # [T, H, hd]
+    q = apply_rope(q, cos, sin)
+    kv = apply_rope(rms_norm(x @ w.wkv.T, w.kv_norm, eps), cos, sin)  # [T, hd]
+
+    lw, vw = _window(w, q, kv, cache)  # [T, H, W], [T, W, hd]
+    lc, vc = _compressed(w, q, qr, x, positions, cache, rope, cos, sin, eps) if w.compressor else (None, None)
+    sink = w.sink.view(1, H, 1).expand(t, H, 1)  # [T, H, 1]: joins the denominator only
+    logits = torch.cat([lw] + ([lc] if lc is not None else []) + [sink], dim=-1)  # [T, H, W (+n|k) + 1]
+    probs = torch.softmax(logits - logits.amax(dim=-1, keepdim=True), dim=-1).to(x.dtype)
+    W = w.window
+    o = torch.bmm(probs[..., :W], vw)  # [T, H, hd]
+    if lc is not None:
+        p_c = probs[..., W:-1]  # [T, H, n|k]
+        o = o + (torch.bmm(p_c, vc) if vc.dim() == 3 else p_c @ vc)
+    o = apply_rope(o, cos, sin, inverse=True)
+
+    G = w.o_groups
+    grouped = o.reshape(t, G, -1).transpose(0, 1)  # [G, T, H*hd/G]
+    z = torch.bmm(grouped, w.wo_a.view(G, -1, grouped.shape[-1]).transpose(1, 2))  # [G, T, ol]
+    return z.transpose(0, 1).reshape(t, -1) @ w.wo_b.T  # [T, D]
+
+
+def _window(w: AttentionWeights, q: torch.Tensor, kv: torch.Tensor, cache: LayerCache
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sliding branch, banded: query i sees rows i..i+W-1 of [pad ; cached W-1 rows ; new rows], a
+    strided view, so the cost is T x W per head instead of T x (W-1+T). Pad rows stand for positions
+    < 0 and are masked. Returns (logits [T, H, W] float32, values [T, W, hd]); updates cache.window."""
+    t, hd, W = q.shape[0], w.head_dim, w.window
+    n_prev = cache.window.shape[0]
+    keys = torch.cat((cache.window, kv))  # [n_prev+T, hd]
+    cache.window = keys[max(0, keys.shape[0] - (W - 1)):].clone()  # [<= W-1, hd]
+    pad = W - 1 - n_prev
+    padded = torch.cat((keys.new_zeros(pad, hd), keys)) if pad else keys  # [W-1+T, hd]
+    band = padded.unfold(0, W, 1)  # [T, hd, W] view: query i's window
+    valid = (torch.arange(t, device=q.device)[:, None] + torch.arange(W, device=q.device)) >= pad  # [T, W]
+    logits = torch.bmm(q, band).float() * hd ** -0.5  # [T, H, W]
+    return logits.masked_fill(~valid[:, None, :], float("-inf")), band.transpose(1, 2)
+
+
+def _compressed(w: AttentionWeights, q: torch.Tensor, qr: torch.Tensor, x: torch.Tensor, positions: torch.Tensor,
+                cache: LayerCache, rope: Rope, cos: torch.Tensor, sin: torch.Tensor, eps: float
+                ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """Compressed branch: extend the rows (and CSA index keys), then the logits over the entries each
+    query may use -> (logits [T, H, n|k] float32, values [n, hd] or [T, k, hd]), or (None, None)."""
+    t, H, hd = q.shape
+    scale = hd ** -0.5
+    c, ix = w.compressor, w.indexer
+    entries, cache.comp = compress(c, x, cache.comp, cache.rows.n, rope, eps)
+    cache.rows.append(entries)
+    if ix is not None:
+        ientries, cache.index_comp = compress(ix.compressor, x, cache.index_comp, cache.index_rows.n, rope, eps)
+        cache.index_rows.append(ientries)
+    rows = cache.rows.view()  # [n, hd]
+    n = rows.shape[0]
+    if n == 0:
+        return None, None
+    if ix is None:  # HCA: every complete entry
+        future = torch.arange(n, device=x.device) >= ((positions + 1) // c.ratio)[:, None]  # [T, n]
+        return ((q @ rows.T).float() * scale).masked_fill(future[:, None, :], float("-inf")), rows  # [T, H, n]
+    qi, hw = index_queries(ix, qr, x, cos, sin)
+    picks = select(qi, hw, cache.index_rows.view(), positions, c.ratio, ix.topk)  # [T, k]
+    if n * H <= CSA_DENSE_MAX_RATIO * picks.shape[1] * hd:
+        # Few entries: score them all and mask the unpicked (cheaper than gathering T x k rows).
+        chosen = torch.zeros(t, n + 1, dtype=torch.bool, device=x.device)  # [T, n+1], column n: dropped picks
+        chosen.scatter_(1, torch.where(picks < 0, n, picks), True)
+        return ((q @ rows.T).float() * scale).masked_fill(~chosen[:, None, :n], float("-inf")), rows  # [T, H, n]
+    picked = rows[picks.clamp(min=0)]  # [T, k, hd]
+    logits = torch.bmm(q, picked.transpose(1, 2)).float() * scale  # [T, H, k]
+    return logits.masked_fill((picks < 0)[:, None, :], float("-inf")), picked

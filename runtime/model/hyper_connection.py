@@ -1,0 +1,62 @@
+"""Manifold-constrained hyper-connections (mHC): the residual is N parallel streams (DSV4.md section 3).
+
+Before each sublayer, `hc_pre` mixes the streams into the sublayer input and yields the `post` and
+`comb` weights; after it, `hc_post` writes the output back: X'_k = post_k * y + sum_j comb[j, k] X_j.
+comb is made doubly stochastic by Sinkhorn iterations (not symmetric: the direction matters).
+The residual streams stay float32 whatever the compute dtype: they are small (N x D per token) and
+every mixing weight is float32 anyway.
+
+Legend: T tokens, N hc_mult streams, D hidden, M = (2 + N) * N mixing logits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .norms import unweighted_rms_norm
+
+
+@dataclass(frozen=True)
+class HcWeights:
+    fn: torch.Tensor     # [M, N*D] float32
+    base: torch.Tensor   # [M] float32
+    scale: torch.Tensor  # [3] float32 (pre, post, comb)
+
+
+@dataclass(frozen=True)
+class HcHeadWeights:
+    fn: torch.Tensor     # [N, N*D] float32
+    base: torch.Tensor   # [N]
+    scale: torch.Tensor  # [1]
+
+
+def hc_pre(x: torch.Tensor, w: HcWeights, n_iters: int, eps: float, norm_eps: float, dtype: torch.dtype
+           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x [T, N, D] float32 -> (sublayer input [T, D] in dtype, post [T, N], comb [T, N, N])."""
+    t, n, _ = x.shape
+    mix = unweighted_rms_norm(x.reshape(t, -1), norm_eps) @ w.fn.T  # [T, M]
+    pre_w, post_w, comb_w = mix.split([n, n, n * n], dim=-1)
+    pre_b, post_b, comb_b = w.base.split([n, n, n * n])
+    pre = torch.sigmoid(pre_w * w.scale[0] + pre_b) + eps  # [T, N]
+    post = 2 * torch.sigmoid(post_w * w.scale[1] + post_b)  # [T, N]
+    comb = torch.softmax(comb_w.view(t, n, n) * w.scale[2] + comb_b.view(n, n), dim=-1) + eps  # [T, N, N]
+    comb = comb / (comb.sum(dim=-2, keepdim=True) + eps)
+    for _ in range(n_iters - 1):  # in place: same values, a third fewer dispatches (decode is dispatch-bound)
+        comb /= comb.sum(dim=-1, keepdim=True).add_(eps)
+        comb /= comb.sum(dim=-2, keepdim=True).add_(eps)
+    collapsed = (pre.unsqueeze(-1) * x).sum(dim=1)  # [T, D]
+    return collapsed.to(dtype), post, comb
+
+
+def hc_post(x: torch.Tensor, y: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
+    """Residual x [T, N, D], sublayer output y [T, D] -> new residual [T, N, D] (float32)."""
+    return post.unsqueeze(-1) * y.float().unsqueeze(-2) + torch.matmul(comb.transpose(-1, -2), x)  # [T, N, D]
+
+
+def hc_head(x: torch.Tensor, w: HcHeadWeights, eps: float, norm_eps: float) -> torch.Tensor:
+    """Final collapse of the streams: x [T, N, D] -> [T, D] float32."""
+    mix = unweighted_rms_norm(x.flatten(1), norm_eps) @ w.fn.T  # [T, N]
+    pre = torch.sigmoid(mix * w.scale + w.base) + eps  # [T, N]
+    return (pre.unsqueeze(-1) * x).sum(dim=1)  # [T, D]

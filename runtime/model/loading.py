@@ -1,0 +1,118 @@
+"""Model weights from an official checkpoint, dequantized to the compute dtype, every tensor claimed.
+
+Matmul weights (FP8 decoded bit-exactly; exact in bfloat16 too) take the compute dtype. Norms, mHC,
+sinks, compressor projections and ape, router and LM head stay float32, as the reference keeps them.
+Routed experts are left to the expert executor. Loading fails, naming the tensors, if any
+checkpoint tensor was not claimed by some weight here (or by the executor).
+
+Legend: V vocab, D hidden.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..checkpoint.errors import CheckpointError
+from ..checkpoint.reader import Checkpoint
+from .attention import AttentionWeights
+from .compressor import CompressorWeights
+from .hyper_connection import HcHeadWeights, HcWeights
+from .indexer import IndexerWeights
+from .moe import MoeWeights
+from .router import RouterWeights
+
+F32 = torch.float32
+
+
+@dataclass(frozen=True)
+class LayerWeights:
+    index: int
+    kind: str  # "sliding" | "csa" | "hca"
+    attn_norm: torch.Tensor  # [D] float32
+    ffn_norm: torch.Tensor   # [D] float32
+    hc_attn: HcWeights
+    hc_ffn: HcWeights
+    attn: AttentionWeights
+    moe: MoeWeights
+
+
+@dataclass(frozen=True)
+class ModelWeights:
+    embed: torch.Tensor  # [V, D] float32 (rows seed the float32 residual streams)
+    head: torch.Tensor   # [V, D] float32
+    norm: torch.Tensor   # [D] float32
+    hc_head: HcHeadWeights
+    layers: tuple[LayerWeights, ...]
+
+
+class Claims:
+    """Reads tensors for the loader and remembers which ones were used (scales with their weights)."""
+
+    def __init__(self, ckpt: Checkpoint, device: torch.device | str):
+        self.ckpt, self.device = ckpt, device
+        self.claimed: set[str] = set()
+
+    def claim(self, *names: str) -> None:
+        for name in names:
+            self.claimed.add(name)
+            if name.endswith(".weight"):
+                self.claimed.add(name[: -len("weight")] + "scale")
+
+    def get(self, name: str, dtype: torch.dtype) -> torch.Tensor:
+        self.claim(name)
+        return self.ckpt.dequantized(name, dtype).to(self.device)
+
+    def check(self, skip_roles: tuple[str, ...] = ()) -> None:
+        missed = sorted(n for n, s in self.ckpt.specs.items() if n not in self.claimed and s.role not in skip_roles)
+        if missed:
+            raise CheckpointError(self.ckpt.root, f"{len(missed)} tensors were not claimed by the model loader "
+                                  f"(first: {missed[:5]})", tensor=missed[0])
+
+
+def _compressor(c: Claims, prefix: str, ratio: int) -> CompressorWeights:
+    return CompressorWeights(c.get(f"{prefix}.wkv.weight", F32), c.get(f"{prefix}.wgate.weight", F32),
+                             c.get(f"{prefix}.ape", F32), c.get(f"{prefix}.norm.weight", F32), ratio,
+                             overlap=ratio == 4)
+
+
+def _hc(c: Claims, prefix: str) -> HcWeights:
+    return HcWeights(c.get(f"{prefix}_fn", F32), c.get(f"{prefix}_base", F32), c.get(f"{prefix}_scale", F32))
+
+
+def _layer(c: Claims, layer: int, dtype: torch.dtype) -> LayerWeights:
+    cfg = c.ckpt.config
+    p, a, f = f"layers.{layer}", f"layers.{layer}.attn", f"layers.{layer}.ffn"
+    ratio = cfg.compress_ratio(layer)
+    compressor = _compressor(c, f"{a}.compressor", ratio) if ratio else None
+    indexer = None
+    if ratio == 4:
+        indexer = IndexerWeights(c.get(f"{a}.indexer.wq_b.weight", dtype), c.get(f"{a}.indexer.weights_proj.weight", F32),
+                                 _compressor(c, f"{a}.indexer.compressor", ratio), cfg.index_n_heads,
+                                 cfg.index_head_dim, cfg.index_topk)
+    attn = AttentionWeights(
+        wq_a=c.get(f"{a}.wq_a.weight", dtype), q_norm=c.get(f"{a}.q_norm.weight", F32),
+        wq_b=c.get(f"{a}.wq_b.weight", dtype), wkv=c.get(f"{a}.wkv.weight", dtype),
+        kv_norm=c.get(f"{a}.kv_norm.weight", F32), wo_a=c.get(f"{a}.wo_a.weight", dtype),
+        wo_b=c.get(f"{a}.wo_b.weight", dtype), sink=c.get(f"{a}.attn_sink", F32), compressor=compressor,
+        indexer=indexer, n_heads=cfg.num_attention_heads, head_dim=cfg.head_dim, o_groups=cfg.o_groups,
+        window=cfg.sliding_window)
+    hashed = cfg.is_hash_layer(layer)
+    router = RouterWeights(c.get(f"{f}.gate.weight", F32), None if hashed else c.get(f"{f}.gate.bias", F32),
+                           c.get(f"{f}.gate.tid2eid", torch.int64) if hashed else None, cfg.num_experts_per_tok,
+                           cfg.routed_scaling_factor)
+    s = f"{f}.shared_experts"
+    shared_w13 = torch.cat((c.get(f"{s}.w1.weight", dtype), c.get(f"{s}.w3.weight", dtype)))  # [2I, D]
+    moe = MoeWeights(router, shared_w13, c.get(f"{s}.w2.weight", dtype), cfg.swiglu_limit)
+    return LayerWeights(layer, cfg.attention_kind(layer), c.get(f"{p}.attn_norm.weight", F32),
+                        c.get(f"{p}.ffn_norm.weight", F32), _hc(c, f"{p}.hc_attn"), _hc(c, f"{p}.hc_ffn"), attn, moe)
+
+
+def load_weights(c: Claims, dtype: torch.dtype) -> ModelWeights:
+    """Every non-expert weight of the model (the caller checks the claims once the executor has loaded)."""
+    n = c.ckpt.config.num_hidden_layers
+    return ModelWeights(c.get("embed.weight", F32), c.get("head.weight", F32), c.get("norm.weight", F32),
+                        HcHeadWeights(c.get("hc_head_fn", F32), c.get("hc_head_base", F32),
+                                      c.get("hc_head_scale", F32)),
+                        tuple(_layer(c, layer, dtype) for layer in range(n)))

@@ -1,0 +1,100 @@
+"""The DeepSeek-V4 model: embedding, decoder blocks (mHC around attention and MoE), hc head, LM head.
+
+`Model.forward(token_ids, cache)` runs new tokens on top of what a KvCache holds and returns their
+logits; sessions (session.py) own caches. The expert executor and the routing observer are
+pluggable: `load_model(..., executor=...)`, `model.set_executor(...)`, `model.set_observer(...)`.
+
+Legend: T tokens, N hc_mult streams, D hidden, V vocab.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from ..checkpoint.config import ModelConfig
+from ..checkpoint.reader import Checkpoint
+from .attention import attention
+from .compressor import CompressorState
+from .experts import DenseExpertExecutor, ExpertExecutor
+from .hyper_connection import hc_head, hc_post, hc_pre
+from .kv_cache import GrowingRows, KvCache, LayerCache
+from .loading import Claims, ModelWeights, load_weights
+from .moe import RoutingObserver, moe
+from .norms import rms_norm
+from .rope import rope_tables
+
+# Tokens per forward when prefilling: bounds activation memory (window logits grow with T^2).
+DEFAULT_PREFILL_CHUNK = 512
+
+
+class Model:
+    def __init__(self, config: ModelConfig, weights: ModelWeights, executor: ExpertExecutor, dtype: torch.dtype,
+                 device: torch.device | str, prefill_chunk: int = DEFAULT_PREFILL_CHUNK):
+        self.config, self.weights, self.executor = config, weights, executor
+        self.dtype, self.device = dtype, torch.device(device)
+        self.prefill_chunk = prefill_chunk
+        self.observer: RoutingObserver | None = None
+        self.ropes = {k: r.to(device) for k, r in rope_tables(config).items()}
+
+    def set_executor(self, executor: ExpertExecutor) -> None:
+        self.executor = executor
+
+    def set_observer(self, observer: RoutingObserver | None) -> None:
+        """observer(layer, token_ids [T], expert_ids [T, k]) is called in every forward of every layer."""
+        self.observer = observer
+
+    def new_cache(self) -> KvCache:
+        cfg, layers = self.config, []
+        for lw in self.weights.layers:
+            window = torch.zeros(0, cfg.head_dim, dtype=self.dtype, device=self.device)
+            c, ix = lw.attn.compressor, lw.attn.indexer
+            layers.append(LayerCache(
+                window,
+                CompressorState.empty(c, self.device) if c else None,
+                GrowingRows(cfg.head_dim, self.dtype, self.device) if c else None,
+                CompressorState.empty(ix.compressor, self.device) if ix else None,
+                GrowingRows(cfg.index_head_dim, self.dtype, self.device) if ix else None))
+        return KvCache(layers)
+
+    def new_session(self) -> "Session":
+        from .session import Session
+
+        return Session(self)
+
+    @torch.no_grad()
+    def forward(self, token_ids: torch.Tensor, cache: KvCache) -> torch.Tensor:
+        """token_ids [T] following cache.position -> logits [T, V] float32; advances the cache."""
+        cfg, w = self.config, self.weights
+        eps, t = cfg.rms_norm_eps, token_ids.shape[0]
+        positions = torch.arange(t, device=self.device) + cache.position  # [T]
+        x = w.embed[token_ids]  # [T, D]
+        streams = x.unsqueeze(1).expand(t, cfg.hc_mult, -1).contiguous()  # [T, N, D] float32 residual
+        hc = (cfg.hc_sinkhorn_iters, cfg.hc_eps, eps, self.dtype)
+        for lw, lc in zip(w.layers, cache.layers):
+            rope = self.ropes["main" if lw.kind == "sliding" else "compress"]
+            h, post, comb = hc_pre(streams, lw.hc_attn, *hc)  # [T, D], [T, N], [T, N, N]
+            y = attention(lw.attn, rms_norm(h, lw.attn_norm, eps), positions, lc, rope, eps)  # [T, D]
+            streams = hc_post(streams, y, post, comb)  # [T, N, D]
+            h, post, comb = hc_pre(streams, lw.hc_ffn, *hc)
+            y = moe(lw.moe, lw.index, rms_norm(h, lw.ffn_norm, eps), token_ids, self.executor, self.observer)
+            streams = hc_post(streams, y, post, comb)
+        cache.position += t
+        h = rms_norm(hc_head(streams, w.hc_head, cfg.hc_eps, eps), w.norm, eps)  # [T, D]
+        return h @ w.head.T  # [T, V]
+
+
+def load_model(ckpt_dir: str | Path, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
+               executor: ExpertExecutor | None = None, prefill_chunk: int = DEFAULT_PREFILL_CHUNK) -> Model:
+    """The model of an official-format checkpoint. Without `executor`, every routed expert is
+    dequantized into a DenseExpertExecutor; with one, routed experts are left to it."""
+    with Checkpoint.open(ckpt_dir) as ckpt:
+        claims = Claims(ckpt, device)
+        weights = load_weights(claims, dtype)
+        if executor is None:
+            executor = DenseExpertExecutor.from_checkpoint(ckpt, dtype, device, claims)
+            claims.check()
+        else:
+            claims.check(skip_roles=("routed_expert",))
+        return Model(ckpt.config, weights, executor, dtype, device, prefill_chunk)

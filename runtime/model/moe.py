@@ -1,0 +1,38 @@
+"""The MoE block: route, hand the routes to the expert executor, add the shared expert.
+
+An optional observer sees every forward's routes (layer, token ids, expert ids) so a profiler can
+count them without touching the model.
+
+Legend: T tokens, D hidden, I moe_intermediate_size, k experts per token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from .experts import ExpertExecutor, swiglu
+from .router import RouterWeights, route
+
+RoutingObserver = Callable[[int, torch.Tensor, torch.Tensor], None]  # (layer, token_ids [T], expert_ids [T, k])
+
+
+@dataclass(frozen=True)
+class MoeWeights:
+    router: RouterWeights
+    shared_w13: torch.Tensor  # [2I, D] gate rows then up rows
+    shared_w2: torch.Tensor   # [D, I]
+    limit: float
+
+
+def moe(w: MoeWeights, layer: int, x: torch.Tensor, token_ids: torch.Tensor, executor: ExpertExecutor,
+        observer: RoutingObserver | None = None) -> torch.Tensor:
+    """x [T, D] (normed), token_ids [T] -> [T, D]."""
+    ids, weights = route(w.router, x, token_ids)  # [T, k], [T, k]
+    if observer is not None:
+        observer(layer, token_ids, ids)
+    routed = executor(layer, x, ids, weights)  # [T, D]
+    shared = swiglu(x @ w.shared_w13.T, w.limit) @ w.shared_w2.T  # [T, D]
+    return routed + shared

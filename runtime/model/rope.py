@@ -1,0 +1,84 @@
+"""Interleaved rotary position embedding on the trailing channels of a head (DSV4.md section 3).
+
+Pairs (2i, 2i+1) of the last R channels rotate by pos * theta_i. Sliding-only layers use the plain
+base (rope_theta); layers with a compressor (CSA, HCA; their compressor and indexer too) use
+compress_rope_theta with YaRN frequency interpolation and no mscale. The frequencies and the angle
+product are computed exactly as transformers does (float32), so positions far out agree bit for bit.
+
+Legend: T positions, R rope channels (qk_rope_head_dim), R2 = R/2 frequencies, ... leading dims.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from ..checkpoint.config import ModelConfig
+
+
+def plain_inv_freq(base: float, rope_dim: int) -> torch.Tensor:
+    return 1.0 / (base ** (torch.arange(0, rope_dim, 2, dtype=torch.float32) / rope_dim))  # [R2]
+
+
+def yarn_inv_freq(base: float, rope_dim: int, factor: float, original_max: int, beta_fast: float,
+                  beta_slow: float) -> torch.Tensor:
+    """YaRN: low frequencies are interpolated by `factor`, high ones kept, a linear ramp between."""
+    pos_freqs = base ** (torch.arange(0, rope_dim, 2, dtype=torch.float32) / rope_dim)  # [R2]
+
+    def correction_dim(rotations: float) -> float:
+        return rope_dim * math.log(original_max / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low = max(math.floor(correction_dim(beta_fast)), 0)
+    high = min(math.ceil(correction_dim(beta_slow)), rope_dim - 1)
+    if low == high:
+        high += 0.001  # transformers' guard against a zero-width ramp
+    ramp = ((torch.arange(rope_dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)  # [R2]
+    keep = 1 - ramp  # share of the original (extrapolated) frequency
+    return (1.0 / (factor * pos_freqs)) * (1 - keep) + (1.0 / pos_freqs) * keep
+
+
+@dataclass(frozen=True)
+class Rope:
+    """One frequency table; `cos_sin(positions)` gives the per-position rotation."""
+
+    inv_freq: torch.Tensor  # [R2] float32
+
+    @property
+    def rope_dim(self) -> int:
+        return 2 * self.inv_freq.numel()
+
+    def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = positions[:, None].float() * self.inv_freq.to(positions.device)  # [T, R2]
+        return freqs.cos(), freqs.sin()
+
+    def to(self, device: torch.device | str) -> "Rope":
+        return Rope(self.inv_freq.to(device))
+
+
+def rope_tables(cfg: ModelConfig) -> dict[str, Rope]:
+    """{"main": plain RoPE of sliding layers, "compress": YaRN RoPE of CSA/HCA layers}."""
+    rs = cfg.rope_scaling
+    r = cfg.qk_rope_head_dim
+    return {"main": Rope(plain_inv_freq(cfg.rope_theta, r)),
+            "compress": Rope(yarn_inv_freq(cfg.compress_rope_theta, r, rs["factor"],
+                                           rs["original_max_position_embeddings"],
+                                           rs.get("beta_fast") or 32, rs.get("beta_slow") or 1))}
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inverse: bool = False) -> torch.Tensor:
+    """Rotate the last R channels of x [T, ..., C] by cos/sin [T, R2]; `inverse` rotates by -angle.
+
+    The rotation runs in float32 and is cast back to x's dtype, as in transformers.
+    """
+    r = 2 * cos.shape[-1]
+    lead = (x.shape[0],) + (1,) * (x.dim() - 2)  # broadcast over head dims between T and C
+    cos = cos.reshape(*lead, -1)  # [T, 1.., R2]
+    sin = sin.reshape(*lead, -1)
+    if inverse:
+        sin = -sin
+    nope, rope = x[..., :-r], x[..., -r:].float()
+    a, b = rope[..., 0::2], rope[..., 1::2]  # [T, .., R2] each: the two halves of every pair
+    rotated = torch.stack((a * cos - b * sin, b * cos + a * sin), dim=-1).flatten(-2)  # [T, .., R]
+    return torch.cat((nope, rotated.to(x.dtype)), dim=-1)
