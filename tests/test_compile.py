@@ -165,3 +165,16 @@ def test_a_kernel_that_fails_to_compile_fails_the_compile(tiny_ckpt, tmp_path, m
     assert compile_cli.main([str(tiny_ckpt), str(tmp_path / "p.yaml"), "--hardware", "cpu-only"]) == 1
     err = capsys.readouterr().err
     assert "the compiler says no" in err and not (tmp_path / "p.yaml").exists()
+
+
+def test_committed_tiny_plan_regenerates_byte_identically(tmp_path, monkeypatch):
+    from ostinato.compiler.tiny import write_tiny_checkpoint
+
+    monkeypatch.chdir(tmp_path)  # the plan names its model and kernels relative to where compile ran
+    write_tiny_checkpoint(Path("build/demo/tiny"), "tiny", seed=0, popularity=1.0, progress=False)
+    out = tmp_path / "plan.yaml"
+    assert compile_cli.main(["build/demo/tiny", str(out), "--hardware", "cpu-only", "--profile",
+                             str(REPO / "plans/profiles/tiny-planted.safetensors"), "--context", "8192",
+                             "--max-hot-per-layer", "4"]) == 0
+    assert out.read_bytes() == (REPO / "plans/tiny.cpu-only.yaml").read_bytes(), \
+        "plans/tiny.cpu-only.yaml is stale: regenerate it (plans/profiles/README.md)"

@@ -183,3 +183,24 @@ def test_workload_sessions_parse():
     assert len(sessions) == 45
     assert sum(len(s.turns) for s in sessions) == 2531
     assert all(s.turns[0].appended > 0 for s in sessions)
+
+
+PROFILES = plans_dir() / "profiles"
+
+
+def test_shipped_report_planted_hot_set_holds_on_held_out_sessions():
+    planted = load_profile(PROFILES / "tiny-planted.safetensors")
+    holdout = load_profile(PROFILES / "tiny-planted-holdout.safetensors")
+    assert set(planted.sessions).isdisjoint(holdout.sessions)
+    report = build_report(planted, holdout, 4)
+    for phase in ("decode", "short_prefill"):
+        in_sample, held_out = report.rows[report.ks.index(4)][phase]
+        assert in_sample > 0.6 and abs(in_sample - held_out) < 0.03  # within a few points
+    assert report.cold is not None and report.cold["median_cold"] > 0
+
+
+def test_shipped_report_uniform_model_is_low():
+    uniform = load_profile(PROFILES / "tiny-uniform.safetensors")
+    report = build_report(uniform, None, 4)
+    decode, _ = report.rows[report.ks.index(4)]["decode"]
+    assert decode < 0.40  # near k/E = 25%: random routing has no useful hot set, and the report says so
