@@ -61,9 +61,11 @@ class CostModel:
     def _experts_time(self, distinct: float, routes: float, bandwidth: float, flops: float) -> float:
         return max(distinct * self.expert_bytes / bandwidth, routes * self.expert_flops / flops)
 
-    def attention_time(self, layer: int, n: int) -> float:
-        """Dense matmuls + core attention + KV reads of n tokens on the layer's GPU."""
-        cfg, l, g = self.cfg, self.layers[layer], self.hw.gpu
+    def attention_time(self, layer: int, n: int, on_host: bool = False) -> float:
+        """Dense matmuls + core attention + KV reads of n tokens on the layer's GPU (or on the host:
+        llama.cpp's layer placement runs whole layers there)."""
+        cfg, l = self.cfg, self.layers[layer]
+        g = self.hw.host if on_host else self.hw.gpu
         ratio = cfg.compress_ratio(layer)
         compressed = self.context // ratio if ratio else 0
         keys = cfg.sliding_window + (min(cfg.index_topk, compressed) if ratio == 4 else compressed)
@@ -81,49 +83,70 @@ class CostModel:
         g = self.hw.gpu
         return max(self.head_bytes / g.bandwidth, 2 * n * self.cfg.vocab_size * self.cfg.hidden_size / g.matmul_flops)
 
+    # ----- explicit counts: the session simulator feeds sampled traces through these -------------
+    def gpu_experts_time(self, distinct: float, routes: float) -> float:
+        g = self.hw.gpu
+        return self._experts_time(distinct, routes, g.bandwidth, g.matmul_flops)
+
+    def host_experts_time(self, distinct: float, routes: float) -> float:
+        h = self.hw.host
+        return self._experts_time(distinct, routes, h.bandwidth, h.matmul_flops)
+
+    def cpu_experts_time(self, n: int, distinct: float, routes: float) -> float:
+        """Routes computed by the host's expert kernels, plus n tokens' activations over the link both ways."""
+        if routes <= 0:
+            return 0.0
+        h, link = self.hw.host, self.hw.link
+        act = n * self.cfg.hidden_size * 4
+        return (self._experts_time(distinct, routes, h.bandwidth, h.matmul_flops)
+                + 2 * link.latency_s + act / link.d2h_bandwidth + act / link.h2d_bandwidth)
+
+    def upload_time(self, experts: float, extra_bytes: int = 0) -> float:
+        """`experts` expert weights (plus extra_bytes) crossing the link host -> device once."""
+        size = experts * self.expert_bytes + extra_bytes
+        return size / self.hw.link.h2d_bandwidth + (self.hw.link.latency_s if size > 0 else 0.0)
+
+    def pipelined(self, per: list[tuple[float, float]]) -> float:
+        """Layers of (upload, compute), double-buffered: layer l+1's upload overlaps layer l's compute;
+        the first upload is exposed."""
+        nxt = [per[l + 1][0] if l + 1 < len(per) else 0.0 for l in range(len(per))]
+        return per[0][0] + sum(self.overlap(per[l][1], nxt[l]) for l in range(len(per)))
+
+    def forward_overheads(self, n: int, decode: bool) -> float:
+        """What a forward pass adds to its layers: GPU-boundary hops, the head, decode graph launches."""
+        launches = len(set(l.gpu for l in self.layers)) * self.hw.gpu.launch_overhead_s if decode else 0.0
+        return self._hops(n) + self._head_time(1) + launches
+
     # ----- per layer ----------------------------------------------------------------------------
     def split_layer(self, layer: int, n: int) -> tuple[float, float]:
         """(GPU seconds, CPU seconds) of split-route for n tokens; the layer takes the max."""
-        g, h, link = self.hw.gpu, self.hw.host, self.hw.link
-        gpu = self.attention_time(layer, n) + self._experts_time(
-            self.distinct(layer, n, True), self.routes(layer, n, True), g.bandwidth, g.matmul_flops)
-        cold_routes = self.routes(layer, n, False)
-        cpu = 0.0
-        if cold_routes > 0:
-            act = n * self.cfg.hidden_size * 4
-            cpu = (self._experts_time(self.distinct(layer, n, False), cold_routes, h.bandwidth, h.matmul_flops)
-                   + 2 * link.latency_s + act / link.d2h_bandwidth + act / link.h2d_bandwidth)
-        return gpu, cpu
+        gpu = self.attention_time(layer, n) + self.gpu_experts_time(self.distinct(layer, n, True),
+                                                                    self.routes(layer, n, True))
+        return gpu, self.cpu_experts_time(n, self.distinct(layer, n, False), self.routes(layer, n, False))
 
     def upload_layer(self, layer: int, n: int) -> tuple[float, float]:
         """(upload seconds, GPU compute seconds) of upload-once for n tokens."""
-        g, link = self.hw.gpu, self.hw.link
         cold = self.distinct(layer, n, False)
-        upload = cold * self.expert_bytes / link.h2d_bandwidth + (link.latency_s if cold > 0 else 0.0)
         distinct_all = self.distinct(layer, n, True) + cold
-        compute = self.attention_time(layer, n) + self._experts_time(
-            distinct_all, n * self.cfg.num_experts_per_tok, g.bandwidth, g.matmul_flops)
-        return upload, compute
+        compute = self.attention_time(layer, n) + self.gpu_experts_time(distinct_all, n * self.cfg.num_experts_per_tok)
+        return self.upload_time(cold), compute
 
     # ----- whole forward ------------------------------------------------------------------------
-    def _overlap(self, a: float, b: float) -> float:
+    def overlap(self, a: float, b: float) -> float:
         """Two concurrent parts: the longer one, unless they share the same cores (cpu-only)."""
         return a + b if self.hw.cpu_only else max(a, b)
 
     def split_prefill(self, n: int) -> float:
-        layers = sum(self._overlap(*self.split_layer(l, n)) for l in range(len(self.layers)))
+        layers = sum(self.overlap(*self.split_layer(l, n)) for l in range(len(self.layers)))
         return layers + self._hops(n) + self._head_time(1)
 
     def upload_prefill(self, n: int) -> float:
         per = [self.upload_layer(l, n) for l in range(len(self.layers))]
-        # double buffering: layer l+1's upload overlaps layer l's compute; the first upload is exposed
-        nxt = [per[l + 1][0] if l + 1 < len(per) else 0.0 for l in range(len(per))]
-        total = per[0][0] + sum(self._overlap(per[l][1], nxt[l]) for l in range(len(per)))
-        return total + self._hops(n) + self._head_time(1)
+        return self.pipelined(per) + self._hops(n) + self._head_time(1)
 
     def decode_step(self) -> float:
         gpus = len(set(l.gpu for l in self.layers))
-        layers = sum(self._overlap(*self.split_layer(l, 1)) for l in range(len(self.layers)))
+        layers = sum(self.overlap(*self.split_layer(l, 1)) for l in range(len(self.layers)))
         return layers + self._hops(1) + self._head_time(1) + gpus * self.hw.gpu.launch_overhead_s
 
     def prefill(self, n: int, threshold: int | None) -> float:

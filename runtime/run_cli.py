@@ -24,6 +24,11 @@ def parse_args(argv):
     what = p.add_mutually_exclusive_group()
     what.add_argument("--session", type=Path, help="replay an agent session from a workload CSV and time every turn")
     what.add_argument("--prompt", help="generate a reply to this text (greedy)")
+    what.add_argument("--serve", action="store_true", help="serve the OpenAI chat-completions API (runtime/server)")
+    p.add_argument("--host", default="127.0.0.1", help="--serve: address to bind (127.0.0.1: loopback only)")
+    p.add_argument("--port", type=int, default=8000, help="--serve: port (8000)")
+    p.add_argument("--api-key", help="--serve: require 'Authorization: Bearer KEY'")
+    p.add_argument("--cache-sessions", type=int, default=4, help="--serve: cached sessions kept (LRU, 4)")
     p.add_argument("--session-index", type=int, default=0, help="which session of the CSV (0)")
     p.add_argument("--limit-turns", type=int, help="replay at most this many turns")
     p.add_argument("--max-generated", type=int, help="decode at most this many tokens per turn")
@@ -57,7 +62,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"plan {a.plan}: {engine.plan.model.layers} layers on {engine.plan.hardware['name']} "
               f"(devices: {', '.join(sorted({str(d) for d in engine.devices}))}), "
               f"prefill threshold {engine.plan.policy.prefill_threshold}")
-        if a.session:
+        if a.serve:
+            _serve(engine, model_dir, a)
+        elif a.session:
             sessions = read_sessions(a.session)
             if not 0 <= a.session_index < len(sessions):
                 raise WorkloadError(f"{a.session}: --session-index {a.session_index} out of range "
@@ -74,6 +81,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ostinato-run: error: {e}", file=sys.stderr)
         return 1
     return 0
+
+
+def _serve(engine, model_dir: Path, a) -> None:
+    import uvicorn
+    from tokenizers import Tokenizer
+
+    from .server.app import create_app
+
+    tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    app = create_app(engine, tok, model_dir.name, api_key=a.api_key, cache_sessions=a.cache_sessions)
+    print(f"serving model {model_dir.name!r} on http://{a.host}:{a.port}/v1", flush=True)
+    uvicorn.run(app, host=a.host, port=a.port, log_level="warning")
 
 
 def _prompt(engine, model_dir: Path, text: str, max_new: int) -> None:

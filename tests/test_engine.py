@@ -167,3 +167,20 @@ def test_ostinato_run_replays_a_session(compiled, tiny_ckpt, capsys, monkeypatch
     assert rc == 0
     rows = [l for l in out.splitlines() if l[:4].strip().isdigit()]
     assert len(rows) == 3 and "wait after tool output" in out and "session time" in out
+
+
+def test_a_two_gpu_pipeline_plan(compiled, tiny_ckpt, reference):
+    """Layers split over two planned GPUs (both the CPU here): the pipeline path computes the same."""
+    plan, work = compiled
+    hardware = dict(plan.hardware, gpus=dict(plan.hardware["gpus"], count=2))
+    layers = [dataclasses.replace(lp, gpu=0 if lp.layer < 2 else 1) for lp in plan.layers]
+    two = dataclasses.replace(plan, hardware=hardware, layers=layers)
+    cwd = os.getcwd()
+    os.chdir(work)
+    try:
+        engine = load_engine(two, tiny_ckpt, device="cpu")
+    finally:
+        os.chdir(cwd)
+    assert engine.model.layer_devices == [torch.device("cpu")] * 4 and len(engine.devices) == 2
+    _close(engine.new_session().prefill(IDS[:40]), reference.new_session().prefill(IDS[:40]))
+    engine.close()

@@ -170,7 +170,7 @@ def test_indexer_topk_matches_reference_up_to_ties(small_ckpt):
             h.remove()
 
     positions = torch.arange(n_tokens)
-    rope = model.ropes["compress"]
+    rope = model.ropes[model.layer_devices[0]]["compress"]
     cos, sin = rope.cos_sin(positions)
     selecting, ties = 0, 0
     for layer in csa:

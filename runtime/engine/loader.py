@@ -102,9 +102,6 @@ def load_engine(plan: str | Path | Plan, model_dir: str | Path | None = None, de
         raise ValueError(f"hot_backend must be 'triton' or 'torch', got {backend!r}")
     if backend == "triton" and not cuda and os.environ.get("TRITON_INTERPRET") != "1":
         raise PlanError("the triton hot backend on the CPU needs TRITON_INTERPRET=1 (or use the torch backend)")
-    if len(set(devices)) > 1:
-        raise PlanError("plans spanning several GPUs are not run yet: the model keeps every dense layer on one "
-                        "device (run with --device cpu, or a one-GPU plan)")
     cpu_kernel = CpuExpertKernel(_kernel(plan, "cold_experts_cpu", plan_path))
     layers = []
     with Checkpoint.open(model_dir) as ckpt:
@@ -132,6 +129,6 @@ def load_engine(plan: str | Path | Plan, model_dir: str | Path | None = None, de
     executor = PlacementExecutor(layers, compute, cpu_kernel, plan.policy.cpu_threads, plan.policy.upload_group,
                                  plan.model.expert_bytes, dtype)
     model = load_model(model_dir, dtype=dtype, device=devices[0], executor=executor,
-                       prefill_chunk=plan.policy.prefill_chunk)
+                       prefill_chunk=plan.policy.prefill_chunk, layer_devices=[devices[lp.gpu] for lp in plan.layers])
     return Engine(plan, model, executor, devices)
 

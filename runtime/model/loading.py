@@ -48,7 +48,8 @@ class ModelWeights:
 
 
 class Claims:
-    """Reads tensors for the loader and remembers which ones were used (scales with their weights)."""
+    """Reads tensors for the loader and remembers which ones were used (scales with their weights).
+    `device` is where the next tensors go (the loader moves it from layer to layer in a pipeline)."""
 
     def __init__(self, ckpt: Checkpoint, device: torch.device | str):
         self.ckpt, self.device = ckpt, device
@@ -109,10 +110,18 @@ def _layer(c: Claims, layer: int, dtype: torch.dtype) -> LayerWeights:
                         c.get(f"{p}.ffn_norm.weight", F32), _hc(c, f"{p}.hc_attn"), _hc(c, f"{p}.hc_ffn"), attn, moe)
 
 
-def load_weights(c: Claims, dtype: torch.dtype) -> ModelWeights:
-    """Every non-expert weight of the model (the caller checks the claims once the executor has loaded)."""
+def load_weights(c: Claims, dtype: torch.dtype, layer_devices: list | None = None) -> ModelWeights:
+    """Every non-expert weight of the model (the caller checks the claims once the executor has loaded).
+    Layer i's weights go to layer_devices[i] (default: the claims' device), the head to the last one's."""
     n = c.ckpt.config.num_hidden_layers
-    return ModelWeights(c.get("embed.weight", F32), c.get("head.weight", F32), c.get("norm.weight", F32),
-                        HcHeadWeights(c.get("hc_head_fn", F32), c.get("hc_head_base", F32),
-                                      c.get("hc_head_scale", F32)),
-                        tuple(_layer(c, layer, dtype) for layer in range(n)))
+    first = c.device
+    devices = list(layer_devices or [first] * n)
+    embed = c.get("embed.weight", F32)
+    layers = []
+    for layer in range(n):
+        c.device = devices[layer]
+        layers.append(_layer(c, layer, dtype))
+    head = (c.get("head.weight", F32), c.get("norm.weight", F32),
+            HcHeadWeights(c.get("hc_head_fn", F32), c.get("hc_head_base", F32), c.get("hc_head_scale", F32)))
+    c.device = first
+    return ModelWeights(embed, *head, tuple(layers))

@@ -31,12 +31,16 @@ DEFAULT_PREFILL_CHUNK = 512
 
 class Model:
     def __init__(self, config: ModelConfig, weights: ModelWeights, executor: ExpertExecutor, dtype: torch.dtype,
-                 device: torch.device | str, prefill_chunk: int = DEFAULT_PREFILL_CHUNK):
+                 device: torch.device | str, prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+                 layer_devices: list | None = None):
         self.config, self.weights, self.executor = config, weights, executor
-        self.dtype, self.device = dtype, torch.device(device)
+        self.dtype, self.device = dtype, torch.device(device)  # embedding; layer_devices[-1] runs the head
+        # Pipeline over devices: layer i runs on layer_devices[i]; the residual moves at each boundary.
+        self.layer_devices = [torch.device(d) for d in (layer_devices or [device] * config.n_layers)]
         self.prefill_chunk = prefill_chunk
         self.observer: RoutingObserver | None = None
-        self.ropes = {k: r.to(device) for k, r in rope_tables(config).items()}
+        tables = rope_tables(config)
+        self.ropes = {d: {k: r.to(d) for k, r in tables.items()} for d in set(self.layer_devices)}
 
     def set_executor(self, executor: ExpertExecutor) -> None:
         self.executor = executor
@@ -47,15 +51,15 @@ class Model:
 
     def new_cache(self) -> KvCache:
         cfg, layers = self.config, []
-        for lw in self.weights.layers:
-            window = torch.zeros(0, cfg.head_dim, dtype=self.dtype, device=self.device)
+        for lw, dev in zip(self.weights.layers, self.layer_devices):
+            window = torch.zeros(0, cfg.head_dim, dtype=self.dtype, device=dev)
             c, ix = lw.attn.compressor, lw.attn.indexer
             layers.append(LayerCache(
                 window,
-                CompressorState.empty(c, self.device) if c else None,
-                GrowingRows(cfg.head_dim, self.dtype, self.device) if c else None,
-                CompressorState.empty(ix.compressor, self.device) if ix else None,
-                GrowingRows(cfg.index_head_dim, self.dtype, self.device) if ix else None))
+                CompressorState.empty(c, dev) if c else None,
+                GrowingRows(cfg.head_dim, self.dtype, dev) if c else None,
+                CompressorState.empty(ix.compressor, dev) if ix else None,
+                GrowingRows(cfg.index_head_dim, self.dtype, dev) if ix else None))
         return KvCache(layers)
 
     def new_session(self) -> "Session":
@@ -72,8 +76,10 @@ class Model:
         x = w.embed[token_ids]  # [T, D]
         streams = x.unsqueeze(1).expand(t, cfg.hc_mult, -1).contiguous()  # [T, N, D] float32 residual
         hc = (cfg.hc_sinkhorn_iters, cfg.hc_eps, eps, self.dtype)
-        for lw, lc in zip(w.layers, cache.layers):
-            rope = self.ropes["main" if lw.kind == "sliding" else "compress"]
+        for lw, lc, dev in zip(w.layers, cache.layers, self.layer_devices):
+            if streams.device != dev:  # a pipeline boundary: the residual and the token ids move on
+                streams, positions, token_ids = streams.to(dev), positions.to(dev), token_ids.to(dev)
+            rope = self.ropes[dev]["main" if lw.kind == "sliding" else "compress"]
             h, post, comb = hc_pre(streams, lw.hc_attn, *hc)  # [T, D], [T, N], [T, N, N]
             y = attention(lw.attn, rms_norm(h, lw.attn_norm, eps), positions, lc, rope, eps)  # [T, D]
             streams = hc_post(streams, y, post, comb)  # [T, N, D]
@@ -81,20 +87,24 @@ class Model:
             y = moe(lw.moe, lw.index, rms_norm(h, lw.ffn_norm, eps), token_ids, self.executor, self.observer)
             streams = hc_post(streams, y, post, comb)
         cache.position += t
+        streams = streams.to(self.layer_devices[-1])
         h = rms_norm(hc_head(streams, w.hc_head, cfg.hc_eps, eps), w.norm, eps)  # [T, D]
         return h @ w.head.T  # [T, V]
 
 
 def load_model(ckpt_dir: str | Path, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
-               executor: ExpertExecutor | None = None, prefill_chunk: int = DEFAULT_PREFILL_CHUNK) -> Model:
+               executor: ExpertExecutor | None = None, prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+               layer_devices: list | None = None) -> Model:
     """The model of an official-format checkpoint. Without `executor`, every routed expert is
-    dequantized into a DenseExpertExecutor; with one, routed experts are left to it."""
+    dequantized into a DenseExpertExecutor; with one, routed experts are left to it.
+    `layer_devices` places each layer's dense weights and cache on its device (a plan's pipeline);
+    the embedding stays on `device`, the head goes with the last layer."""
     with Checkpoint.open(ckpt_dir) as ckpt:
         claims = Claims(ckpt, device)
-        weights = load_weights(claims, dtype)
+        weights = load_weights(claims, dtype, layer_devices)
         if executor is None:
             executor = DenseExpertExecutor.from_checkpoint(ckpt, dtype, device, claims)
             claims.check()
         else:
             claims.check(skip_roles=("routed_expert",))
-        return Model(ckpt.config, weights, executor, dtype, device, prefill_chunk)
+        return Model(ckpt.config, weights, executor, dtype, device, prefill_chunk, layer_devices)

@@ -1,0 +1,106 @@
+"""The modeled half of the session benchmark: tables per workload, wait vs coverage, one timeline.
+
+Everything here is MODELED: the cost model of a hardware spec fed with sampled routing traces.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from ...runtime.workload import SessionShape
+from .replay import simulate, summarize
+from .trace import TraceSampler, at_coverage
+from .world import World
+
+WORKLOADS = {"coding": "mini-swe-agent/", "customer service": "tau2-bench/"}
+PAPER_COVERAGE = 0.84
+
+
+def table(title: str, runs: dict) -> str:
+    base = summarize(runs["Ostinato"])
+    rows = [f"### {title} (modeled)", "",
+            "| system | median wait s | p90 wait s | decode tok/s | median session s | wait / Ostinato | "
+            "session / Ostinato | decode / Ostinato |", "|---|---|---|---|---|---|---|---|"]
+    for name, r in runs.items():
+        s = summarize(r)
+        rows.append(f"| {name} | {s.median_wait_s:.3f} | {s.p90_wait_s:.3f} | {s.decode_tokens_per_s:.1f} | "
+                    f"{s.median_session_s:.1f} | {s.median_wait_s / base.median_wait_s:.2f}x | "
+                    f"{s.median_session_s / base.median_session_s:.2f}x | "
+                    f"{s.decode_tokens_per_s / base.decode_tokens_per_s:.2f}x |")
+    return "\n".join(rows)
+
+
+def by_workload(sessions: list[SessionShape], limit: int | None) -> dict[str, list[SessionShape]]:
+    return {w: [s for s in sessions if s.name.startswith(p)][:limit] for w, p in WORKLOADS.items()}
+
+
+def run_modeled(world: World, sessions: list[SessionShape], out: Path, limit: int | None, sweep_sessions: int,
+                coverages: tuple[float, ...], max_generated: int | None, seed: int = 0) -> str:
+    out.mkdir(parents=True, exist_ok=True)
+    k = world.build.config.num_experts_per_tok
+    text, timeline = [], None
+    for w, ss in by_workload(sessions, limit).items():
+        runs = simulate(ss, world.policies(), TraceSampler(world.shares, k, seed))
+        text.append(table(f"{w}: {len(ss)} sessions, {world.build.hardware.name}, DeepSeek-V4-Flash sizes", runs))
+        timeline = timeline or (ss[0].name, runs)
+    sweep = coverage_sweep(world, by_workload(sessions, sweep_sessions), coverages, max_generated, seed)
+    plot_sweep(sweep, out / "modeled_wait_vs_coverage.png", world.build.hardware.name)
+    plot_timeline(*timeline, out / "modeled_session_timeline.png")
+    report = "\n\n".join(text)
+    (out / "modeled.md").write_text(report + "\n")
+    return report
+
+
+def coverage_sweep(world: World, groups: dict, coverages, max_generated, seed) -> dict[str, list[float]]:
+    """Median wait per system with synthetic traces whose hot-set coverage is each of `coverages`."""
+    from ...runtime.workload import shrink_sessions
+    ss = shrink_sessions([s for g in groups.values() for s in g], max_generated=max_generated)
+    out: dict[str, list[float]] = {}
+    for cov in coverages:
+        shares = at_coverage(world.shares, world.hot, cov)
+        runs = simulate(ss, world.policies(), TraceSampler(shares, world.build.config.num_experts_per_tok, seed))
+        for name, r in runs.items():
+            out.setdefault(name, []).append(summarize(r).median_wait_s)
+    out["_coverages"] = list(coverages)
+    return out
+
+
+def plot_sweep(sweep: dict, path: Path, hw: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(6, 4))
+    cov = sweep["_coverages"]
+    for name, waits in sweep.items():
+        if not name.startswith("_"):
+            ax.plot(cov, waits, marker="o", label=name)
+    ax.axvline(PAPER_COVERAGE, color="grey", ls="--", label="paper's 84% coverage")
+    ax.set(xlabel="hot-set coverage of routes (synthetic traces)", ylabel="median wait after tool output (s)",
+           title=f"MODELED: wait vs coverage, {hw}", yscale="log")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_timeline(name: str, runs: dict, path: Path) -> None:
+    """Per system, the session as a bar of prefill (dark) and decode (light) segments over time."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(9, 3 + 0.3 * len(runs)))
+    for y, (system, r) in enumerate(runs.items()):
+        t = 0.0
+        for turn in next(s for s in r if s.name == name).turns:
+            ax.broken_barh([(t, turn.prefill.seconds)], (y - 0.35, 0.7), color="tab:red")
+            t += turn.prefill.seconds
+            ax.broken_barh([(t, turn.decode.seconds)], (y - 0.35, 0.7), color="tab:blue", alpha=0.35)
+            t += turn.decode.seconds
+    ax.set_yticks(range(len(runs)), list(runs))
+    ax.set(xlabel="seconds (engine time only; tool time not included)",
+           title=f"MODELED: session {name} (red: prefill + waits, blue: decode)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -1,0 +1,26 @@
+"""Ostinato as its plan says (runtime/engine/session.py): the plan's hot experts resident on the GPUs;
+prefills of up to `policy.prefill_threshold` tokens split-route (hot routes on the GPU, cold routes on
+the host, concurrently), longer ones upload each distinct cold expert once; decode splits too."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..cost_model import CostModel
+from .policy import Forward, Policy, split_pass, static_decode, upload_pass
+
+
+class Ostinato(Policy):
+    name = "Ostinato"
+
+    def __init__(self, cost: CostModel, hot: np.ndarray, threshold: int | None):
+        super().__init__(cost)
+        self.hot, self.threshold = hot, threshold          # hot [L, E] bool
+
+    def prefill(self, counts: np.ndarray, n: int) -> Forward:
+        if self.threshold is not None and n > self.threshold:
+            return upload_pass(self.cost, counts, n, (counts > 0) & ~self.hot, "upload")
+        return split_pass(self.cost, counts, n, self.hot)
+
+    def decode(self, ids: np.ndarray) -> tuple[np.ndarray, Forward]:
+        return static_decode(self.cost, self.hot, ids)

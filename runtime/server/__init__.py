@@ -1,0 +1,1 @@
+"""The OpenAI-compatible server for agents: chat encoding, DSML tool calls, prefix-cached sessions."""

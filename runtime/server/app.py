@@ -1,0 +1,247 @@
+"""The OpenAI-compatible ASGI app: /v1/chat/completions (SSE or whole), /v1/models, /health, /metrics.
+
+    app = create_app(engine, tokenizer, "tiny")      # then uvicorn.run(app, host="127.0.0.1")
+
+Requests are checked and rendered here (any problem: a 4xx OpenAI error body, before the engine
+sees anything), then queued to the single engine worker (worker.py); its events come back to the
+event loop through an asyncio queue. A client that disconnects mid-stream sets the job's cancel
+flag; the worker stops before its next forward.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from starlette.routing import Route
+
+from .chat_encoding import ChatOptions, ConversationError, encode, render
+from .dsml import BLOCK_START, DSML, SEPARATOR
+from .errors import APIError
+from .metrics import Metrics
+from .prefix_cache import PrefixCache
+from .reply import ReplyBuilder
+from .worker import Job, Worker
+
+DEFAULT_MAX_TOKENS = 256
+
+
+def _thinking(body: dict) -> bool:
+    t = body.get("thinking", False)
+    if isinstance(t, dict):
+        t = t.get("type")
+        if t not in ("enabled", "disabled"):
+            raise APIError(400, "thinking.type must be 'enabled' or 'disabled'", "thinking")
+        return t == "enabled"
+    if not isinstance(t, bool):
+        raise APIError(400, "thinking must be a boolean or {'type': 'enabled'|'disabled'}", "thinking")
+    return t
+
+
+def _tool_choice(body: dict, tools: list, tok) -> tuple[tuple[int, ...], tuple[int, ...], bool]:
+    """(banned, forced, parse_tools) for the request's tool_choice."""
+    tc = body.get("tool_choice")
+    names = [t.get("function", {}).get("name") for t in tools if isinstance(t, dict)]
+    if tc in (None, "auto"):
+        return (), (), bool(tools)
+    if tc == "none":  # tools stay in the prompt (a stable prefix); the model just cannot start a call
+        return (tok.token_to_id(DSML),), (), False
+    if tc == "required" and tools:
+        return (), tuple(encode(tok, SEPARATOR + BLOCK_START + f'\n<{DSML}invoke name="')), True
+    if isinstance(tc, dict) and tc.get("type") == "function" and isinstance(tc.get("function"), dict):
+        name = tc["function"].get("name")
+        if name not in names:
+            raise APIError(400, f"tool_choice names function {name!r}, which is not among the tools "
+                                f"({', '.join(map(str, names)) or 'none given'})", "tool_choice")
+        return (), tuple(encode(tok, SEPARATOR + BLOCK_START + f'\n<{DSML}invoke name="{name}">\n')), True
+    raise APIError(400, f"tool_choice must be 'auto', 'none', 'required' (with tools) or "
+                        f"{{'type': 'function', 'function': {{'name': ...}}}}; got {json.dumps(tc)[:80]}",
+                   "tool_choice")
+
+
+def _int(body, key, lo, default):
+    v = body.get(key, default)
+    if v is None:
+        return default
+    if not isinstance(v, int) or isinstance(v, bool) or v < lo:
+        raise APIError(400, f"{key} must be an integer >= {lo}, got {v!r}", key)
+    return v
+
+
+class Server:
+    def __init__(self, engine, tokenizer, model_name: str, api_key: str | None = None, cache_sessions: int = 4,
+                 keep_branches: bool = False, logits_hook=None):
+        self.engine, self.tok, self.model_name, self.api_key = engine, tokenizer, model_name, api_key
+        self.context = engine.plan.policy.context
+        self.eos = engine.model.config.eos_token_id
+        self.metrics = Metrics()
+        self.cache = PrefixCache(engine.new_session, cache_sessions, keep_branches)
+        self.worker = Worker(engine, self.cache, self.metrics, logits_hook)
+
+    # -- request checking ---------------------------------------------------------------------------
+    def _auth(self, request: Request) -> None:
+        if self.api_key and request.headers.get("authorization") != f"Bearer {self.api_key}":
+            raise APIError(401, "invalid or missing API key (Authorization: Bearer ...)", None,
+                           "invalid_api_key", "authentication_error")
+
+    def _job(self, body: dict, emit) -> tuple[Job, ReplyBuilder]:
+        if body.get("model") != self.model_name:
+            raise APIError(404, f"model {body.get('model')!r} does not exist; this server has "
+                                f"{self.model_name!r}", "model", "model_not_found")
+        tools = body.get("tools") or []
+        if not isinstance(tools, list):
+            raise APIError(400, "tools must be a list", "tools")
+        if _int(body, "n", 1, 1) != 1:
+            raise APIError(400, "only n=1 is supported", "n")
+        temperature = body.get("temperature", 0.0)
+        if temperature is None:
+            temperature = 0.0
+        if not isinstance(temperature, (int, float)) or isinstance(temperature, bool) or not 0 <= temperature <= 2:
+            raise APIError(400, f"temperature must be a number in [0, 2], got {temperature!r}", "temperature")
+        try:
+            options = ChatOptions(_thinking(body), body.get("reasoning_effort"))
+            ids = encode(self.tok, render(body.get("messages"), tools, options))
+        except ConversationError as e:
+            raise APIError(400, str(e), e.param) from None
+        banned, forced, parse_tools = _tool_choice(body, tools, self.tok)
+        room = self.context - len(ids)
+        max_tokens = _int(body, "max_completion_tokens", 1, None) or _int(body, "max_tokens", 1, None)
+        if room < 1 or (max_tokens is not None and max_tokens > room):
+            raise APIError(400, f"this model's maximum context length is {self.context} tokens; the messages "
+                                f"have {len(ids)} and max_tokens asks for {max_tokens or 1} more",
+                           "messages", "context_length_exceeded")
+        job = Job(ids, max_tokens or min(DEFAULT_MAX_TOKENS, room), emit, float(temperature),
+                  _int(body, "seed", 0, None), banned, forced)
+        return job, ReplyBuilder(self.tok, self.eos, options.thinking, parse_tools)
+
+    # -- endpoints ------------------------------------------------------------------------------------
+    async def chat(self, request: Request):
+        try:
+            self._auth(request)
+            try:
+                body = json.loads(await request.body())
+            except (json.JSONDecodeError, UnicodeDecodeError) as e:
+                raise APIError(400, f"the request body is not valid JSON: {e}", None, "invalid_json") from None
+            if not isinstance(body, dict):
+                raise APIError(400, "the request body must be a JSON object", None, "invalid_json")
+            loop, events = asyncio.get_running_loop(), asyncio.Queue()
+            job, reply = self._job(body, lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev))
+        except APIError as e:
+            with self.metrics.lock:
+                self.metrics.requests += 1
+                self.metrics.errors += 1
+            return e.response()
+        with self.metrics.lock:
+            self.metrics.requests += 1
+        self.worker.submit(job)
+        meta = {"id": "chatcmpl-" + uuid.uuid4().hex[:24], "created": int(time.time()), "model": self.model_name}
+        if body.get("stream"):
+            usage = bool((body.get("stream_options") or {}).get("include_usage"))
+            return StreamingResponse(self._stream(job, reply, events, meta, usage), media_type="text/event-stream")
+        return await self._whole(job, reply, events, meta)
+
+    async def _whole(self, job, reply, events, meta):
+        try:
+            msg = {"role": "assistant", "content": "", "reasoning_content": ""}
+            n = 0
+            while True:
+                ev = await events.get()
+                if ev[0] == "error":
+                    return APIError(500, ev[1], None, "engine_error", "server_error").response()
+                if ev[0] == "done":
+                    break
+                n += 1
+                self._apply(msg, reply.feed(ev[1]))
+            reason, reused = ev[1], ev[2]
+            self._apply(msg, reply.finish())
+        finally:
+            job.cancel.set()  # a no-op when finished; stops the worker if this handler was cancelled
+        if reply.tool_calls:
+            msg["tool_calls"] = [c.to_openai() for c in reply.tool_calls]
+            reason = "tool_calls"
+        if not msg["reasoning_content"]:
+            del msg["reasoning_content"]
+        msg["content"] = msg["content"] or (None if reply.tool_calls else "")
+        return JSONResponse({**meta, "object": "chat.completion",
+                             "choices": [{"index": 0, "message": msg, "finish_reason": reason}],
+                             "usage": self._usage(job, n, reused)})
+
+    @staticmethod
+    def _apply(msg, events):
+        for kind, v in events:
+            if kind == "content":
+                msg["content"] += v
+            elif kind == "reasoning":
+                msg["reasoning_content"] += v
+
+    @staticmethod
+    def _usage(job, n, reused):
+        return {"prompt_tokens": len(job.ids), "completion_tokens": n, "total_tokens": len(job.ids) + n,
+                "prompt_tokens_details": {"cached_tokens": reused}}
+
+    async def _stream(self, job, reply, events, meta, include_usage):
+        def chunk(delta, reason=None, **extra):
+            return "data: " + json.dumps({**meta, "object": "chat.completion.chunk", **extra, "choices": [
+                {"index": 0, "delta": delta, "finish_reason": reason}]}) + "\n\n"
+
+        def deltas(evs):
+            for kind, v in evs:
+                if kind == "tool_calls":
+                    yield chunk({"tool_calls": [c.to_openai(i) for i, c in enumerate(v)]})
+                else:
+                    yield chunk({"content" if kind == "content" else "reasoning_content": v})
+        try:
+            yield chunk({"role": "assistant", "content": ""})
+            n = 0
+            while True:
+                ev = await events.get()
+                if ev[0] == "error":
+                    yield "data: " + json.dumps({"error": {"message": ev[1], "type": "server_error",
+                                                           "param": None, "code": "engine_error"}}) + "\n\n"
+                    return
+                if ev[0] == "done":
+                    break
+                n += 1
+                for c in deltas(reply.feed(ev[1])):
+                    yield c
+            for c in deltas(reply.finish()):
+                yield c
+            yield chunk({}, "tool_calls" if reply.tool_calls else ev[1])
+            if include_usage:
+                yield "data: " + json.dumps({**meta, "object": "chat.completion.chunk", "choices": [],
+                                             "usage": self._usage(job, n, ev[2])}) + "\n\n"
+            yield "data: [DONE]\n\n"
+        finally:
+            job.cancel.set()  # client gone (or finished): the worker stops before its next forward
+
+    async def models(self, request: Request):
+        try:
+            self._auth(request)
+        except APIError as e:
+            return e.response()
+        return JSONResponse({"object": "list", "data": [{"id": self.model_name, "object": "model", "created": 0,
+                                                         "owned_by": "ostinato"}]})
+
+    async def health(self, request: Request):
+        return JSONResponse({"status": "ok", "model": self.model_name, "queued": self.worker.jobs.qsize()})
+
+    async def metrics_text(self, request: Request):
+        return PlainTextResponse(self.metrics.render(self.cache.stats, len(self.cache)),
+                                 media_type="text/plain; version=0.0.4")
+
+
+def create_app(engine, tokenizer, model_name: str, **kw) -> Starlette:
+    server = Server(engine, tokenizer, model_name, **kw)
+    app = Starlette(routes=[
+        Route("/v1/chat/completions", server.chat, methods=["POST"]),
+        Route("/v1/models", server.models, methods=["GET"]),
+        Route("/health", server.health, methods=["GET"]),
+        Route("/metrics", server.metrics_text, methods=["GET"]),
+    ])
+    app.state.server = server
+    return app

@@ -1,0 +1,117 @@
+"""The one thread that runs the engine: jobs are served in arrival order, one forward at a time.
+
+Owning the engine and the prefix cache from a single thread is what keeps the cache consistent:
+a cancelled job stops between two forwards, so its session holds exactly the tokens it processed
+and goes back into the cache; a job that fails inside a forward drops its session instead.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from .metrics import Metrics
+from .prefix_cache import PrefixCache
+
+
+@dataclass
+class Job:
+    ids: list[int]                       # the rendered prompt
+    max_tokens: int
+    emit: Callable[[tuple], None]        # ("token", id) ... then ("done", finish_reason, reused) or ("error", msg)
+    temperature: float = 0.0
+    seed: int | None = None
+    banned: tuple[int, ...] = ()         # never sampled (tool_choice "none" bans the DSML token)
+    forced: tuple[int, ...] = ()         # generated first, whatever the logits say (tool_choice required/named)
+    arrived: float = field(default_factory=time.perf_counter)
+    cancel: threading.Event = field(default_factory=threading.Event)
+
+
+class Worker:
+    def __init__(self, engine, cache: PrefixCache, metrics: Metrics, logits_hook=None):
+        # logits_hook(generated_ids, logits) -> logits: a constrained-decode hook (tests force DSML with it)
+        self.engine, self.cache, self.metrics, self.logits_hook = engine, cache, metrics, logits_hook
+        self.eos = engine.model.config.eos_token_id
+        self.jobs: queue.Queue = queue.Queue()
+        self.thread = threading.Thread(target=self._loop, name="ostinato-engine", daemon=True)
+        self.thread.start()
+
+    def submit(self, job: Job) -> None:
+        self.jobs.put(job)
+
+    def stop(self) -> None:
+        self.jobs.put(None)
+
+    def _loop(self) -> None:
+        while (job := self.jobs.get()) is not None:
+            if job.cancel.is_set():  # the client left while queued
+                job.emit(("done", "cancelled", 0))
+                continue
+            try:
+                self._run(job)
+            except Exception as e:  # a failed forward: report it; the session was dropped
+                job.emit(("error", f"{type(e).__name__}: {e}"))
+
+    def _pick(self, job: Job, gen: list[int], logits: torch.Tensor, gen_: torch.Generator | None) -> int:
+        step = len(gen)
+        if step < len(job.forced):
+            return job.forced[step]
+        if self.logits_hook is not None:
+            logits = self.logits_hook(gen, logits)
+        if job.banned:
+            logits = logits.clone()
+            logits[list(job.banned)] = float("-inf")
+        if job.temperature <= 0:
+            return int(logits.argmax())
+        probs = torch.softmax(logits.float() / job.temperature, dim=-1)
+        return int(torch.multinomial(probs, 1, generator=gen_))
+
+    def _run(self, job: Job) -> None:
+        counters = self.engine.executor.counters
+        before = counters.copy()
+        entry, reused = self.cache.acquire(job.ids)
+        sampler = None
+        if job.temperature > 0:
+            sampler = torch.Generator().manual_seed(job.seed if job.seed is not None else torch.seed() % 2**63)
+        logits = entry.session.prefill(job.ids[reused:])[-1]  # raises -> entry dropped, never cached half-done
+        entry.tokens = list(job.ids)
+        gen, reason = [], "length"
+        try:
+            while len(gen) < job.max_tokens:
+                if job.cancel.is_set():
+                    reason = "cancelled"
+                    break
+                tok = self._pick(job, gen, logits, sampler)
+                gen.append(tok)
+                if len(gen) == 1:
+                    self.metrics.add_wait(time.perf_counter() - job.arrived)
+                job.emit(("token", tok))
+                if tok == self.eos:
+                    reason = "stop"
+                    break
+                if len(gen) == job.max_tokens:
+                    break
+                logits = entry.session.decode(tok)
+                entry.tokens.append(tok)
+        except Exception:
+            entry = None  # the session may hold a half-processed token: never reuse it
+            raise
+        finally:
+            if entry is not None:
+                self.cache.release(entry)
+            d = counters.minus(before)
+            with self.metrics.lock:
+                m = self.metrics
+                m.prompt_tokens += len(job.ids)
+                m.prefilled_tokens += len(job.ids) - reused
+                m.reused_tokens += reused
+                m.generated_tokens += len(gen)
+                m.routes_hot += d.routes_hot
+                m.routes_cold += d.routes_cold
+                m.cancelled += reason == "cancelled"
+        job.emit(("done", reason, reused))

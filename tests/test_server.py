@@ -1,0 +1,189 @@
+"""The OpenAI-compatible server on the tiny model, driven by the official openai client over loopback."""
+
+import os
+import socket
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+import uvicorn
+from tokenizers import Tokenizer
+
+from ostinato.compiler.compile import CompileOptions, compile_plan
+from ostinato.runtime.engine.loader import load_engine
+from ostinato.runtime.server.app import create_app
+from ostinato.runtime.server.dsml import render_tool_calls
+
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}}}}]
+CALL = {"id": "x", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+
+
+class Script:
+    """A logits hook forcing a token sequence then EOS: a constrained decode through the real engine."""
+    tokens: list | None = None
+
+    def __call__(self, gen, logits):
+        if self.tokens is None:
+            return logits
+        want = self.tokens[len(gen)] if len(gen) < len(self.tokens) else 1
+        out = logits.clone().fill_(float("-inf"))
+        out[want] = 0.0
+        return out
+
+
+@pytest.fixture(scope="module")
+def server(tiny_ckpt, tmp_path_factory):
+    work = tmp_path_factory.mktemp("server")
+    cwd = os.getcwd()
+    os.chdir(work)
+    try:
+        plan = compile_plan(CompileOptions(tiny_ckpt, work / "plan.yaml", "cpu-only", context=1024)).plan
+        plan.write(work / "plan.yaml")
+        engine = load_engine(work / "plan.yaml", tiny_ckpt, device="cpu")
+    finally:
+        os.chdir(cwd)
+    tok = Tokenizer.from_file(str(tiny_ckpt / "tokenizer.json"))
+    script = Script()
+    app = create_app(engine, tok, "tiny", api_key="secret", cache_sessions=2, logits_hook=script)
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    th = threading.Thread(target=srv.run, daemon=True)
+    th.start()
+    while not srv.started:
+        time.sleep(0.05)
+    url = f"http://127.0.0.1:{port}"
+    yield {"url": url, "client": openai.OpenAI(base_url=url + "/v1", api_key="secret", max_retries=0),
+           "app": app, "tok": tok, "script": script}
+    srv.should_exit = True
+    th.join(5)
+
+
+def metrics(server):
+    out = {}
+    for line in httpx.get(server["url"] + "/metrics").text.splitlines():
+        if line and not line.startswith("#"):
+            k, v = line.rsplit(" ", 1)
+            out[k] = float(v)
+    return out
+
+
+def ask(server, msgs, **kw):
+    return server["client"].chat.completions.create(model="tiny", messages=msgs, max_tokens=kw.pop("max_tokens", 4),
+                                                    **kw)
+
+
+def test_models_health_auth(server):
+    assert [m.id for m in server["client"].models.list()] == ["tiny"]
+    assert httpx.get(server["url"] + "/health").json()["status"] == "ok"
+    r = httpx.post(server["url"] + "/v1/chat/completions", json={"model": "tiny", "messages": []})
+    assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+
+
+def test_stream_equals_whole_and_is_greedy(server):
+    msgs = [{"role": "user", "content": "Hello there"}]
+    whole = ask(server, msgs)
+    assert whole.usage.completion_tokens == 4 and whole.choices[0].finish_reason == "length"
+    chunks = list(ask(server, msgs, stream=True))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == whole.choices[0].message.content
+    assert chunks[-1].choices[0].finish_reason == "length"
+
+
+def test_tool_call_round_trip_prefills_only_the_appended_tokens(server):
+    tok = server["tok"]
+    msgs = [{"role": "system", "content": "You help."}, {"role": "user", "content": "Weather in Paris?"}]
+    server["script"].tokens = tok.encode(render_tool_calls([CALL]), add_special_tokens=False).ids
+    try:
+        r = ask(server, msgs, tools=TOOLS, max_tokens=120)
+    finally:
+        server["script"].tokens = None
+    m = r.choices[0].message
+    assert r.choices[0].finish_reason == "tool_calls" and not m.content
+    assert m.tool_calls[0].function.name == "get_weather" and m.tool_calls[0].function.arguments == '{"city": "Paris"}'
+    before = metrics(server)
+    msgs += [m.model_dump(exclude_none=True), {"role": "tool", "tool_call_id": m.tool_calls[0].id, "content": "sunny"}]
+    r2 = ask(server, msgs, tools=TOOLS, max_tokens=1)
+    after = metrics(server)
+    appended = len(tok.encode("<｜end▁of▁sentence｜><｜User｜><tool_result>sunny</tool_result><｜Assistant｜></think>",
+                              add_special_tokens=False).ids)
+    assert after["ostinato_prefilled_tokens_total"] - before["ostinato_prefilled_tokens_total"] == appended
+    assert r2.usage.prompt_tokens_details.cached_tokens == r2.usage.prompt_tokens - appended
+    assert after["ostinato_cache_hits_total"] == before["ostinato_cache_hits_total"] + 1
+
+
+def test_streamed_tool_call(server):
+    server["script"].tokens = server["tok"].encode("ok" + render_tool_calls([CALL]), add_special_tokens=False).ids
+    try:
+        chunks = list(ask(server, [{"role": "user", "content": "w?"}], tools=TOOLS, max_tokens=120, stream=True))
+    finally:
+        server["script"].tokens = None
+    calls = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "ok"
+    assert [(tc.function.name, tc.function.arguments) for tc in calls] == [("get_weather", '{"city": "Paris"}')]
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
+
+@pytest.mark.parametrize("body, status, param", [
+    ({"model": "gpt-4", "messages": [{"role": "user", "content": "x"}]}, 404, "model"),
+    ({"model": "tiny", "messages": [{"role": "assistant", "content": "x"}]}, 400, "messages[0].role"),
+    ({"model": "tiny", "messages": [{"role": "user", "content": "x " * 3000}]}, 400, "messages"),
+    ({"model": "tiny", "messages": [{"role": "user", "content": "x"}], "max_tokens": 5000}, 400, "messages"),
+    ({"model": "tiny", "messages": [{"role": "user", "content": "x"}], "tools": TOOLS, "tool_choice": "always"},
+     400, "tool_choice"),
+    ({"model": "tiny", "messages": [{"role": "user", "content": "x"}], "tools": TOOLS,
+      "tool_choice": {"type": "function", "function": {"name": "nope"}}}, 400, "tool_choice"),
+    ({"model": "tiny", "messages": [{"role": "user", "content": "x"}], "temperature": 5}, 400, "temperature"),
+])
+def test_bad_requests(server, body, status, param):
+    r = httpx.post(server["url"] + "/v1/chat/completions", json=body, headers={"Authorization": "Bearer secret"})
+    assert r.status_code == status
+    err = r.json()["error"]
+    assert err["param"] == param and err["message"] and "type" in err and "code" in err
+
+
+def test_malformed_json_and_openai_client_error(server):
+    r = httpx.post(server["url"] + "/v1/chat/completions", content=b"{nope",
+                   headers={"Authorization": "Bearer secret", "Content-Type": "application/json"})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json"
+    with pytest.raises(openai.BadRequestError) as e:
+        ask(server, [{"role": "user", "content": "x"}], tool_choice="always", tools=TOOLS)
+    assert e.value.body["param"] == "tool_choice"
+    assert ask(server, [{"role": "user", "content": "x"}], max_tokens=1).usage.completion_tokens == 1
+
+
+def test_cancelled_stream_then_correct_request(server):
+    msgs = [{"role": "user", "content": "Tell me a long story"}]
+    stream = ask(server, msgs, stream=True, max_tokens=150)
+    for i, _ in enumerate(stream):
+        if i == 3:
+            break
+    stream.close()
+    time.sleep(0.5)
+    r = ask(server, msgs, max_tokens=6)
+    fresh = [{"role": "system", "content": "z"}] + msgs  # no shared prefix: a cold session computes it
+    assert metrics(server)["ostinato_cancelled_total"] >= 1
+    cache = server["app"].state.server.cache
+    assert all(len(e.session) == len(e.tokens) for e in cache.entries.values())
+    assert r.usage.completion_tokens == 6 and ask(server, fresh, max_tokens=1).usage.completion_tokens == 1
+    # the same question again reproduces the reply exactly (cache reuse did not change the answer)
+    assert ask(server, msgs, max_tokens=6).choices[0].message.content == r.choices[0].message.content
+
+
+def test_divergence_truncates_and_lru_evicts(server):
+    cache = server["app"].state.server.cache
+    a = [{"role": "user", "content": "first question about cats"}]
+    ra = ask(server, a, max_tokens=2)
+    edited = [{"role": "user", "content": "first question about dogs"}]
+    t0 = cache.stats.truncations
+    re_ = ask(server, edited, max_tokens=2)
+    assert cache.stats.truncations == t0 + 1 and re_.usage.prompt_tokens_details.cached_tokens > 0
+    assert ask(server, a, max_tokens=2).choices[0].message.content == ra.choices[0].message.content
+    e0 = cache.stats.evictions
+    for text in ("alpha", "beta", "gamma"):  # capacity 2: distinct sessions push the oldest out
+        ask(server, [{"role": "system", "content": text}, {"role": "user", "content": "q"}], max_tokens=1)
+    assert len(cache) == 2 and cache.stats.evictions >= e0 + 1

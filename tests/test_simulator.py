@@ -1,0 +1,156 @@
+"""The session simulator: hand-computed times on a hand-built machine, and each baseline's rule."""
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from ostinato.compiler.cost_model import CostModel, LayerCostInputs
+from ostinato.compiler.hardware import parse_hardware
+from ostinato.compiler.simulator.ktransformers import KTransformers
+from ostinato.compiler.simulator.llamacpp import LayerPlacement, LruCache, layers_that_fit
+from ostinato.compiler.simulator.ostinato_policy import Ostinato
+from ostinato.compiler.simulator.replay import simulate, summarize
+from ostinato.compiler.simulator.trace import TraceSampler, at_coverage, counts_of
+from ostinato.runtime.workload import SessionShape, Turn
+
+EXPERT = 1000          # bytes per expert
+MS = 1e-3
+# GPU reads an expert in 1 ms, the host in 10 ms, the link moves one in 100 ms; FLOPs never bind.
+HW = parse_hardware({
+    "name": "hand", "description": "hand-built", "gpus": {"name": "g", "count": 1, "usable_bytes": 10 ** 6, "bandwidth": 1e6,
+                             "matmul_flops": 1e15, "launch_overhead_s": 0.0},
+    "host": {"cores": 1, "usable_bytes": 10 ** 9, "bandwidth": 1e5, "matmul_flops": 1e15, "isa": "avx2"},
+    "link": {"h2d_bandwidth": 1e4, "d2h_bandwidth": 1e4, "latency_s": 0.0}}, "hand")
+ACT = 4 / 1e4          # one token's activation (hidden 1, fp32) over the link, one way
+
+
+def cost(layers=1, experts=4, top_k=1, hot=(0, 1)):
+    """No attention, head or hops cost anything: only experts and the link."""
+    cfg = SimpleNamespace(num_experts_per_tok=top_k, hidden_size=1, moe_intermediate_size=1, sliding_window=0,
+                          index_topk=0, num_attention_heads=1, head_dim=1, hc_mult=1, vocab_size=0,
+                          compress_ratio=lambda layer: 0)
+    mask = np.zeros(experts, dtype=bool)
+    mask[list(hot)] = True
+    share = np.full(experts, 1.0 / experts)
+    return CostModel(cfg, HW, [LayerCostInputs(0, 0, 0, mask, share) for _ in range(layers)], EXPERT, 0, 0)
+
+
+class Fixed:
+    """A 'sampler' that returns given routings: counts for each prefill size, ids for decode."""
+    def __init__(self, counts: dict, ids: np.ndarray):
+        self.c, self.i = counts, ids
+
+    def counts(self, n):
+        return self.c[n]
+
+    def ids(self, n):
+        return self.i[:n]
+
+
+def routing(layers, experts, per_layer):
+    c = np.zeros((layers, experts), dtype=np.int64)
+    for l, row in enumerate(per_layer):
+        for e, n in row.items():
+            c[l, e] = n
+    return c
+
+
+def test_one_turn_split_wait_is_hand_computed():
+    c = cost()
+    hot = c.layers[0].hot[None]
+    pol = Ostinato(c, hot, threshold=None)
+    # 2 tokens: one to hot e0 (GPU 1 ms), one to cold e2 (host 10 ms + 2 tokens' activations both ways)
+    sampler = Fixed({2: routing(1, 4, [{0: 1, 2: 1}])}, np.array([[[1]], [[3]]]))  # decode: hot e1, cold e3
+    run = simulate([SessionShape("s", (Turn(2, 2),))], [pol], sampler)["Ostinato"][0]
+    turn = run.turns[0]
+    prefill = max(1 * MS, 10 * MS + 2 * 2 * ACT)
+    assert turn.prefill.seconds == pytest.approx(prefill)
+    assert turn.wait_s == pytest.approx(prefill + 1 * MS)                       # first step: hot route only
+    assert turn.decode.seconds == pytest.approx(1 * MS + (10 * MS + 2 * ACT))   # second step: cold on the host
+    assert run.seconds == pytest.approx(prefill + 1 * MS + 10 * MS + 2 * ACT)
+
+
+def test_upload_once_above_the_threshold_is_hand_computed():
+    c = cost()
+    pol = Ostinato(c, c.layers[0].hot[None], threshold=1)
+    f = pol.prefill(routing(1, 4, [{0: 1, 2: 1}]), 2)
+    assert f.mode == "upload" and f.uploaded == 1
+    assert f.seconds == pytest.approx(100 * MS + 2 * MS)     # one cold upload, then 2 distinct on the GPU
+    assert pol.prefill(routing(1, 4, [{2: 1}]), 1).mode == "split"
+
+
+def test_ktransformers_runs_experts_on_the_cpu_up_to_its_threshold_then_streams_whole_layers():
+    c = cost()
+    kt = KTransformers(c, threshold=4)
+    at = kt.prefill(routing(1, 4, [{0: 2, 1: 2}]), 4)
+    assert at.mode == "cpu" and at.seconds == pytest.approx(2 * 10 * MS + 2 * 4 * ACT)
+    above = kt.prefill(routing(1, 4, [{0: 3, 1: 2}]), 5)
+    assert above.mode == "layerwise" and above.uploaded == 4                # the whole layer, touched or not
+    assert above.seconds == pytest.approx(4 * 100 * MS + 2 * MS)
+    steps, _ = kt.decode(np.array([[[0]]]))
+    assert steps[0] == pytest.approx(10 * MS + 2 * ACT)
+
+
+@pytest.mark.parametrize("n, mode, seconds", [(31, "layers", 2 * MS + 20 * MS), (32, "offload", 2 * MS + 202 * MS),
+                                              (33, "offload", 2 * MS + 202 * MS)])
+def test_layer_placement_op_offload_starts_at_32_tokens(n, mode, seconds):
+    c = cost(layers=2)
+    pol = LayerPlacement(c, gpu_layers=1)
+    a = n // 2
+    f = pol.prefill(routing(2, 4, [{0: a, 1: n - a}, {0: a, 1: n - a}]), n)
+    # layer 0 on the GPU (2 experts, 2 ms); layer 1 on the host (20 ms), or uploaded (200 ms) + GPU (2 ms)
+    assert f.mode == mode and f.seconds == pytest.approx(seconds)
+
+
+def test_lru_cache_evicts_the_least_recently_used_and_big_batches_only_read():
+    c = cost()
+    lru = LruCache(c, c.layers[0].hot[None].copy())            # capacity 2, warm {0, 1}
+    steps, f = lru.decode(np.array([[[1]], [[2]], [[0]]]))
+    assert steps[0] == pytest.approx(1 * MS)                    # hit
+    assert steps[1] == pytest.approx(1 * MS + 100 * MS)         # miss: uploaded and inserted, e0 evicted
+    assert steps[2] == pytest.approx(1 * MS + 100 * MS)         # e0 misses again; e1 (older than e2) evicted
+    assert set(np.flatnonzero(lru.cached[0])) == {0, 2} and f.uploaded == 2
+    big = lru.prefill(routing(1, 4, [{3: 33}]), 33)             # > 32: miss uploaded for the batch only
+    assert big.mode == "read" and big.uploaded == 1 and set(np.flatnonzero(lru.cached[0])) == {0, 2}
+    assert big.seconds == pytest.approx(100 * MS + 1 * MS)
+    small = lru.prefill(routing(1, 4, [{3: 31}]), 31)           # <= 32: inserted, evicting e2 (older than e0)
+    assert small.mode == "fill" and set(np.flatnonzero(lru.cached[0])) == {0, 3}
+    lru.reset()
+    assert set(np.flatnonzero(lru.cached[0])) == {0, 1}
+
+
+def test_layers_that_fit_fill_gpus_in_order():
+    # layers of 10 + 4 experts x 5 = 30 bytes; GPUs of 65 and 40 bytes: 2 + 1 layers
+    assert layers_that_fit([10] * 5, 5, 4, [65, 40]) == 3
+    assert layers_that_fit([10] * 2, 5, 4, [1000]) == 2
+
+
+def test_sampler_draws_distinct_experts_per_token_by_share_and_is_seeded():
+    shares = np.array([[8.0, 4, 2, 1, 1, 1, 1, 1]] * 2)
+    ids = TraceSampler(shares, 3, seed=5).ids(4000)                         # [T, L, k]
+    assert ids.shape == (4000, 2, 3)
+    assert all(len(set(row)) == 3 for row in ids.reshape(-1, 3)[:500].tolist())
+    assert (ids == TraceSampler(shares, 3, seed=5).ids(4000)).all()
+    freq = counts_of(ids, 8)[0] / 4000                                      # per-token inclusion
+    assert freq[0] > 0.8 and freq[0] > freq[1] > freq[2] > freq[3]
+    long = TraceSampler(shares, 3, seed=5).counts(1000)
+    assert long.shape == (2, 8) and (long.sum(axis=1) == 3000).all() and long[0].argmax() == 0
+
+
+def test_at_coverage_puts_the_asked_share_on_the_hot_set():
+    shares = np.array([[5.0, 3, 1, 1]])
+    hot = np.array([[True, False, False, True]])
+    s = at_coverage(shares, hot, 0.84)
+    assert s[0, hot[0]].sum() == pytest.approx(0.84) and s.sum() == pytest.approx(1.0)
+    assert s[0, 0] / s[0, 3] == pytest.approx(5.0)
+
+
+def test_summary_skips_the_first_turn_and_rates_decode_over_all_turns():
+    c = cost()
+    pol = Ostinato(c, c.layers[0].hot[None], threshold=None)
+    sampler = Fixed({2: routing(1, 4, [{0: 2}]), 1: routing(1, 4, [{2: 1}])}, np.array([[[0]]] * 4))
+    runs = simulate([SessionShape("s", (Turn(2, 4), Turn(1, 4)))], [pol], sampler)["Ostinato"]
+    s = summarize(runs)
+    assert s.median_wait_s == pytest.approx((10 * MS + 2 * ACT) + 1 * MS)      # turn 1 only
+    assert s.decode_tokens_per_s == pytest.approx(1 / MS)

@@ -1,0 +1,50 @@
+"""Session benchmark: Ostinato against its baselines, MODELED on the paper's workstation (the cost model
++ sampled routing) and MEASURED here (the real engine on the CPU, tiny model, plan variants).
+
+    .venv/bin/python tools/bench_sessions.py [--sessions N] [--skip-measured]
+
+Writes build/bench/{modeled.md, measured.md, *.png}. Ratios only compare systems within one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from ostinato.compiler.simulator.bench import run_modeled
+from ostinato.compiler.simulator.world import build_world
+from ostinato.plans import plans_dir
+from ostinato.runtime.workload import read_sessions
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, default=Path("build/bench"))
+    p.add_argument("--sessions", type=int, default=6, help="sessions per workload in the modeled tables (6)")
+    p.add_argument("--sweep-sessions", type=int, default=2, help="sessions per workload in the coverage sweep (2)")
+    p.add_argument("--coverages", default="0.5,0.7,0.84,0.95")
+    p.add_argument("--skip-measured", action="store_true")
+    p.add_argument("--seed", type=int, default=0)
+    a = p.parse_args(argv)
+    sessions = read_sessions(plans_dir() / "workloads" / "agent_turns.csv")
+    t0 = time.perf_counter()
+    world = build_world()
+    print(f"MODELED on {world.build.hardware.name} with DeepSeek-V4-Flash sizes; routing: synthetic profile "
+          f"({world.build.profile.source}); plan hot share {world.build.cost.hot_share():.1%}, "
+          f"upload threshold {world.build.threshold} tokens; llama.cpp layer placement: {world.gpu_layers} of "
+          f"{len(world.build.cost.layers)} layers on the GPUs")
+    print(run_modeled(world, sessions, a.out, a.sessions, a.sweep_sessions,
+                      tuple(float(c) for c in a.coverages.split(",")), max_generated=64, seed=a.seed))
+    print(f"(modeled half: {time.perf_counter() - t0:.0f} s; plots: {a.out}/modeled_wait_vs_coverage.png, "
+          f"{a.out}/modeled_session_timeline.png)")
+    if not a.skip_measured:
+        from measured_sessions import run_measured  # noqa: PLC0415  (tools/ sibling)
+        print(run_measured(sessions, a.out, a.seed))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).parent))
+    sys.exit(main())
