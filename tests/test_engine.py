@@ -184,3 +184,26 @@ def test_a_two_gpu_pipeline_plan(compiled, tiny_ckpt, reference):
     assert engine.model.layer_devices == [torch.device("cpu")] * 4 and len(engine.devices) == 2
     _close(engine.new_session().prefill(IDS[:40]), reference.new_session().prefill(IDS[:40]))
     engine.close()
+
+
+def test_lru_cache_baseline_is_exact_and_follows_its_rules(compiled, tiny_ckpt, reference):
+    from ostinato.runtime.engine.lru_executor import FILL_MAX_TOKENS, lru_cache_engine
+
+    plan, _ = compiled
+    hot_sets = [list(lp.hot_experts) for lp in plan.layers]
+    engine = lru_cache_engine(_engine(compiled, tiny_ckpt, "all-cold"), hot_sets)
+    lru = engine.executor
+    before = [list(c) for c in lru.cache]
+    ours, ref = engine.new_session(), reference.new_session()
+    _close(ours.prefill(IDS[:FILL_MAX_TOKENS + 1]), ref.prefill(IDS[:FILL_MAX_TOKENS + 1]))  # 33 tokens: read only
+    assert [list(c) for c in lru.cache] == before and lru.counters.experts_uploaded > 0  # misses uploaded, not kept
+    uploads = lru.counters.experts_uploaded
+    _close(ours.prefill(IDS[33:33 + FILL_MAX_TOKENS - 1]), ref.prefill(IDS[33:33 + FILL_MAX_TOKENS - 1]))  # 31: fill
+    assert [list(c) for c in lru.cache] != before and lru.counters.experts_uploaded > uploads
+    assert all(len(c) == len(h) for c, h in zip(lru.cache, hot_sets))  # bounded by the hot set's bytes
+    token = int(IDS[70])
+    for _ in range(3):
+        a, b = ours.decode(token), ref.decode(token)
+        _close(a, b)
+        token = int(b.argmax())
+    engine.close()

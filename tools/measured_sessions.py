@@ -22,6 +22,7 @@ from ostinato.compiler.simulator.trace import TraceSampler
 from ostinato.compiler.simulator.world import build_world
 from ostinato.compiler.tiny import write_tiny_checkpoint
 from ostinato.runtime.engine.loader import load_engine
+from ostinato.runtime.engine.lru_executor import lru_cache_engine
 from ostinato.runtime.workload import TokenSource, shrink_sessions
 
 
@@ -79,10 +80,16 @@ def run_measured(all_sessions, out: Path, seed: int = 0) -> str:
         plan = dataclasses.replace(build.plan, policy=dataclasses.replace(build.plan.policy, prefill_threshold=64))
         build = dataclasses.replace(build, plan=plan, threshold=64)
         res = {}
-        for name, variant in _variants(plan, plan.model.routed_experts).items():
+        variants = _variants(plan, plan.model.routed_experts)
+        for name, variant in variants.items():
             engine = load_engine(variant, ckpt, device="cpu")
             res[name] = _replay(engine, shrunk, ckpt, build.config.vocab_size, seed)
             engine.close()
+        # llama.cpp's LRU expert cache: as many experts per layer as Ostinato's hot set, warm with it
+        engine = lru_cache_engine(load_engine(variants["all-cold (KTransformers-like)"], ckpt, device="cpu"),
+                                  [list(lp.hot_experts) for lp in plan.layers])
+        res["LRU expert cache (llama.cpp-like)"] = _replay(engine, shrunk, ckpt, build.config.vocab_size, seed)
+        engine.close()
     finally:
         os.chdir(cwd)
     base = res["Ostinato"]

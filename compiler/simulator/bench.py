@@ -100,7 +100,8 @@ def plot_timeline(name: str, runs: dict, path: Path) -> None:
             t += turn.decode.seconds
     ax.set_yticks(range(len(runs)), list(runs))
     ax.set(xlabel="seconds (engine time only; tool time not included)",
-           title=f"MODELED: session {name} (red: prefill + waits, blue: decode)")
+           title=f"MODELED: one session's timeline, {name.split('/')[-1]}\nred: prefill (the wait after each "
+                 "tool output), blue: decode")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
