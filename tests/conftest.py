@@ -7,6 +7,8 @@ first imported (transformers imports it too), so it is set here, before any test
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
+
 import torch
 
 if not torch.cuda.is_available():
@@ -28,3 +30,24 @@ def small_ckpt(tmp_path_factory):
     """The larger preset with planted popularity, written once."""
     return write_tiny_checkpoint(tmp_path_factory.mktemp("ckpt") / "small", "small", seed=1, popularity=1.0,
                                  progress=False)
+
+
+@contextmanager
+def working_dir(path):
+    """Compile and load plans from `path`: their kernel paths are relative to where compile ran."""
+    cwd = os.getcwd()
+    os.chdir(path)
+    try:
+        yield path
+    finally:
+        os.chdir(cwd)
+
+
+def compile_tiny_plan(ckpt, work, **options):
+    """Compile a cpu-only plan with kernels for `ckpt` inside `work`; write it to work/plan.yaml."""
+    from ostinato.compiler.compile import CompileOptions, compile_plan
+
+    with working_dir(work):
+        plan = compile_plan(CompileOptions(ckpt, work / "plan.yaml", "cpu-only", **options)).plan
+        plan.write(work / "plan.yaml")
+    return plan

@@ -1,13 +1,12 @@
 """The placement engine computes the plain model's function under every placement and mode."""
 
 import dataclasses
-import os
 import random
 
 import pytest
 import torch
 
-from ostinato.compiler.compile import CompileOptions, compile_plan
+from conftest import compile_tiny_plan, working_dir
 from ostinato.runtime import load_model
 from ostinato.runtime.engine.loader import load_engine
 from ostinato.runtime.plan import PlanError
@@ -20,15 +19,7 @@ TOL = 1e-4  # relative to the logits' scale, float32
 def compiled(tiny_ckpt, tmp_path_factory):
     """A mixed plan for the tiny model on cpu-only, compiled with kernels in its own directory."""
     work = tmp_path_factory.mktemp("engine")
-    cwd = os.getcwd()
-    os.chdir(work)
-    try:
-        plan = compile_plan(CompileOptions(tiny_ckpt, work / "plan.yaml", "cpu-only", context=4096,
-                                           max_hot_per_layer=6)).plan
-        plan.write(work / "plan.yaml")
-    finally:
-        os.chdir(cwd)
-    return plan, work
+    return compile_tiny_plan(tiny_ckpt, work, context=4096, max_hot_per_layer=6), work
 
 
 @pytest.fixture(scope="module")
@@ -50,12 +41,8 @@ def _variant(plan, placement: str, threshold, seed=0):
 
 def _engine(compiled, tiny_ckpt, placement, threshold=None, **kw):
     plan, work = compiled
-    cwd = os.getcwd()
-    os.chdir(work)  # kernel paths are relative to where compile ran
-    try:
+    with working_dir(work):
         return load_engine(_variant(plan, placement, threshold), tiny_ckpt, device="cpu", **kw)
-    finally:
-        os.chdir(cwd)
 
 
 def _close(a, b):
@@ -175,12 +162,8 @@ def test_a_two_gpu_pipeline_plan(compiled, tiny_ckpt, reference):
     hardware = dict(plan.hardware, gpus=dict(plan.hardware["gpus"], count=2))
     layers = [dataclasses.replace(lp, gpu=0 if lp.layer < 2 else 1) for lp in plan.layers]
     two = dataclasses.replace(plan, hardware=hardware, layers=layers)
-    cwd = os.getcwd()
-    os.chdir(work)
-    try:
+    with working_dir(work):
         engine = load_engine(two, tiny_ckpt, device="cpu")
-    finally:
-        os.chdir(cwd)
     assert engine.model.layer_devices == [torch.device("cpu")] * 4 and len(engine.devices) == 2
     _close(engine.new_session().prefill(IDS[:40]), reference.new_session().prefill(IDS[:40]))
     engine.close()

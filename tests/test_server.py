@@ -1,6 +1,5 @@
 """The OpenAI-compatible server on the tiny model, driven by the official openai client over loopback."""
 
-import os
 import socket
 import threading
 import time
@@ -11,7 +10,7 @@ import pytest
 import uvicorn
 from tokenizers import Tokenizer
 
-from ostinato.compiler.compile import CompileOptions, compile_plan
+from conftest import compile_tiny_plan, working_dir
 from ostinato.runtime.engine.loader import load_engine
 from ostinato.runtime.server.app import create_app
 from ostinato.runtime.server.dsml import render_tool_calls
@@ -37,14 +36,9 @@ class Script:
 @pytest.fixture(scope="module")
 def server(tiny_ckpt, tmp_path_factory):
     work = tmp_path_factory.mktemp("server")
-    cwd = os.getcwd()
-    os.chdir(work)
-    try:
-        plan = compile_plan(CompileOptions(tiny_ckpt, work / "plan.yaml", "cpu-only", context=1024)).plan
-        plan.write(work / "plan.yaml")
+    compile_tiny_plan(tiny_ckpt, work, context=1024)
+    with working_dir(work):
         engine = load_engine(work / "plan.yaml", tiny_ckpt, device="cpu")
-    finally:
-        os.chdir(cwd)
     tok = Tokenizer.from_file(str(tiny_ckpt / "tokenizer.json"))
     script = Script()
     app = create_app(engine, tok, "tiny", api_key="secret", cache_sessions=2, logits_hook=script)
