@@ -90,9 +90,6 @@ class Plan:
     kernels: list                    # [{name, template, template_sha256, params, content_sha256, path}]
     predictions: dict
 
-    def hot_set(self, layer: int) -> list[int]:
-        return self.layers[layer].hot_experts
-
     def to_dict(self) -> dict:
         return asdict(self)
 

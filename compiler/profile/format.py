@@ -74,10 +74,6 @@ class RoutingProfile:
         idx = [PHASES.index(p) for p in phases]
         return self.counts[:, idx, :].sum(dim=1)
 
-    @property
-    def is_uniform(self) -> bool:
-        return self.source == "uniform"
-
     def touched(self) -> torch.Tensor:
         """[P, L, E] bool: the experts each recorded forward pass touched."""
         bits = (self.pass_touched[..., None] >> torch.arange(8, dtype=torch.uint8)) & 1  # [P, L, B, 8]

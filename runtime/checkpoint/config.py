@@ -124,10 +124,6 @@ class ModelConfig:
         ratio = self.compress_ratio(layer)
         return (2 if ratio == 4 else 1) * self.head_dim
 
-    def fingerprint_dict(self) -> dict:
-        """The config as shipped (raw keys), for hashing and for writing back."""
-        return dict(self.raw)
-
     # ----- validation ---------------------------------------------------------------------------
     def _validate(self) -> None:
         src = self.source

@@ -27,10 +27,6 @@ class ModelFingerprint:
         h.update((self.index_sha256 or "no-index").encode())
         return h.hexdigest()
 
-    def differences(self, other: "ModelFingerprint") -> list[str]:
-        """Names of the fields that differ (empty when the fingerprints match)."""
-        return [f for f in ("config_sha256", "index_sha256") if getattr(self, f) != getattr(other, f)]
-
 
 def model_fingerprint(directory: str | Path) -> ModelFingerprint:
     directory = Path(directory)

@@ -14,7 +14,7 @@ from collections import OrderedDict
 
 import torch
 
-from .executor import LayerExperts, PlacementExecutor
+from .executor import PlacementExecutor
 from .hot_compute import DensePool
 from .loader import Engine, _staging
 
@@ -93,5 +93,3 @@ def lru_cache_engine(all_cold: Engine, hot_sets: list[list[int]]) -> Engine:
     all_cold.model.set_executor(lru)
     return Engine(all_cold.plan, all_cold.model, lru, all_cold.devices)
 
-
-__all__ = ["LruCacheExecutor", "lru_cache_engine", "LayerExperts"]
