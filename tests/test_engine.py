@@ -190,3 +190,25 @@ def test_lru_cache_baseline_is_exact_and_follows_its_rules(compiled, tiny_ckpt, 
         _close(a, b)
         token = int(b.argmax())
     engine.close()
+
+
+def test_ostinato_run_answers_a_prompt_and_names_bad_input(compiled, tiny_ckpt, reference, capsys, monkeypatch):
+    from tokenizers import Tokenizer
+
+    plan, work = compiled
+    monkeypatch.chdir(work)
+    assert run_main(["plan.yaml", "--model", str(tiny_ckpt), "--device", "cpu", "--prompt", "Hello", "--max-new", "4"]) == 0
+    tok = Tokenizer.from_file(str(tiny_ckpt / "tokenizer.json"))
+    session, out = reference.new_session(), []
+    nxt = int(session.prefill([0] + tok.encode("Hello").ids)[-1].argmax())
+    while len(out) < 4:
+        out.append(nxt)
+        if nxt == 1:
+            break
+        nxt = int(session.decode(nxt).argmax())
+    assert capsys.readouterr().out.endswith(tok.decode(out) + "\n")  # the plain model's greedy reply
+    from ostinato.plans import plans_dir
+
+    rc = run_main(["plan.yaml", "--model", str(tiny_ckpt), "--device", "cpu", "--session",
+                   str(plans_dir() / "workloads" / "agent_turns.csv"), "--session-index", "99"])
+    assert rc == 1 and "--session-index 99 out of range (the file has 45 sessions)" in capsys.readouterr().err
