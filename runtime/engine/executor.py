@@ -26,7 +26,8 @@ from ..checkpoint.reader import PackedExpert
 from ..kernels.cpu_experts import CpuExpertKernel, ExpertTable
 from ..kernels.triton_experts import HotPool
 from .counters import Counters
-from .hot_compute import DensePool, grouped
+from ..kernels.routes import group_flat_routes
+from .hot_compute import DensePool
 
 MODES = ("split", "upload", "decode")
 
@@ -147,7 +148,7 @@ class PlacementExecutor:
     def _cold(self, le: LayerExperts, x_host, token, expert, weight) -> torch.Tensor:
         start = time.perf_counter()
         out = torch.zeros(x_host.shape[0], x_host.shape[1], dtype=torch.float32)  # [T, D] host
-        routes = grouped(token, le.cold_of[expert], weight, len(le.cold))
+        routes = group_flat_routes(token, le.cold_of[expert], weight, len(le.cold))
         self.cpu_kernel(x_host, routes, le.cold_table, out, self.cpu_threads)
         self.counters.cold_s += time.perf_counter() - start
         return out

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from ..checkpoint.formats import dequantize_mxfp4
-from ..kernels.routes import GroupedRoutes
+from ..kernels.routes import group_flat_routes
 from ..kernels.triton_experts import HotPool, decode_experts, prefill_experts
 from ..model.experts import swiglu
 
@@ -33,15 +33,6 @@ class DensePool:
         w3 = dequantize_mxfp4(pool.w3[:n], pool.w3_scale[:n], dtype)
         w2 = dequantize_mxfp4(pool.w2[:n], pool.w2_scale[:n], dtype)  # [n, D, I]
         return cls(torch.cat((w1, w3), dim=1), w2)
-
-
-def grouped(token: torch.Tensor, slot: torch.Tensor, weight: torch.Tensor, n_slots: int) -> GroupedRoutes:
-    """Flat routes -> routes grouped by slot (the layout the kernels read), on the CPU."""
-    token, slot, weight = token.cpu(), slot.cpu(), weight.cpu().float()
-    order = torch.sort(slot * max(1, int(token.max()) + 1 if token.numel() else 1) + token, stable=True).indices
-    offsets = torch.zeros(n_slots + 1, dtype=torch.int64)
-    offsets[1:] = torch.cumsum(torch.bincount(slot, minlength=n_slots), 0)
-    return GroupedRoutes(offsets, token[order].contiguous(), weight[order].contiguous())
 
 
 class TorchPoolCompute:
@@ -87,7 +78,7 @@ class TritonPoolCompute:
                 slot: torch.Tensor, weight: torch.Tensor, out: torch.Tensor) -> None:
         if token.numel() == 0:
             return
-        routes = grouped(token, slot, weight, pool.w1.shape[0])
+        routes = group_flat_routes(token, slot, weight, pool.w1.shape[0])
         prefill_experts(self.prefill_mod, x.float().contiguous(), routes, pool, out)
 
     def decode(self, pool: HotPool, dense: DensePool | None, x: torch.Tensor, slot: torch.Tensor,

@@ -34,15 +34,18 @@ class GroupedRoutes:
         return self.offsets[1:] - self.offsets[:-1]  # [E]
 
 
+def group_flat_routes(token: torch.Tensor, expert: torch.Tensor, weight: torch.Tensor, n_experts: int) -> GroupedRoutes:
+    """Flat routes token [R], expert [R] (0..E-1), weight [R] -> GroupedRoutes (on the CPU)."""
+    token, expert, weight = token.cpu().long(), expert.cpu().long(), weight.cpu().float()
+    order = torch.sort(expert * (int(token.max()) + 1 if token.numel() else 1) + token, stable=True).indices
+    offsets = torch.zeros(n_experts + 1, dtype=torch.int64)
+    offsets[1:] = torch.cumsum(torch.bincount(expert, minlength=n_experts), 0)
+    return GroupedRoutes(offsets, token[order].contiguous(), weight[order].contiguous())
+
+
 def group_routes(expert_ids: torch.Tensor, weights: torch.Tensor, n_experts: int) -> GroupedRoutes:
     """expert_ids [T, k] (values in 0..E-1, or -1 for no route), weights [T, k] -> GroupedRoutes."""
     t = torch.arange(expert_ids.shape[0]).unsqueeze(1).expand_as(expert_ids).reshape(-1)  # [T*k]
     e = expert_ids.reshape(-1).long()
-    w = weights.reshape(-1).float()
     keep = e >= 0
-    t, e, w = t[keep], e[keep], w[keep]
-    order = torch.sort(e * max(1, expert_ids.shape[0]) + t, stable=True).indices  # by expert, then token
-    counts = torch.bincount(e, minlength=n_experts)  # [E]
-    offsets = torch.zeros(n_experts + 1, dtype=torch.int64)
-    offsets[1:] = torch.cumsum(counts, 0)
-    return GroupedRoutes(offsets, t[order].contiguous(), w[order].contiguous())
+    return group_flat_routes(t[keep], e[keep], weights.reshape(-1)[keep], n_experts)
