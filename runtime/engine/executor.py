@@ -54,6 +54,7 @@ class PlacementExecutor:
         self.mode = "split"
         self.counters = Counters()
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ostinato-cold")
+        self._copy_streams: dict = {}  # one upload stream per GPU, made once (not per layer-forward)
 
     def set_mode(self, mode: str) -> None:
         if mode not in MODES:
@@ -107,7 +108,11 @@ class PlacementExecutor:
             return
         g = self.upload_group
         cuda = le.device.type == "cuda"
-        copy_stream = torch.cuda.Stream(le.device) if cuda else None
+        copy_stream = None
+        if cuda:
+            if le.device not in self._copy_streams:
+                self._copy_streams[le.device] = torch.cuda.Stream(le.device)
+            copy_stream = self._copy_streams[le.device]
         groups = [distinct[i:i + g] for i in range(0, distinct.numel(), g)]
         ready = [self._copy_group(le, groups[0], le.staging[0], copy_stream)]
         for i, group in enumerate(groups):
