@@ -40,6 +40,9 @@ def parse_args(argv):
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     p.add_argument("--hot-backend", choices=("torch", "triton"),
                    help="hot-expert compute: triton (default on GPUs) or torch (default on the CPU)")
+    p.add_argument("--decode", choices=("graph", "eager", "dynamic"), default="graph",
+                   help="decode steps: graph = the fixed-shape step, one CUDA graph per GPU (eager on the CPU); "
+                        "eager = that step without graphs; dynamic = the model's own forward (growing cache)")
     p.add_argument("--seed", type=int, default=0, help="seed of the replayed token ids (0)")
     a = p.parse_args(argv)
     if a.scale <= 0:
@@ -57,11 +60,12 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         dtype = torch.float32 if a.dtype == "float32" else torch.bfloat16
-        engine = load_engine(a.plan, a.model, a.device, dtype, a.hot_backend)
+        engine = load_engine(a.plan, a.model, a.device, dtype, a.hot_backend, static_decode=a.decode != "dynamic",
+                             decode_graphs=a.decode == "graph")
         model_dir = Path(a.model or engine.plan.model.path)
         print(f"plan {a.plan}: {engine.plan.model.layers} layers on {engine.plan.hardware['name']} "
               f"(devices: {', '.join(sorted({str(d) for d in engine.devices}))}), "
-              f"prefill threshold {engine.plan.policy.prefill_threshold}")
+              f"prefill threshold {engine.plan.policy.prefill_threshold}, decode: {a.decode}")
         if a.serve:
             _serve(engine, model_dir, a)
         elif a.session:

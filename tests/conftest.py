@@ -51,3 +51,10 @@ def compile_tiny_plan(ckpt, work, **options):
         plan = compile_plan(CompileOptions(ckpt, work / "plan.yaml", "cpu-only", **options)).plan
         plan.write(work / "plan.yaml")
     return plan
+
+
+def assert_close_to_scale(ours: torch.Tensor, ref: torch.Tensor, tol: float, what: str) -> None:
+    """max |ours - ref| <= tol x max |ref| (logits: relative to the logit scale)."""
+    scale = ref.abs().max().item()
+    diff = (ours - ref).abs().max().item()
+    assert diff <= tol * scale, f"{what}: max |diff| {diff:.3g} > {tol} x logit scale {scale:.3g}"

@@ -190,3 +190,31 @@ def test_every_isa_variant_compiles(build_root, isa):
     g = torch.Generator().manual_seed(21)
     experts = [random_packed_expert(256, 128, g) for _ in range(3)]
     _check(kern, torch.randn(7, 256, generator=g), _routes(7, 3, 2, g), experts)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cold_task_of_a_decode_step_computes_only_the_cold_routes(kernel, dtype):
+    """ost_cold_task_run (the decode graph's host node; called directly without CUDA) over k routes of
+    which some are hot: its out equals the reference over the cold ones and is fully overwritten."""
+    from ostinato.runtime.kernels.cold_task import ColdBridge
+
+    D, I = TINY
+    kern = kernel(D, I)
+    g = torch.Generator().manual_seed(11)
+    E, k, cold = 16, 6, [1, 3, 4, 8, 9, 12, 15]
+    experts = [random_packed_expert(D, I, g) for _ in cold]
+    cold_of = torch.full((E,), -1, dtype=torch.int64)
+    cold_of[cold] = torch.arange(len(cold))
+    bridge = ColdBridge(kern, kern.table(experts), cold_of, k, dtype, torch.device("cpu"), n_threads=2)
+    trials = [torch.randperm(E, generator=g)[:k] for _ in range(4)] + [torch.tensor([0, 2, 5, 6, 7, 10])]  # last: all hot
+    for ids in trials:
+        w, x = torch.rand(1, k, generator=g), torch.randn(1, D, generator=g).to(dtype)
+        bridge.out.fill_(float("nan"))  # poisoned: every element must be written
+        bridge.start(x, ids[None], w)
+        bridge.check()
+        got = bridge.finish()
+        ref = moe_experts_reference(x.float(), group_routes(cold_of[ids][None], w, len(cold)), experts,
+                                    torch.zeros(1, D))
+        assert torch.isfinite(got).all()
+        assert (got - ref).abs().max() <= 1e-5 * ref.abs().max().clamp(min=1e-30), ids
+    assert not got.any()  # no cold route: zeros

@@ -6,15 +6,14 @@ from __future__ import annotations
 import pytest
 import torch
 
+from conftest import assert_close_to_scale
 from ostinato.runtime import load_model
 
 TOL = 1e-4
 
 
 def assert_close(ours: torch.Tensor, ref: torch.Tensor, what: str) -> None:
-    scale = ref.abs().max().item()
-    diff = (ours - ref).abs().max().item()
-    assert diff <= TOL * scale, f"{what}: max |diff| {diff:.3g} > {TOL} x logit scale {scale:.3g}"
+    assert_close_to_scale(ours, ref, TOL, what)
 
 
 @pytest.fixture(scope="module", params=["tiny", "small"])

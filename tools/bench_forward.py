@@ -1,5 +1,9 @@
 """Tokens/s of Ostinato's DeepSeek-V4 forward against transformers' on the same checkpoint, one run.
 
+Ostinato's decode runs two ways: the model's own forward on its growing cache ("ostinato"), and the
+fixed-shape decode step that a CUDA graph captures on GPUs, here eager ("ostinato-static": static
+buffers sized for the context, attention over all of them, masked).
+
     python tools/bench_forward.py [CKPT_DIR] [--prefill 512] [--decode 64] [--repeats 5] [--threads N]
 
 Without CKPT_DIR a tiny checkpoint is written to a temporary directory. Both models run in float32
@@ -42,6 +46,25 @@ class Ours:
         def run():
             for tok in steps:
                 session.decode(tok)
+
+        return _timed(run)
+
+
+class OursStatic(Ours):
+    name = "ostinato-static"
+
+    def decode(self, prompt: torch.Tensor, steps: list[int]) -> float:
+        from ostinato.runtime.model.static_decode import StaticDecodeStep
+
+        session = self.model.new_session()
+        session.prefill(prompt)
+        step = StaticDecodeStep(self.model, max_context=prompt.numel() + len(steps))
+        step.load(session.cache)
+
+        def run():
+            for tok in steps:
+                step.set_token(tok)
+                step.run()
 
         return _timed(run)
 
@@ -94,7 +117,7 @@ def main() -> None:
     prompt = torch.randint(0, vocab, (args.prefill,), generator=g)
     steps = torch.randint(0, vocab, (args.decode,), generator=g).tolist()
 
-    sides = [Ours(ckpt), Reference(ckpt)]
+    sides = [Ours(ckpt), OursStatic(ckpt), Reference(ckpt)]
     for side in sides:
         side.prefill(prompt[:16])  # warm-up
     best = {(s.name, phase): float("inf") for s in sides for phase in ("prefill", "decode")}
@@ -104,10 +127,12 @@ def main() -> None:
             best[side.name, "decode"] = min(best[side.name, "decode"], side.decode(prompt, steps))
 
     print(f"checkpoint: {ckpt}  threads: {torch.get_num_threads()}  best of {args.repeats}, alternating")
-    print(f"{'phase':<8} {'tokens':>6} {'ostinato tok/s':>15} {'transformers tok/s':>19} {'ratio':>7}")
+    print(f"{'phase':<8} {'tokens':>6} " + " ".join(f"{s.name + ' tok/s':>21}" for s in sides)
+          + "   (ratio to transformers)")
     for phase, n in (("prefill", args.prefill), ("decode", args.decode)):
-        ours, ref = best["ostinato", phase], best["transformers", phase]
-        print(f"{phase:<8} {n:>6} {n / ours:>15.1f} {n / ref:>19.1f} {ref / ours:>6.2f}x")
+        ref = best["transformers", phase]
+        cells = [f"{n / best[s.name, phase]:>11.1f} ({ref / best[s.name, phase]:>5.2f}x)" for s in sides]
+        print(f"{phase:<8} {n:>6} " + " ".join(f"{c:>21}" for c in cells))
     if tmp is not None:
         tmp.cleanup()
 

@@ -4,8 +4,11 @@ With CUDA: renders both variants, runs them on the GPU against the float32 torch
 shape and DeepSeek-V4-Flash's D=4096, I=2048), then times the decode variant (the hot decode path)
 and reports its weight bandwidth: packed MXFP4 bytes of the experts it reads / time, against the
 GPU's peak (--peak-gbs, default: H200 4800 GB/s); then captures the fixed-shape decode launch as a
-CUDA graph and checks replays against eager launches. Without CUDA it says the GPU paths are
-unverified and exits 0.
+CUDA graph and checks replays against eager launches; finally the engine's whole decode step: the
+tiny model compiled for one H200 with at most 6 hot experts per layer (so cold routes cross to the
+CPU through the graph's host nodes), each token replayed from the captured graph, compared with the
+same step run eagerly and with the plain float32 model on the CPU (logits and greedy tokens), and
+timed against the eager step. Without CUDA it says the GPU paths are unverified and exits 0.
 
 Usage: python tools/gpu_check.py [--peak-gbs 4800] [--build-root DIR]
 """
@@ -13,6 +16,7 @@ Usage: python tools/gpu_check.py [--peak-gbs 4800] [--build-root DIR]
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 import torch
@@ -96,6 +100,7 @@ def main() -> int:
     print(f"hot decode (6 routes, D={D} I={I}): {sec * 1e6:.1f} us/step, {gbs:.0f} GB/s of packed weights "
           f"= {gbs / args.peak_gbs:.0%} of {args.peak_gbs:.0f} GB/s peak")
     failures += _decode_graph(dec, pool, D, I, P, dev)
+    failures += _decode_step_graph()
     print("gpu_check: " + ("OK" if failures == 0 else f"{failures} FAILED"))
     return 1 if failures else 0
 
@@ -128,6 +133,56 @@ def _decode_graph(dec, pool, D: int, I: int, P: int, dev: str) -> int:
         worst = max(worst, ((out - eager).abs().max() / eager.abs().max().clamp(min=1e-30)).item())
     ok = worst <= 1e-5
     print(f"decode graph: captured once, replayed 5x with new routes: max rel diff vs eager {worst:.2e} "
+          f"{'ok' if ok else 'FAIL'}")
+    return 0 if ok else 1
+
+
+def _decode_step_graph(prompt: int = 100, tokens: int = 24) -> int:
+    """The whole per-GPU decode step as a CUDA graph (cold routes as host nodes) vs eager vs the CPU model."""
+    import tempfile
+    import time
+    from pathlib import Path
+
+    from ostinato.compiler.compile import CompileOptions, compile_plan
+    from ostinato.compiler.tiny import write_tiny_checkpoint
+    from ostinato.runtime import load_model
+    from ostinato.runtime.engine.loader import load_engine
+
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        ckpt = write_tiny_checkpoint(work / "tiny", "tiny", seed=0, progress=False)
+        here = Path.cwd()
+        os.chdir(work)  # kernel artifacts are written and found relative to the working directory
+        try:
+            plan = compile_plan(CompileOptions(ckpt, work / "plan.yaml", "h200-x1", context=4096,
+                                               max_hot_per_layer=6)).plan
+            graph = load_engine(plan, ckpt, decode_graphs=True)
+            eager = load_engine(plan, ckpt, decode_graphs=False)
+        finally:
+            os.chdir(here)
+        reference = load_model(ckpt)
+        ids = torch.randint(0, reference.config.vocab_size, (prompt,), generator=torch.Generator().manual_seed(0))
+        sessions = [e.new_session() for e in (graph, eager)] + [reference.new_session()]
+        nxt = [int(s.prefill(ids)[-1].argmax()) for s in sessions]
+        worst, same, times = 0.0, nxt[0] == nxt[2], [0.0, 0.0]
+        for _ in range(tokens):
+            outs = []
+            for j, s in enumerate(sessions):
+                start = time.perf_counter()
+                outs.append(s.decode(nxt[2]).float().cpu())
+                if j < 2:
+                    times[j] += time.perf_counter() - start
+            scale = outs[2].abs().max()
+            worst = max(worst, *(((o - outs[2]).abs().max() / scale).item() for o in outs[:2]))
+            same &= int(outs[0].argmax()) == int(outs[2].argmax()) == int(outs[1].argmax())
+            nxt = [int(outs[2].argmax())] * 3
+        c = graph.executor.counters
+        for e in (graph, eager):
+            e.close()
+    ok = worst <= 1e-4 and same and c.routes_cold > 0
+    print(f"decode step graph (tiny, cold routes {c.routes_cold} of {c.routes}): max rel diff vs the CPU model "
+          f"{worst:.2e}, greedy tokens {'identical' if same else 'DIFFER'}; graph {times[0] / tokens * 1e3:.2f} ms/token"
+          f" vs eager {times[1] / tokens * 1e3:.2f} ms/token ({times[1] / max(times[0], 1e-12):.2f}x) "
           f"{'ok' if ok else 'FAIL'}")
     return 0 if ok else 1
 

@@ -8,8 +8,11 @@ Modes (set per forward by the engine session, from the plan's policy):
 - `upload` (longer prefills): the layer's distinct cold experts are copied once into two staging
   buffers of `upload_group` experts (the next group's copy overlapping this group's compute on a
   side stream when the device is a GPU) and every route runs on the device.
-- `decode` (one token): fixed shapes, top_k route slots, padding masked, cold routes crossing to
-  the CPU: the step a CUDA graph captures (without CUDA it runs eagerly).
+- `decode` (one token through the dynamic model): fixed-shape hot launch (top_k route slots,
+  padding masked), cold routes on the CPU worker.
+`decode_step` is the expert part of the fixed-shape decode step (model/static_decode) that a CUDA
+graph captures: no host reads, cold routes through the layer's ColdBridge (a host node in the
+graph, a direct call without CUDA); the host counts its routes after the step (`count_decode`).
 Legend: T tokens, k routes per token, R routes, E experts, D hidden.
 """
 
@@ -23,6 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from ..checkpoint.reader import PackedExpert
+from ..kernels.cold_task import ColdBridge
 from ..kernels.cpu_experts import CpuExpertKernel, ExpertTable
 from ..kernels.triton_experts import HotPool
 from .counters import Counters
@@ -47,14 +51,19 @@ class LayerExperts:
 
 class PlacementExecutor:
     def __init__(self, layers: list[LayerExperts], pool_compute, cpu_kernel: CpuExpertKernel | None, cpu_threads: int,
-                 upload_group: int, expert_bytes: int, compute_dtype: torch.dtype):
+                 upload_group: int, expert_bytes: int, compute_dtype: torch.dtype, top_k: int):
         self.layers, self.compute, self.cpu_kernel = layers, pool_compute, cpu_kernel
         self.cpu_threads, self.upload_group, self.expert_bytes = cpu_threads, upload_group, expert_bytes
-        self.dtype = compute_dtype
+        self.dtype, self.top_k = compute_dtype, top_k
         self.mode = "split"
         self.counters = Counters()
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ostinato-cold")
         self._copy_streams: dict = {}  # one upload stream per GPU, made once (not per layer-forward)
+        # Decode-step buffers, made before any graph capture (pinned memory and streams cannot be made in one).
+        self.bridges = [ColdBridge(cpu_kernel, le.cold_table, le.cold_of, top_k, compute_dtype, le.device, cpu_threads)
+                        if le.cold_table is not None else None for le in layers]
+        self._route_token = {le.device: torch.zeros(top_k, dtype=torch.int64, device=le.device) for le in layers}
+        self._hot_of = [le.cold_of < 0 for le in layers]  # [E] bool on CPU, for counting decode-step routes
 
     def set_mode(self, mode: str) -> None:
         if mode not in MODES:
@@ -88,6 +97,35 @@ class PlacementExecutor:
         if pending is not None:
             out += pending.result().to(le.device)
         return out.to(x.dtype)
+
+    # ----- the fixed-shape decode step ---------------------------------------------------------
+    def decode_step(self, layer: int, x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """x [1, D], expert_ids / weights [1, k] -> [1, D]: all k route slots launched on the device (cold
+        ones masked as slot -1) while the CPU computes the cold ones; no host reads, fixed shapes."""
+        le, bridge = self.layers[layer], self.bridges[layer]
+        ids, w = expert_ids.reshape(-1), weights.reshape(-1).float()  # [k]
+        if bridge is not None:
+            bridge.start(x, ids, w)
+        out = torch.zeros(1, x.shape[1], dtype=torch.float32, device=le.device)  # [1, D]
+        if le.hot_pool.w1.shape[0]:
+            self.compute.decode(le.hot_pool, le.hot_dense, x, le.slot_of[ids], self._route_token[le.device], w, out)
+        if bridge is not None:
+            out = out + bridge.finish()
+        return out.to(x.dtype)
+
+    def count_decode(self, expert_ids: torch.Tensor, seconds: float) -> None:
+        """Host side, after a decode step: count its routes (expert_ids [L, k] on the CPU) and check
+        that every cold task succeeded."""
+        c = self.counters
+        for layer, ids in enumerate(expert_ids):
+            hot = self._hot_of[layer][ids]
+            c.forwards += 1
+            c.routes_hot += int(hot.sum())
+            c.routes_cold += int((~hot).sum())
+            c.distinct_cold += int(ids[~hot].unique().numel())
+            if self.bridges[layer] is not None:
+                self.bridges[layer].check()
+        c.decode_step_s += seconds
 
     # ----- device side ------------------------------------------------------------------------
     def _hot(self, pool: HotPool, dense: DensePool | None, x, token, slot, weight, out) -> None:

@@ -23,6 +23,7 @@ from ..kernels.cpu_experts import CpuExpertKernel
 from ..kernels.triton_experts import HotPool, load_triton_module
 from ..model.model import Model, load_model
 from ..plan import Plan, PlanError, check_fingerprint, load_plan
+from .decode_runner import DecodeRunner
 from .executor import LayerExperts, PlacementExecutor
 from .hot_compute import DensePool, TorchPoolCompute, TritonPoolCompute
 from .session import EngineSession
@@ -34,9 +35,11 @@ class Engine:
     model: Model
     executor: PlacementExecutor
     devices: list
+    decode_runner: DecodeRunner | None  # the fixed-shape decode step; None: dynamic decode
 
     def new_session(self) -> EngineSession:
-        return EngineSession(self.model.new_session(), self.executor, self.plan.policy.prefill_threshold)
+        return EngineSession(self.model.new_session(), self.executor, self.plan.policy.prefill_threshold,
+                             self.decode_runner)
 
     def close(self) -> None:
         self.executor.close()
@@ -87,7 +90,10 @@ def _staging(n: int, D: int, I: int, device: torch.device) -> HotPool:
 
 
 def load_engine(plan: str | Path | Plan, model_dir: str | Path | None = None, device: str | None = None,
-                dtype: torch.dtype = torch.float32, hot_backend: str | None = None) -> Engine:
+                dtype: torch.dtype = torch.float32, hot_backend: str | None = None, static_decode: bool = True,
+                decode_graphs: bool = True) -> Engine:
+    """The plan's engine. `static_decode`: decode through the fixed-shape step sized for the plan's
+    context (else the dynamic model); `decode_graphs`: capture that step as CUDA graphs on GPUs."""
     plan_path = None
     if not isinstance(plan, Plan):
         plan_path = Path(plan)
@@ -127,8 +133,9 @@ def load_engine(plan: str | Path | Plan, model_dir: str | Path | None = None, de
                                        cpu_kernel.table(cold_packed) if cold else None,
                                        [_staging(plan.policy.upload_group, D, I, dev) for _ in range(2)]))
     executor = PlacementExecutor(layers, compute, cpu_kernel, plan.policy.cpu_threads, plan.policy.upload_group,
-                                 plan.model.expert_bytes, dtype)
+                                 plan.model.expert_bytes, dtype, cfg.num_experts_per_tok)
     model = load_model(model_dir, dtype=dtype, device=devices[0], executor=executor,
                        prefill_chunk=plan.policy.prefill_chunk, layer_devices=[devices[lp.gpu] for lp in plan.layers])
-    return Engine(plan, model, executor, devices)
+    runner = DecodeRunner(model, executor, plan.policy.context, decode_graphs) if static_decode else None
+    return Engine(plan, model, executor, devices, runner)
 

@@ -24,7 +24,7 @@ FILL_MAX_TOKENS = 32  # llama.cpp: batches above this only read the cache
 class LruCacheExecutor(PlacementExecutor):
     def __init__(self, base: PlacementExecutor, warm: list[list[int]], capacity: list[int], D: int, I: int):
         super().__init__(base.layers, base.compute, base.cpu_kernel, base.cpu_threads, base.upload_group,
-                         base.expert_bytes, base.dtype)
+                         base.expert_bytes, base.dtype, base.top_k)
         self.cache: list[OrderedDict] = []
         self.pools = []
         for le, hot, cap in zip(self.layers, warm, capacity):
@@ -91,5 +91,5 @@ def lru_cache_engine(all_cold: Engine, hot_sets: list[list[int]]) -> Engine:
     lru = LruCacheExecutor(all_cold.executor, hot_sets, [len(h) for h in hot_sets], cfg.hidden_size,
                            cfg.moe_intermediate_size)
     all_cold.model.set_executor(lru)
-    return Engine(all_cold.plan, all_cold.model, lru, all_cold.devices)
+    return Engine(all_cold.plan, all_cold.model, lru, all_cold.devices, None)  # decodes through the dynamic model
 

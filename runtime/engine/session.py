@@ -1,8 +1,10 @@
 """An engine session: the model's session, with the executor's mode chosen per forward by the plan.
 
-Prefills of more tokens than the plan's threshold run upload-once, shorter ones split-route;
-decode steps run the fixed-shape decode step. Everything else (cache kept across turns,
-truncate, fork) is the model session's.
+Prefills of more tokens than the plan's threshold run upload-once, shorter ones split-route.
+Decode steps run the engine's fixed-shape decode step (a CUDA graph per GPU, eager on the CPU)
+when the engine has a DecodeRunner, else the dynamic model with the executor in decode mode.
+Everything else (cache kept across turns, truncate, fork) is the model session's; before any of it
+the decode runner stores back what its steps added to this session's cache.
 """
 
 from __future__ import annotations
@@ -10,12 +12,14 @@ from __future__ import annotations
 import torch
 
 from ..model.session import Session
+from .decode_runner import DecodeRunner
 from .executor import PlacementExecutor
 
 
 class EngineSession:
-    def __init__(self, session: Session, executor: PlacementExecutor, threshold: int | None):
-        self.session, self.executor, self.threshold = session, executor, threshold
+    def __init__(self, session: Session, executor: PlacementExecutor, threshold: int | None,
+                 runner: DecodeRunner | None = None):
+        self.session, self.executor, self.threshold, self.runner = session, executor, threshold, runner
 
     def __len__(self) -> int:
         return len(self.session)
@@ -25,16 +29,25 @@ class EngineSession:
 
     def prefill(self, token_ids) -> torch.Tensor:
         ids = torch.as_tensor(token_ids, dtype=torch.long).reshape(-1)
+        self._release()
         self.executor.set_mode(self.prefill_mode(ids.numel()))
         return self.session.prefill(ids)
 
     def decode(self, token_id) -> torch.Tensor:
+        if self.runner is not None:
+            return self.runner.decode(self.session, int(token_id))
         self.executor.set_mode("decode")
         return self.session.decode(token_id)
 
     def truncate(self, n: int) -> None:
+        self._release()
         self.executor.set_mode(self.prefill_mode(max(0, n - len(self.session))))
         self.session.truncate(n)
 
     def fork(self) -> "EngineSession":
-        return EngineSession(self.session.fork(), self.executor, self.threshold)
+        self._release()
+        return EngineSession(self.session.fork(), self.executor, self.threshold, self.runner)
+
+    def _release(self) -> None:
+        if self.runner is not None:
+            self.runner.release(self.session)

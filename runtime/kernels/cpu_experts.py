@@ -5,6 +5,7 @@ Only the built library is needed at run time: no compiler, no jinja2. C ABI (see
                            const float* weight, const void* const* ptrs /*[E, 6]*/, float* out, int n_threads)
   int ost_moe_experts_bf16(same, x as bf16 bits)
   const char* ost_moe_experts_info(void)
+  void ost_cold_task_run(void* task)   /* a decode step's cold routes, see cold_task.py */
 Legend: T = tokens, D = hidden, I = expert intermediate, E = experts in the call.
 """
 
@@ -21,6 +22,12 @@ from .routes import GroupedRoutes
 _ERRORS = {-1: "T < 0", -2: "too many experts for this build", -3: "route offsets do not start at 0 or decrease",
            -4: "a route token is out of range", -5: "an expert with routes has a null weight pointer",
            -6: "n_threads < 1"}
+
+
+def kernel_error(code: int) -> str:
+    return _ERRORS.get(code, f"error code {code}")
+
+
 _FIELDS = ("w1", "w1_scale", "w3", "w3_scale", "w2", "w2_scale")
 
 
@@ -54,6 +61,7 @@ class CpuExpertKernel:
                 ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
         for fn in (self.lib.ost_moe_experts_f32, self.lib.ost_moe_experts_bf16):
             fn.argtypes, fn.restype = args, ctypes.c_int
+        self.lib.ost_cold_task_run.argtypes, self.lib.ost_cold_task_run.restype = [ctypes.c_void_p], None
 
     def table(self, experts: list[PackedExpert]) -> ExpertTable:
         return ExpertTable(experts, self.D, self.I)
@@ -75,5 +83,5 @@ class CpuExpertKernel:
         rc = fn(x.data_ptr(), T, table.n_experts, off.data_ptr(), tok.data_ptr(), wgt.data_ptr(), table.ptrs,
                 out.data_ptr(), n_threads)
         if rc:
-            raise ValueError(f"CPU expert kernel rejected its input: {_ERRORS.get(rc, rc)}")
+            raise ValueError(f"CPU expert kernel rejected its input: {kernel_error(rc)}")
         return out

@@ -14,6 +14,7 @@ Module map (one concept each):
     loading.py           weights from the checkpoint reader, every tensor claimed
     model.py             Model.forward, load_model
     session.py           Session: prefill, decode, truncate, fork
+    static_decode/       fixed-shape, host-sync-free decode step (CUDA-graph capturable)
 """
 
 from .experts import DenseExpertExecutor, ExpertExecutor

@@ -50,18 +50,32 @@ class AttentionWeights:
 def attention(w: AttentionWeights, x: torch.Tensor, positions: torch.Tensor, cache: LayerCache, rope: Rope,
               eps: float) -> torch.Tensor:
     """x [T, D] at contiguous `positions` [T] after what `cache` holds -> [T, D]; updates the cache."""
-    t, H, hd = x.shape[0], w.n_heads, w.head_dim
     cos, sin = rope.cos_sin(positions)  # [T, R/2] each
+    qr, q, kv = project_qkv(w, x, cos, sin, eps)
+    lw, vw = _window(w, q, kv, cache)  # [T, H, W], [T, W, hd]
+    lc, vc = _compressed(w, q, qr, x, positions, cache, rope, cos, sin, eps) if w.compressor else (None, None)
+    return attend_and_project(w, lw, vw, lc, vc, cos, sin)
+
+
+def project_qkv(w: AttentionWeights, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, eps: float
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x [T, D] -> (q latent qr [T, ql], roped queries q [T, H, hd], roped key=value kv [T, hd])."""
+    t, H, hd = x.shape[0], w.n_heads, w.head_dim
     qr = rms_norm(x @ w.wq_a.T, w.q_norm, eps)  # [T, ql]
     q = unweighted_rms_norm((qr @ w.wq_b.T).view(t, H, hd), eps)  # [T, H, hd]
     q = apply_rope(q, cos, sin)
     kv = apply_rope(rms_norm(x @ w.wkv.T, w.kv_norm, eps), cos, sin)  # [T, hd]
+    return qr, q, kv
 
-    lw, vw = _window(w, q, kv, cache)  # [T, H, W], [T, W, hd]
-    lc, vc = _compressed(w, q, qr, x, positions, cache, rope, cos, sin, eps) if w.compressor else (None, None)
+
+def attend_and_project(w: AttentionWeights, lw: torch.Tensor, vw: torch.Tensor, lc: torch.Tensor | None,
+                       vc: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """One softmax over window logits lw [T, H, W], compressed logits lc [T, H, n|k] (or None) and the
+    sinks; values vw [T, W, hd] and vc ([n, hd] or [T, k, hd]); rope undone, grouped output -> [T, D]."""
+    t, H = lw.shape[:2]
     sink = w.sink.view(1, H, 1).expand(t, H, 1)  # [T, H, 1]: joins the denominator only
     logits = torch.cat([lw] + ([lc] if lc is not None else []) + [sink], dim=-1)  # [T, H, W (+n|k) + 1]
-    probs = torch.softmax(logits - logits.amax(dim=-1, keepdim=True), dim=-1).to(x.dtype)
+    probs = torch.softmax(logits - logits.amax(dim=-1, keepdim=True), dim=-1).to(vw.dtype)
     W = w.window
     o = torch.bmm(probs[..., :W], vw)  # [T, H, hd]
     if lc is not None:

@@ -85,8 +85,15 @@ def compress(w: CompressorWeights, x: torch.Tensor, state: CompressorState, n_do
     else:
         slots_kv, slots_gate = ck, cg  # [n, m, hd]
         new_state = CompressorState(*rest, None, None)
+    positions = (torch.arange(n, device=x.device) + n_done) * m  # [n] each entry sits at its window start
+    return pool_entries(w, slots_kv, slots_gate, positions, rope, eps), new_state
+
+
+def pool_entries(w: CompressorWeights, slots_kv: torch.Tensor, slots_gate: torch.Tensor, positions: torch.Tensor,
+                 rope: Rope, eps: float) -> torch.Tensor:
+    """Slots [n, s, hd] (values, gates with ape) -> entries [n, hd] float32: gate-softmax pooling over the
+    s slots per channel, rms norm, rope at the windows' start `positions` [n]."""
     pooled = (slots_kv * slots_gate.softmax(dim=1)).sum(dim=1)  # [n, hd]
     pooled = rms_norm(pooled, w.norm, eps)
-    positions = (torch.arange(n, device=x.device) + n_done) * m  # [n] each entry sits at its window start
     cos, sin = rope.cos_sin(positions)
-    return apply_rope(pooled, cos, sin), new_state
+    return apply_rope(pooled, cos, sin)

@@ -10,6 +10,7 @@ Legend: T tokens, N hc_mult streams, D hidden, V vocab.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -20,7 +21,7 @@ from .compressor import CompressorState
 from .experts import DenseExpertExecutor, ExpertExecutor
 from .hyper_connection import hc_head, hc_post, hc_pre
 from .kv_cache import GrowingRows, KvCache, LayerCache
-from .loading import Claims, ModelWeights, load_weights
+from .loading import Claims, LayerWeights, ModelWeights, load_weights
 from .moe import RoutingObserver, moe
 from .norms import rms_norm
 from .rope import rope_tables
@@ -80,16 +81,29 @@ class Model:
             if streams.device != dev:  # a pipeline boundary: the residual and the token ids move on
                 streams, positions, token_ids = streams.to(dev), positions.to(dev), token_ids.to(dev)
             rope = self.ropes[dev]["main" if lw.kind == "sliding" else "compress"]
-            h, post, comb = hc_pre(streams, lw.hc_attn, *hc)  # [T, D], [T, N], [T, N, N]
-            y = attention(lw.attn, rms_norm(h, lw.attn_norm, eps), positions, lc, rope, eps)  # [T, D]
-            streams = hc_post(streams, y, post, comb)  # [T, N, D]
-            h, post, comb = hc_pre(streams, lw.hc_ffn, *hc)
-            y = moe(lw.moe, lw.index, rms_norm(h, lw.ffn_norm, eps), token_ids, self.executor, self.observer)
-            streams = hc_post(streams, y, post, comb)
+            # The sublayers close over this iteration's variables: decoder_block calls them right away.
+            streams = decoder_block(lw, streams, hc,
+                                    lambda x: attention(lw.attn, x, positions, lc, rope, eps),
+                                    lambda x: moe(lw.moe, lw.index, x, token_ids, self.executor, self.observer))
         cache.position += t
-        streams = streams.to(self.layer_devices[-1])
-        h = rms_norm(hc_head(streams, w.hc_head, cfg.hc_eps, eps), w.norm, eps)  # [T, D]
+        return self.head(streams.to(self.layer_devices[-1]))
+
+    def head(self, streams: torch.Tensor) -> torch.Tensor:
+        """Residual streams [T, N, D] on the last layer's device -> logits [T, V] float32."""
+        cfg, w = self.config, self.weights
+        h = rms_norm(hc_head(streams, w.hc_head, cfg.hc_eps, cfg.rms_norm_eps), w.norm, cfg.rms_norm_eps)  # [T, D]
         return h @ w.head.T  # [T, V]
+
+
+def decoder_block(lw: LayerWeights, streams: torch.Tensor, hc: tuple, attn: Callable[[torch.Tensor], torch.Tensor],
+                  ffn: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """One layer around its two sublayers: streams [T, N, D] -> [T, N, D] (float32). Each sublayer
+    gets its mHC-collapsed, rms-normed input [T, D]; `hc` = (sinkhorn iters, hc eps, norm eps, dtype)."""
+    eps = hc[2]
+    for hc_w, norm_w, sublayer in ((lw.hc_attn, lw.attn_norm, attn), (lw.hc_ffn, lw.ffn_norm, ffn)):
+        h, post, comb = hc_pre(streams, hc_w, *hc)  # [T, D], [T, N], [T, N, N]
+        streams = hc_post(streams, sublayer(rms_norm(h, norm_w, eps)), post, comb)  # [T, N, D]
+    return streams
 
 
 def load_model(ckpt_dir: str | Path, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",

@@ -34,5 +34,9 @@ def moe(w: MoeWeights, layer: int, x: torch.Tensor, token_ids: torch.Tensor, exe
     if observer is not None:
         observer(layer, token_ids, ids)
     routed = executor(layer, x, ids, weights)  # [T, D]
-    shared = swiglu(x @ w.shared_w13.T, w.limit) @ w.shared_w2.T  # [T, D]
-    return routed + shared
+    return routed + shared_expert(w, x)
+
+
+def shared_expert(w: MoeWeights, x: torch.Tensor) -> torch.Tensor:
+    """x [T, D] -> [T, D]: the always-on expert (same SwiGLU, unweighted)."""
+    return swiglu(x @ w.shared_w13.T, w.limit) @ w.shared_w2.T

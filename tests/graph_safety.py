@@ -1,0 +1,118 @@
+"""A checker for code meant to be captured in a CUDA graph, usable on the CPU.
+
+`GraphSafetyMode` (a TorchDispatchMode) sees every aten op: it records the op with a description of
+its arguments and results (tensors as shape/dtype/device type, other arguments by value) and raises
+`GraphUnsafe` on ops a graph cannot capture:
+- reads of device data on the host: .item() / int() / bool() (aten._local_scalar_dense), equal,
+  is_nonzero, _assert_async;
+- ops whose output shape depends on data: nonzero, masked_select, unique variants, bincount,
+  indexing or index_put with boolean masks, repeat_interleave with tensor repeats (no output_size);
+- tensors made from host data inside the step (torch.tensor: aten.lift_fresh), whose values a
+  graph would freeze, and device-to-host copies (only visible with a GPU).
+
+Two runs of a fixed-shape step at different positions must give equal traces: equal ops, shapes and
+non-tensor arguments (a position-dependent Python value would be frozen into a graph as well).
+
+    trace = graph_safe_trace(step.run_segment, 0)
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+aten = torch.ops.aten
+
+HOST_READS = {aten._local_scalar_dense, aten.equal, aten.is_nonzero, aten._assert_async}
+DATA_DEPENDENT_SHAPES = {aten.nonzero, aten.masked_select, aten.unique_dim, aten.unique_consecutive, aten._unique,
+                         aten._unique2, aten.unique_dim_consecutive, aten.bincount, aten.argwhere}
+HOST_DATA = {aten.lift_fresh, aten.lift_fresh_copy}
+INDEXING = {aten.index, aten.index_put, aten.index_put_, aten._index_put_impl_}
+
+
+class GraphUnsafe(RuntimeError):
+    pass
+
+
+class OpRecord(NamedTuple):
+    op: str
+    inputs: Any
+    outputs: Any
+
+
+def describe(value: Any) -> Any:
+    """Tensors -> ("T", shape, dtype, device type); containers recursively; other values as they are."""
+    if isinstance(value, torch.Tensor):
+        return ("T", tuple(value.shape), str(value.dtype), value.device.type)
+    if isinstance(value, (list, tuple)):
+        return tuple(describe(v) for v in value)
+    if isinstance(value, dict):
+        return tuple((k, describe(v)) for k, v in sorted(value.items()))
+    return value if isinstance(value, (int, float, bool, str, type(None))) else repr(value)
+
+
+def unsafe_reason(func, args: tuple, kwargs: dict) -> str | None:
+    packet = func.overloadpacket
+    if packet in HOST_READS:
+        return "reads device data on the host"
+    if packet in DATA_DEPENDENT_SHAPES:
+        return "output shape depends on the data"
+    if packet in HOST_DATA:
+        return "a tensor made from host data inside the step (its values would be frozen into the graph)"
+    if packet in INDEXING and _has_bool_index(args[1]):
+        return "boolean-mask indexing (output shape depends on the data)"
+    if packet is aten.repeat_interleave and isinstance(args[0 if func is aten.repeat_interleave.Tensor else 1],
+                                                       torch.Tensor) and kwargs.get("output_size") is None:
+        return "repeat_interleave with tensor repeats and no output_size"
+    if _copies_to_host(func, args, kwargs):
+        return "device-to-host copy"
+    return None
+
+
+def _has_bool_index(indices) -> bool:
+    return any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in indices or ())
+
+
+def _copies_to_host(func, args: tuple, kwargs: dict) -> bool:
+    if func.overloadpacket is aten._to_copy:
+        target = kwargs.get("device")
+        return target is not None and torch.device(target).type == "cpu" and args[0].device.type != "cpu"
+    if func.overloadpacket is aten.copy_:
+        return args[0].device.type == "cpu" and args[1].device.type != "cpu"
+    return False
+
+
+class GraphSafetyMode(TorchDispatchMode):
+    """Records every aten op (see the module docstring) and raises GraphUnsafe on uncapturable ones."""
+
+    def __init__(self):
+        super().__init__()
+        self.trace: list[OpRecord] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        reason = unsafe_reason(func, args, kwargs)
+        if reason is not None:
+            raise GraphUnsafe(f"{func}: {reason}")
+        out = func(*args, **kwargs)
+        self.trace.append(OpRecord(str(func), describe((args, kwargs)), describe(out)))
+        return out
+
+
+def graph_safe_trace(fn: Callable, *args, **kwargs) -> list[OpRecord]:
+    """Run fn under GraphSafetyMode -> its op trace; raises GraphUnsafe at the first uncapturable op."""
+    with GraphSafetyMode() as mode:
+        fn(*args, **kwargs)
+    return mode.trace
+
+
+def first_difference(a: list[OpRecord], b: list[OpRecord]) -> str | None:
+    """None when the traces are equal, else where they first differ."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return f"op {i}: {x} != {y}"
+    if len(a) != len(b):
+        return f"lengths differ: {len(a)} != {len(b)} ops"
+    return None

@@ -1,0 +1,110 @@
+"""The engine's fixed-shape decode step (the body of the per-GPU CUDA graph), run eagerly on the CPU.
+
+It must equal the plain model under every placement, be graph-safe with the placement executor
+(hot pool launch plus cold routes through the host task), count its routes, and stay exact when
+sessions take turns with it (bind / release around prefills, truncation and forks).
+"""
+
+import ctypes
+
+import pytest
+import torch
+
+from graph_safety import first_difference, graph_safe_trace
+from test_engine import IDS, _close, _engine, compiled, reference  # noqa: F401  (fixtures)
+
+
+@pytest.mark.parametrize("placement", ["all-hot", "all-cold", "mixed", "random"])
+def test_static_decode_equals_the_plain_model_and_counts_routes(compiled, tiny_ckpt, reference, placement):
+    engine = _engine(compiled, tiny_ckpt, placement)
+    assert engine.decode_runner is not None
+    seen = []
+    reference.set_observer(lambda layer, tokens, ids: seen.append((layer, ids.clone())))
+    ours, ref = engine.new_session(), reference.new_session()
+    try:
+        _close(ours.prefill(IDS[:126]), ref.prefill(IDS[:126]))
+        seen.clear()
+        before = engine.executor.counters.copy()
+        token = int(IDS[126])
+        for _ in range(5):  # positions 126..130: the HCA window (128) and two CSA windows complete
+            a, b = ours.decode(token), ref.decode(token)
+            _close(a, b)
+            token = int(b.argmax())
+    finally:
+        reference.set_observer(None)
+    c = engine.executor.counters.minus(before)
+    hot = {lp.layer: set(lp.hot_experts) for lp in engine.plan.layers}
+    routes_cold = sum(sum(e not in hot[layer] for e in ids.reshape(-1).tolist()) for layer, ids in seen)
+    distinct = sum(len(set(ids.reshape(-1).tolist()) - hot[layer]) for layer, ids in seen)
+    k, L = engine.plan.model.top_k, engine.plan.model.layers
+    assert c.forwards == 5 * L and c.routes_hot + c.routes_cold == 5 * k * L
+    assert (c.routes_cold, c.distinct_cold) == (routes_cold, distinct)
+    assert c.decode_step_s > 0 and c.hot_s == 0  # the step's parts are not timed separately
+    engine.close()
+
+
+def test_dynamic_decode_is_still_available(compiled, tiny_ckpt, reference):
+    engine = _engine(compiled, tiny_ckpt, "mixed", static_decode=False)
+    assert engine.decode_runner is None
+    ours, ref = engine.new_session(), reference.new_session()
+    ours.prefill(IDS[:20]), ref.prefill(IDS[:20])
+    _close(ours.decode(int(IDS[20])), ref.decode(int(IDS[20])))
+    engine.close()
+
+
+def test_the_step_is_graph_safe_with_the_placement_executor(compiled, tiny_ckpt):
+    """Hot launch + cold host task + attention at two positions: no host reads, equal op traces."""
+    engine = _engine(compiled, tiny_ckpt, "random")
+    session = engine.new_session()
+    session.prefill(IDS[:127])
+    runner = engine.decode_runner
+    runner.bind(session.session)
+    step, traces = runner.step, []
+    for t in IDS[127:129]:
+        step.set_token(int(t))
+        step.check_room()
+        traces.append([graph_safe_trace(step.run_segment, i) for i in range(len(step.segments))])
+        step.note_step()
+    for a, b in zip(*traces):
+        assert a and first_difference(a, b) is None, first_difference(a, b)
+    engine.close()
+
+
+def test_sessions_take_turns_with_the_decode_step(compiled, tiny_ckpt, reference):
+    """Two sessions interleave decodes, a prefill, a fork and a truncation: each stays exact."""
+    engine = _engine(compiled, tiny_ckpt, "mixed")
+    a, b = engine.new_session(), engine.new_session()
+    ra, rb = reference.new_session(), reference.new_session()
+    for s, r, ids in ((a, ra, IDS[:30]), (b, rb, IDS[30:70])):
+        s.prefill(ids), r.prefill(ids)
+    ta, tb = 5, 9
+    for i in range(3):
+        ta_ref, tb_ref = ra.decode(ta), rb.decode(tb)
+        _close(a.decode(ta), ta_ref)
+        _close(b.decode(tb), tb_ref)
+        ta, tb = int(ta_ref.argmax()), int(tb_ref.argmax())
+    fork = a.fork()                       # a's decoded tokens are in its cache before the copy
+    _close(a.prefill(IDS[70:80]), ra.prefill(IDS[70:80]))
+    rf = reference.new_session()
+    rf.prefill(torch.tensor(fork.session.tokens))
+    _close(fork.decode(ta), rf.decode(ta))
+    b.truncate(41)                        # keeps b's prompt and its first decoded token
+    rt = reference.new_session()
+    rt.prefill(torch.cat((IDS[30:70], torch.tensor([9]))))
+    _close(b.decode(3), rt.decode(3))
+    assert len(a) == 43 and len(fork) == 34 and len(b) == 42
+    engine.close()
+
+
+def test_a_failed_cold_task_is_reported(compiled, tiny_ckpt):
+    engine = _engine(compiled, tiny_ckpt, "all-cold")
+    bridge = engine.executor.bridges[0]
+    D, k = bridge.x.shape[1], bridge.ids.shape[1]
+    ids = torch.full((1, k), 10_000)  # not an expert of the model
+    bridge.start(torch.randn(1, D), ids, torch.ones(1, k))
+    with pytest.raises(ValueError, match="expert id is out of range"):
+        bridge.check()
+    bridge.start(torch.randn(1, D), torch.zeros(1, k, dtype=torch.long), torch.ones(1, k))
+    bridge.check()
+    assert bridge.task.status == 0 and ctypes.sizeof(bridge.task) == 13 * 8
+    engine.close()

@@ -1,0 +1,243 @@
+"""The fixed-shape decode step (runtime/model/static_decode) against the dynamic model, float32.
+
+Exactness: after a dynamic prefill, static steps give the logits of Session.decode, across CSA (4)
+and HCA (128) window boundaries and, on "small" (index_topk 64), with the indexer really selecting
+(> 256 tokens). Round trips: store() hands the cache back so dynamic prefill continues exactly;
+load + store alone change nothing. Graph safety: every segment's ops and shapes are the same at
+every position and none reads device data on the host (tests/graph_safety.py). max_context errors.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import assert_close_to_scale
+from graph_safety import GraphUnsafe, first_difference, graph_safe_trace
+from ostinato.runtime import load_model
+from ostinato.runtime.model.experts import swiglu
+from ostinato.runtime.model.static_decode import StaticDecodeStep
+
+MAX_CONTEXT = 512
+# Relative to the logit scale; observed max |diff| / scale: 5e-7 (tiny), 8e-7 (small).
+TOL = 1e-5
+# Prefill lengths with a decode of N tokens that crosses CSA and HCA boundaries (128 on tiny,
+# 384 on small, where the indexer keeps 64 of ~95 visible entries).
+LONG = {"tiny": (120, 16), "small": (370, 20)}
+
+
+def assert_close(ours: torch.Tensor, ref: torch.Tensor, what: str) -> None:
+    assert_close_to_scale(ours, ref, TOL, what)
+
+
+@pytest.fixture(scope="module", params=["tiny", "small"])
+def model(request, tiny_ckpt, small_ckpt):
+    m = load_model(tiny_ckpt if request.param == "tiny" else small_ckpt, dtype=torch.float32)
+    m.preset = request.param
+    return m
+
+
+def _tokens(model, n: int, seed: int) -> torch.Tensor:
+    return torch.randint(0, model.config.vocab_size, (n,), generator=torch.Generator().manual_seed(seed))
+
+
+def static_decode(step: StaticDecodeStep, tokens) -> torch.Tensor:
+    """Feed tokens one by one -> logits [N, V]."""
+    out = []
+    for t in tokens:
+        step.set_token(int(t))
+        out.append(step.run().clone())
+    return torch.stack(out)
+
+
+class RouteRecorder:
+    """Routing observer keeping the last forward's expert ids per layer."""
+
+    def __init__(self):
+        self.ids = {}
+
+    def __call__(self, layer, token_ids, expert_ids):
+        self.ids[layer] = expert_ids[-1].sort().values
+
+
+@pytest.mark.parametrize("length", ["empty", "one", "long"])
+def test_decode_matches_dynamic(model, length):
+    p, n = {"empty": (0, 6), "one": (1, 8), "long": LONG[model.preset]}[length]
+    ids = _tokens(model, p + n, 10)
+    session = model.new_session()
+    session.prefill(ids[:p])
+    step = StaticDecodeStep(model, MAX_CONTEXT)
+    step.load(session.cache)
+    recorder = RouteRecorder()
+    model.set_observer(recorder)
+    try:
+        for i, t in enumerate(ids[p:]):
+            ref = session.decode(t)  # the dynamic reference; step.load took a copy of the cache before
+            step.set_token(int(t))
+            assert_close(step.run(), ref, f"{model.preset}: token {i} at position {p + i}")
+            got_ids, got_weights = step.routes()
+            assert torch.equal(got_ids.sort(dim=-1).values, torch.stack([recorder.ids[k] for k in sorted(recorder.ids)]))
+            assert torch.allclose(got_weights.sum(dim=-1), torch.full((len(got_ids),), model.config.routed_scaling_factor))
+    finally:
+        model.set_observer(None)
+    assert step.steps_taken == n and step.position == p + n
+
+
+def test_store_then_dynamic_prefill_continues_exactly(model):
+    p, n = LONG[model.preset][0] + 10, 10
+    first, decoded, more = _tokens(model, p, 1), _tokens(model, n, 2), _tokens(model, 30, 3)
+    ref = model.new_session()
+    ref.prefill(first)
+    ref_decoded = torch.stack([ref.decode(t) for t in decoded])
+    ref_more = ref.prefill(more)
+
+    session = model.new_session()
+    session.prefill(first)
+    step = StaticDecodeStep(model, MAX_CONTEXT)
+    step.load(session.cache)
+    assert_close(static_decode(step, decoded[:6]), ref_decoded[:6], "static decode")
+    step.store(session.cache)  # mid-way: the buffers stay valid, decoding goes on without a reload
+    assert_close(static_decode(step, decoded[6:]), ref_decoded[6:], "static decode after store()")
+    step.store(session.cache)
+    session.tokens.extend(decoded.tolist())
+    with pytest.raises(ValueError, match="load it again"):
+        step.store(model.new_session().cache)  # not the cache these buffers were synced with
+    assert_close(session.prefill(more), ref_more, "dynamic prefill after store()")
+    assert session.cache.nbytes == ref.cache.nbytes and session.cache.position == ref.cache.position
+
+    step.load(session.cache)  # and static again after the dynamic prefill
+    last = _tokens(model, 3, 4)
+    assert_close(static_decode(step, last), torch.stack([ref.decode(t) for t in last]), "static decode after reload")
+
+
+def _cache_items(cache):
+    """Every tensor a KvCache holds, named (None where a compressor has no previous window yet)."""
+    items = {"position": cache.position}
+    for i, lc in enumerate(cache.layers):
+        items[f"{i}.window"] = lc.window
+        for name, comp, rows in (("comp", lc.comp, lc.rows), ("index", lc.index_comp, lc.index_rows)):
+            if comp is not None:
+                for f in ("buf_kv", "buf_gate", "prev_kv", "prev_gate"):
+                    items[f"{i}.{name}.{f}"] = getattr(comp, f)
+                items[f"{i}.{name}.rows"] = rows.view()
+    return items
+
+
+@pytest.mark.parametrize("p", [0, 2, 131])
+def test_load_store_without_steps_keeps_the_cache(model, p):
+    session = model.new_session()
+    session.prefill(_tokens(model, p, 5))
+    before = _cache_items(session.cache.clone())
+    step = StaticDecodeStep(model, MAX_CONTEXT)
+    step.load(session.cache)
+    step.store(session.cache)
+    after = _cache_items(session.cache)
+    assert before.keys() == after.keys()
+    for key, value in before.items():
+        same = value == after[key] if not isinstance(value, torch.Tensor) else (
+            after[key] is not None and value.shape == after[key].shape and torch.equal(value, after[key]))
+        assert same, f"position {p}: {key} changed"
+
+
+def test_greedy_tokens_match_dynamic(model):
+    """40 greedy steps; on small they cross the indexer's selection onset (256 tokens)."""
+    session = model.new_session()
+    logits = session.prefill(_tokens(model, {"tiny": 100, "small": 250}[model.preset], 6))[-1]
+    step = StaticDecodeStep(model, MAX_CONTEXT)
+    step.load(session.cache)
+    ref_logits, ours = logits, logits
+    ref_tokens, our_tokens = [], []
+    for _ in range(40):
+        ref_tokens.append(int(ref_logits.argmax()))
+        our_tokens.append(int(ours.argmax()))
+        ref_logits = session.decode(ref_tokens[-1])
+        step.set_token(our_tokens[-1])
+        ours = step.run()
+    assert our_tokens == ref_tokens
+
+
+def test_max_context(model):
+    session = model.new_session()
+    session.prefill(_tokens(model, 9, 8))
+    step = StaticDecodeStep(model, 10)
+    step.load(session.cache)
+    step.set_token(1)
+    step.run()  # position 9 -> a context of 10: the limit
+    with pytest.raises(ValueError, match="max_context=10"):
+        step.run()
+    assert step.position == 10
+    session.prefill(_tokens(model, 2, 9))
+    with pytest.raises(ValueError, match="max_context=10"):
+        step.load(session.cache)
+
+
+def test_store_detects_a_step_the_host_did_not_count(model):
+    """A graph runner replays segments and must call note_step(); store() checks the device positions."""
+    session = model.new_session()
+    session.prefill(_tokens(model, 5, 12))
+    step = StaticDecodeStep(model, MAX_CONTEXT)
+    step.load(session.cache)
+    step.run_segment(0)  # one segment, no note_step()
+    with pytest.raises(RuntimeError, match="note_step"):
+        step.store(session.cache)
+
+
+class GatheredExperts:
+    """Test executor: the dense one for prefill, plus a fixed-shape decode_step (the k experts' weights
+    gathered with index_select, batched matmuls) where the dense one reads counts on the host."""
+
+    def __init__(self, dense):
+        self.dense = dense
+
+    def __call__(self, layer, x, expert_ids, weights):
+        return self.dense(layer, x, expert_ids, weights)
+
+    def decode_step(self, layer, x, expert_ids, weights):
+        """x [1, D], expert_ids [1, k], weights [1, k] -> [1, D]."""
+        k = expert_ids.shape[1]
+        w13 = self.dense.w13[layer].index_select(0, expert_ids[0])  # [k, 2I, D]
+        w2 = self.dense.w2[layer].index_select(0, expert_ids[0])  # [k, D, I]
+        h = swiglu(torch.bmm(x.expand(k, -1).unsqueeze(1), w13.transpose(1, 2)), self.dense.limit)  # [k, 1, I]
+        out = torch.bmm(h, w2.transpose(1, 2))[:, 0].float()  # [k, D]
+        return (out * weights[0, :, None]).sum(dim=0, keepdim=True).to(x.dtype)  # [1, D]
+
+
+@pytest.fixture(scope="module")
+def pipelined(tiny_ckpt):
+    """Tiny model split in two segments on the CPU ("cpu" and "cpu:0" are different device names)."""
+    m = load_model(tiny_ckpt, dtype=torch.float32, layer_devices=["cpu", "cpu", "cpu:0", "cpu:0"])
+    m.set_executor(GatheredExperts(m.executor))
+    return m
+
+
+def test_segments_are_graph_safe_with_fixed_shapes(pipelined):
+    ids = _tokens(pipelined, 130, 11)
+    session = pipelined.new_session()
+    session.prefill(ids[:127])
+    step = StaticDecodeStep(pipelined, MAX_CONTEXT)
+    assert [tuple(s) for s in step.segments] == [(torch.device("cpu"), 0, 2), (torch.device("cpu", 0), 2, 4)]
+    step.load(session.cache)
+    traces = []
+    for t in ids[127:129]:  # position 127 completes a CSA and the first HCA window; 128 opens new ones
+        step.set_token(int(t))
+        step.check_room()
+        traces.append([graph_safe_trace(step.run_segment, i) for i in range(len(step.segments))])
+        step.note_step()
+        assert_close(step.logits, session.decode(t), "two segments, gathered experts")
+    for i in range(len(step.segments)):
+        assert traces[0][i], "nothing traced"
+        diff = first_difference(traces[0][i], traces[1][i])
+        assert diff is None, f"segment {i}: ops differ between positions 127 and 128: {diff}"
+
+
+def test_checker_catches_host_reads(model):
+    """The plain DenseExpertExecutor reads per-expert counts on the host: not capturable."""
+    step = StaticDecodeStep(model, MAX_CONTEXT)
+    with pytest.raises(GraphUnsafe, match="_local_scalar_dense|bincount"):
+        graph_safe_trace(step.run_segment, 0)
+    x = torch.arange(6)
+    for bad in (lambda: x[x > 2], lambda: int(x[0]), lambda: x.nonzero(), lambda: torch.unique(x),
+                lambda: torch.repeat_interleave(x, x), lambda: torch.tensor([1, 2])):
+        with pytest.raises(GraphUnsafe):
+            graph_safe_trace(bad)
+    assert graph_safe_trace(lambda: x.index_select(0, x[:2]).topk(1))  # fixed shapes: recorded, no error
