@@ -172,7 +172,8 @@ def cost_model(b: Build) -> None:
                      and not s.is_scale and not s.name.endswith("_fn"))
         layers.append(LayerCostInputs(pl.layer_gpu[l], b.layer_bytes[l]["dense_weights"], params, hot, share))
     head = b.gpu_fixed[-1]["head"]
-    b.cost = CostModel(cfg, b.hardware, layers, model_sizes(cfg).expert_bytes, head, b.options.context)
+    b.cost = CostModel(cfg, b.hardware, layers, model_sizes(cfg).expert_bytes, head, b.options.context,
+                       b.options.prefill_chunk)
     b.threshold = b.cost.crossover()
 
 
@@ -252,7 +253,7 @@ def _hardware_dict(hw: HardwareSpec) -> dict:
                      "bandwidth": hw.gpu.bandwidth, "matmul_flops": hw.gpu.matmul_flops,
                      "launch_overhead_s": hw.gpu.launch_overhead_s},
             "host": {"cores": hw.host.cores, "usable_bytes": hw.host.usable_bytes, "bandwidth": hw.host.bandwidth,
-                     "matmul_flops": hw.host.matmul_flops, "isa": hw.host.isa},
+                     "matmul_flops": hw.host.matmul_flops, "isa": hw.host.isa, "op_dispatch_s": hw.host.op_dispatch_s},
             "link": {"h2d_bandwidth": hw.link.h2d_bandwidth, "d2h_bandwidth": hw.link.d2h_bandwidth,
                      "latency_s": hw.link.latency_s}}
 

@@ -14,6 +14,11 @@ The one model of the hardware in the project (the session simulator uses it too)
   graph launch per GPU; layers run one after another (a single sequence has no pipelining).
 Hidden states move between GPUs over the link once per GPU boundary. On a cpu-only spec the
 "GPU" and the host are the same cores, so their parts add up instead of overlapping.
+
+Host dispatch: a forward run eagerly (every prefill; decode only on a cpu-only spec, since GPUs
+replay the captured decode graph) issues its ops one by one from Python, EAGER_OPS_PER_LAYER per
+layer and prefill chunk, each costing the spec's host.op_dispatch_s. With a GPU the host runs ahead
+of the device, so a forward takes the longer of dispatch and device work; on the CPU they add up.
 """
 
 from __future__ import annotations
@@ -26,6 +31,10 @@ from ..runtime.checkpoint.config import ModelConfig
 from .hardware import HardwareSpec
 
 EXPERT_FLOPS_PER_TOKEN_FACTOR = 2 * 3   # 3 matmuls (gate, up, down), 2 FLOP per multiply-add
+# aten ops the runtime dispatches per layer-forward (attention with compressor and indexer, mHC,
+# routing, shared expert, the executor's bookkeeping); about the same for 1 or 128 tokens.
+# tests/test_cost_model_dispatch.py recounts it on the tiny and small models.
+EAGER_OPS_PER_LAYER = 600
 
 
 @dataclass(frozen=True)
@@ -39,9 +48,10 @@ class LayerCostInputs:
 
 class CostModel:
     def __init__(self, cfg: ModelConfig, hw: HardwareSpec, layers: list[LayerCostInputs], expert_bytes: int,
-                 head_bytes: int, context: int):
+                 head_bytes: int, context: int, prefill_chunk: int = 4096):
         self.cfg, self.hw, self.layers = cfg, hw, layers
         self.expert_bytes, self.head_bytes, self.context = expert_bytes, head_bytes, context
+        self.prefill_chunk = prefill_chunk
         k = cfg.num_experts_per_tok
         self.expert_flops = EXPERT_FLOPS_PER_TOKEN_FACTOR * cfg.hidden_size * cfg.moe_intermediate_size
         self._q = [np.minimum(1.0, k * l.share) for l in layers]
@@ -117,6 +127,24 @@ class CostModel:
         launches = len(set(l.gpu for l in self.layers)) * self.hw.gpu.launch_overhead_s if decode else 0.0
         return self._hops(n) + self._head_time(1) + launches
 
+    def dispatch_time(self, n: int) -> float:
+        """Host seconds to issue an eager forward of n tokens op by op (one pass per prefill chunk)."""
+        chunks = max(1, -(-n // self.prefill_chunk))
+        return chunks * len(self.layers) * EAGER_OPS_PER_LAYER * self.hw.host.op_dispatch_s
+
+    def forward_time(self, device_s, n: int, decode: bool, eager: bool):
+        """Wall time of a forward whose layers take device_s (a float, or an array of decode steps):
+        its overheads added, and the host's op dispatch when it runs eagerly (see the module docstring)."""
+        busy = device_s + self.forward_overheads(n, decode)
+        if not eager:
+            return busy
+        host = self.dispatch_time(n)
+        return busy + host if self.hw.cpu_only else np.maximum(busy, host)
+
+    def decode_is_eager(self) -> bool:
+        """GPUs replay the captured decode graph; a cpu-only spec runs the same step eagerly."""
+        return self.hw.cpu_only
+
     # ----- per layer ----------------------------------------------------------------------------
     def split_layer(self, layer: int, n: int) -> tuple[float, float]:
         """(GPU seconds, CPU seconds) of split-route for n tokens; the layer takes the max."""
@@ -138,16 +166,15 @@ class CostModel:
 
     def split_prefill(self, n: int) -> float:
         layers = sum(self.overlap(*self.split_layer(l, n)) for l in range(len(self.layers)))
-        return layers + self._hops(n) + self._head_time(1)
+        return float(self.forward_time(layers, n, decode=False, eager=True))
 
     def upload_prefill(self, n: int) -> float:
         per = [self.upload_layer(l, n) for l in range(len(self.layers))]
-        return self.pipelined(per) + self._hops(n) + self._head_time(1)
+        return float(self.forward_time(self.pipelined(per), n, decode=False, eager=True))
 
     def decode_step(self) -> float:
-        gpus = len(set(l.gpu for l in self.layers))
         layers = sum(self.overlap(*self.split_layer(l, 1)) for l in range(len(self.layers)))
-        return layers + self._hops(1) + self._head_time(1) + gpus * self.hw.gpu.launch_overhead_s
+        return float(self.forward_time(layers, 1, decode=True, eager=self.decode_is_eager()))
 
     def prefill(self, n: int, threshold: int | None) -> float:
         """The plan's choice: split-route up to the threshold, upload-once above it."""

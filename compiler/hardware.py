@@ -39,6 +39,7 @@ class HostSpec:
     bandwidth: float           # bytes/s, DRAM read with all cores
     matmul_flops: float        # FLOP/s of the CPU expert kernels, all cores
     isa: str
+    op_dispatch_s: float       # host seconds per framework op dispatched eagerly (Python + PyTorch)
 
 
 @dataclass(frozen=True)
@@ -97,7 +98,7 @@ def parse_hardware(data: object, source: str, sha256: str = "") -> HardwareSpec:
         gpu=GpuSpec(gpus.text("name"), gpus.integer("count"), gpus.integer("usable_bytes"),
                     gpus.rate("bandwidth"), gpus.rate("matmul_flops"), gpus.rate("launch_overhead_s", zero_ok=True)),
         host=HostSpec(host.integer("cores"), host.integer("usable_bytes"), host.rate("bandwidth"),
-                      host.rate("matmul_flops"), isa),
+                      host.rate("matmul_flops"), isa, host.rate("op_dispatch_s", zero_ok=True)),
         link=LinkSpec(link.rate("h2d_bandwidth"), link.rate("d2h_bandwidth"), link.rate("latency_s", zero_ok=True)),
         cpu_only=bool(reader.flag("cpu_only")),
         source_sha256=sha256,

@@ -7,7 +7,8 @@ Every formula is written out here so that a plan's numbers can be re-derived by 
 - KV cache per session (DSV4.md section 4), bf16 rows: every layer a sliding ring of
   `sliding_window` rows of head_dim; compressed layers one row per `ratio` tokens; CSA also
   indexer keys (index_head_dim per 4 tokens); plus the compressors' fp32 partial-window state;
-- decode-graph buffers, upload staging, prefill workspace and allocator headroom (formulas below).
+- decode-graph buffers (1-token workspace plus one context of static KV state), upload staging,
+  prefill workspace and allocator headroom (formulas below).
 Legend: C prefill chunk tokens, N context tokens, S sessions.
 """
 
@@ -100,7 +101,9 @@ def layer_resident_bytes(cfg: ModelConfig, layer: int, policy: MemoryPolicy) -> 
     """Bytes a GPU holds for one of its layers, before hot experts."""
     return {"dense_weights": layer_dense_bytes(cfg, layer, policy.dense_format),
             "kv_cache": policy.sessions * kv_cache_bytes(cfg, layer, policy.context),
-            "decode_graph": workspace_bytes(cfg, 1)}  # each captured layer keeps its own 1-token buffers
+            # the decode step's own 1-token buffers and its static copy of one context's KV state
+            # (runtime/model/static_decode: loaded from the decoding session, stored back after)
+            "decode_graph": workspace_bytes(cfg, 1) + kv_cache_bytes(cfg, layer, policy.context)}
 
 
 def gpu_fixed_bytes(cfg: ModelConfig, policy: MemoryPolicy, usable: int, expert_bytes: int, last: bool) -> dict[str, int]:

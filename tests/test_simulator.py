@@ -20,7 +20,8 @@ MS = 1e-3
 HW = parse_hardware({
     "name": "hand", "description": "hand-built", "gpus": {"name": "g", "count": 1, "usable_bytes": 10 ** 6, "bandwidth": 1e6,
                              "matmul_flops": 1e15, "launch_overhead_s": 0.0},
-    "host": {"cores": 1, "usable_bytes": 10 ** 9, "bandwidth": 1e5, "matmul_flops": 1e15, "isa": "avx2"},
+    "host": {"cores": 1, "usable_bytes": 10 ** 9, "bandwidth": 1e5, "matmul_flops": 1e15, "isa": "avx2",
+             "op_dispatch_s": 0.0},
     "link": {"h2d_bandwidth": 1e4, "d2h_bandwidth": 1e4, "latency_s": 0.0}}, "hand")
 ACT = 4 / 1e4          # one token's activation (hidden 1, fp32) over the link, one way
 

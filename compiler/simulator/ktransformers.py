@@ -3,6 +3,7 @@ shared expert and the dense parts on the GPU, every routed expert on the CPU (`-
 0 here; N > 0 keeps N chosen experts per layer on the GPU); prefills above
 `--kt-gpu-prefill-token-threshold` switch to layerwise GPU prefill, streaming the whole layer's experts
 to one GPU buffer (modeled double-buffered like every upload here). Decode: routed experts on the CPU.
+Like Ostinato it runs PyTorch: prefill eagerly (op dispatch counted), decode as captured CUDA graphs.
 Not modeled: expert deferral (an approximation Ostinato does not make)."""
 
 from __future__ import annotations

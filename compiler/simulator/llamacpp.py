@@ -4,7 +4,8 @@ Layer placement (`-ngl` with the default split, or `--n-cpu-moe N`): whole layer
 on the GPUs as far as they fit, the rest on the CPU. Host-resident weights are copied to the GPU
 for an op whose batch is >= GGML_OP_OFFLOAD_MIN_BATCH (32) tokens ("op offload"): the layer's dense
 weights and the experts the batch uses; smaller batches compute them on the CPU. The scheduler copies
-a split's inputs before running it, so upload and compute are serial here.
+a split's inputs before running it, so upload and compute are serial here. Its graphs are built and
+run in C, so no per-op Python dispatch is added (cost.dispatch_time applies to PyTorch systems).
 
 LRU expert cache (`--moe-cache-mib`): dense parts on the GPUs, experts on the host, a GPU cache of
 experts (here: as many per layer as Ostinato's hot set, the same bytes), warm-started with that hot

@@ -45,9 +45,11 @@ class Policy:
         raise NotImplementedError
 
 
-def split_pass(cost: CostModel, counts: np.ndarray, n: int, gpu: np.ndarray, mode: str = "split") -> Forward:
+def split_pass(cost: CostModel, counts: np.ndarray, n: int, gpu: np.ndarray, mode: str = "split",
+               eager: bool = True) -> Forward:
     """Routes to experts with gpu[l, e] run on the layer's GPU, the others on the host kernels,
-    concurrently (cost.split_layer with the trace's counts instead of expectations)."""
+    concurrently (cost.split_layer with the trace's counts instead of expectations). `eager`: the
+    system issues the forward's ops one by one from Python (cost.dispatch_time)."""
     total = g_sum = c_sum = 0.0
     for l in range(counts.shape[0]):
         c, m = counts[l], gpu[l]
@@ -55,10 +57,11 @@ def split_pass(cost: CostModel, counts: np.ndarray, n: int, gpu: np.ndarray, mod
         h = cost.cpu_experts_time(n, float(((c > 0) & ~m).sum()), float(c[~m].sum()))
         total += cost.overlap(cost.attention_time(l, n) + g, h)
         g_sum, c_sum = g_sum + g, c_sum + h
-    return Forward(total + cost.forward_overheads(n, decode=False), g_sum, c_sum, 0.0, mode)
+    return Forward(float(cost.forward_time(total, n, False, eager)), g_sum, c_sum, 0.0, mode)
 
 
-def upload_pass(cost: CostModel, counts: np.ndarray, n: int, upload: np.ndarray, mode: str) -> Forward:
+def upload_pass(cost: CostModel, counts: np.ndarray, n: int, upload: np.ndarray, mode: str,
+                eager: bool = True) -> Forward:
     """Each layer's `upload[l]` experts cross the link once, double-buffered against the previous
     layer's compute, and every route runs on the GPU (cost.upload_prefill with explicit counts)."""
     per, g_sum, u_sum = [], 0.0, 0.0
@@ -68,7 +71,7 @@ def upload_pass(cost: CostModel, counts: np.ndarray, n: int, upload: np.ndarray,
         u = cost.upload_time(float(upload[l].sum()))
         per.append((u, cost.attention_time(l, n) + g))
         g_sum, u_sum = g_sum + g, u_sum + u
-    return Forward(cost.pipelined(per) + cost.forward_overheads(n, decode=False), g_sum, 0.0, u_sum, mode,
+    return Forward(float(cost.forward_time(cost.pipelined(per), n, False, eager)), g_sum, 0.0, u_sum, mode,
                    int(upload.sum()))
 
 
@@ -84,11 +87,12 @@ def decode_table(cost: CostModel, k: int) -> np.ndarray:
 
 
 def static_decode(cost: CostModel, gpu: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray, Forward]:
-    """Decode steps with a fixed GPU-resident set: per step and layer, the routes that hit it."""
+    """Decode steps with a fixed GPU-resident set: per step and layer, the routes that hit it; the step
+    is a replayed graph (eager only on a cpu-only spec)."""
     k = ids.shape[2]
     hits = np.take_along_axis(gpu[None], ids, axis=2).sum(axis=2)         # [T, L]
     steps = decode_table(cost, k)[np.arange(ids.shape[1])[None], hits].sum(axis=1)  # [T]
-    steps = steps + cost.forward_overheads(1, decode=True)
+    steps = cost.forward_time(steps, 1, True, cost.decode_is_eager())
     gtab = np.array([cost.gpu_experts_time(h, h) for h in range(k + 1)])
     ctab = np.array([cost.cpu_experts_time(1, k - h, k - h) for h in range(k + 1)])
     return steps, Forward(float(steps.sum()), float(gtab[hits].sum()), float(ctab[hits].sum()), 0.0, "decode")
