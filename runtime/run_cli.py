@@ -50,6 +50,12 @@ def parse_args(argv):
     return a
 
 
+def _decode_label(mode: str, engine) -> str:
+    if mode == "graph" and not any(d.type == "cuda" for d in engine.devices):
+        return "graph step, run eagerly (no GPU)"
+    return {"graph": "CUDA graph per GPU", "eager": "fixed-shape step, eager", "dynamic": "dynamic forward"}[mode]
+
+
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
     if a.hot_backend == "triton" and (a.device == "cpu" or not torch.cuda.is_available()):
@@ -65,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         model_dir = Path(a.model or engine.plan.model.path)
         print(f"plan {a.plan}: {engine.plan.model.layers} layers on {engine.plan.hardware['name']} "
               f"(devices: {', '.join(sorted({str(d) for d in engine.devices}))}), "
-              f"prefill threshold {engine.plan.policy.prefill_threshold}, decode: {a.decode}")
+              f"prefill threshold {engine.plan.policy.prefill_threshold}, decode: {_decode_label(a.decode, engine)}")
         if a.serve:
             _serve(engine, model_dir, a)
         elif a.session:

@@ -108,3 +108,19 @@ def test_a_failed_cold_task_is_reported(compiled, tiny_ckpt):
     bridge.check()
     assert bridge.task.status == 0 and ctypes.sizeof(bridge.task) == 13 * 8
     engine.close()
+
+
+def test_ostinato_run_decode_modes_give_the_same_reply(compiled, tiny_ckpt, capsys, monkeypatch):
+    from test_engine import run_main
+
+    _, work = compiled
+    monkeypatch.chdir(work)
+    replies = []
+    for mode in ("graph", "eager", "dynamic"):
+        assert run_main(["plan.yaml", "--model", str(tiny_ckpt), "--device", "cpu", "--prompt", "Hello",
+                         "--max-new", "6", "--decode", mode]) == 0
+        out = capsys.readouterr().out
+        assert {"graph": "run eagerly (no GPU)", "eager": "fixed-shape step, eager",
+                "dynamic": "dynamic forward"}[mode] in out
+        replies.append(out.splitlines()[-1])
+    assert replies[0] == replies[1] == replies[2] and replies[0].strip()
