@@ -14,8 +14,8 @@ from pathlib import Path
 import yaml
 
 from ..plans import plans_dir
+from ..runtime.kernels.host_isa import ISAS
 
-ISAS = ("avx2", "avx512", "avx512_bf16", "amx")
 
 
 class HardwareError(ValueError):

@@ -124,3 +124,19 @@ def test_ostinato_run_decode_modes_give_the_same_reply(compiled, tiny_ckpt, caps
                 "dynamic": "dynamic forward"}[mode] in out
         replies.append(out.splitlines()[-1])
     assert replies[0] == replies[1] == replies[2] and replies[0].strip()
+
+
+def test_a_cpu_kernel_for_an_isa_this_cpu_lacks_is_refused(compiled, tiny_ckpt, monkeypatch):
+    """Loading it would die with SIGILL; the loader names the ISA and what to do instead."""
+    import dataclasses
+
+    from ostinato.runtime.engine import loader
+    from ostinato.runtime.plan import PlanError
+
+    plan, work = compiled
+    monkeypatch.setattr(loader, "supports", lambda isa: isa == "avx2")
+    kernels = [dict(k, params=dict(k["params"], isa="avx512_bf16")) if k["name"] == "cold_experts_cpu" else k
+               for k in plan.kernels]
+    monkeypatch.chdir(work)
+    with pytest.raises(PlanError, match="built for avx512_bf16 .* compile the plan with a hardware spec"):
+        loader.load_engine(dataclasses.replace(plan, kernels=kernels), tiny_ckpt, device="cpu")

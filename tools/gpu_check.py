@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 
 import torch
@@ -145,7 +146,9 @@ def _decode_step_graph(prompt: int = 100, tokens: int = 24) -> int:
 
     from ostinato.compiler.compile import CompileOptions, compile_plan
     from ostinato.compiler.tiny import write_tiny_checkpoint
+    from ostinato.plans import plans_dir
     from ostinato.runtime import load_model
+    from ostinato.runtime.kernels.host_isa import detect_isa
     from ostinato.runtime.engine.loader import load_engine
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -154,7 +157,11 @@ def _decode_step_graph(prompt: int = 100, tokens: int = 24) -> int:
         here = Path.cwd()
         os.chdir(work)  # kernel artifacts are written and found relative to the working directory
         try:
-            plan = compile_plan(CompileOptions(ckpt, work / "plan.yaml", "h200-x1", context=4096,
+            # the h200-x1 preset, with the host ISA of this machine (the preset's may be one it lacks)
+            spec = re.sub(r"(?m)^  isa: \S+", f"  isa: {detect_isa()}",
+                          (plans_dir() / "hardware" / "h200-x1.yaml").read_text())
+            (work / "hardware.yaml").write_text(spec)
+            plan = compile_plan(CompileOptions(ckpt, work / "plan.yaml", str(work / "hardware.yaml"), context=4096,
                                                max_hot_per_layer=6)).plan
             graph = load_engine(plan, ckpt, decode_graphs=True)
             eager = load_engine(plan, ckpt, decode_graphs=False)

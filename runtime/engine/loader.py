@@ -20,6 +20,7 @@ import torch
 from ..checkpoint.fingerprint import model_fingerprint
 from ..checkpoint.reader import Checkpoint, PackedExpert
 from ..kernels.cpu_experts import CpuExpertKernel
+from ..kernels.host_isa import detect_isa, supports
 from ..kernels.triton_experts import HotPool, load_triton_module
 from ..model.model import Model, load_model
 from ..plan import Plan, PlanError, check_fingerprint, load_plan
@@ -72,6 +73,17 @@ def _kernel(plan: Plan, name: str, plan_path: Path | None) -> Path:
     raise PlanError(f"field 'kernels' has no '{name}' entry: compile the plan with kernels (without --no-kernels)")
 
 
+def _cpu_kernel_for_this_host(plan: Plan, plan_path: Path | None) -> Path:
+    """The plan's CPU kernel library, after checking this CPU can run its ISA (else SIGILL on load)."""
+    path = _kernel(plan, "cold_experts_cpu", plan_path)  # raises when the plan has none
+    isa = next(k["params"]["isa"] for k in plan.kernels if k["name"] == "cold_experts_cpu")
+    if not supports(isa):
+        raise PlanError(f"the plan's CPU kernel {path} was built for {isa} (its hardware spec's host.isa), but this "
+                        f"CPU supports at most {detect_isa()}: compile the plan with a hardware spec whose host.isa "
+                        f"this machine has")
+    return path
+
+
 def _packed(ckpt: Checkpoint, layer: int, experts: list[int], pin: bool) -> list[PackedExpert]:
     out = []
     for e in experts:
@@ -108,7 +120,7 @@ def load_engine(plan: str | Path | Plan, model_dir: str | Path | None = None, de
         raise ValueError(f"hot_backend must be 'triton' or 'torch', got {backend!r}")
     if backend == "triton" and not cuda and os.environ.get("TRITON_INTERPRET") != "1":
         raise PlanError("the triton hot backend on the CPU needs TRITON_INTERPRET=1 (or use the torch backend)")
-    cpu_kernel = CpuExpertKernel(_kernel(plan, "cold_experts_cpu", plan_path))
+    cpu_kernel = CpuExpertKernel(_cpu_kernel_for_this_host(plan, plan_path))
     layers = []
     with Checkpoint.open(model_dir) as ckpt:
         cfg = ckpt.config

@@ -1,0 +1,43 @@
+"""Which instruction sets this CPU has, from /proc/cpuinfo (names as in hardware specs).
+
+The runtime checks a plan's CPU kernel against it before loading the library: a kernel built for an
+ISA the CPU lacks would die with SIGILL (even while loading, in its static initializers) instead of
+saying what is wrong. The compiler uses the same detection to pick a host's ISA.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+ISAS = ("avx2", "avx512", "avx512_bf16", "amx")
+
+# cpuinfo flags each ISA needs (checked from the richest down).
+REQUIRED_FLAGS = (
+    ("amx", ("amx_tile", "amx_bf16", "avx512_bf16", "avx512f", "avx512bw", "avx512vl", "avx512dq")),
+    ("avx512_bf16", ("avx512_bf16", "avx512f", "avx512bw", "avx512vl", "avx512dq")),
+    ("avx512", ("avx512f", "avx512bw", "avx512vl", "avx512dq")),
+    ("avx2", ("avx2", "fma", "f16c")),
+)
+
+
+def cpu_flags(cpuinfo: str | Path = "/proc/cpuinfo") -> frozenset[str]:
+    """The `flags` set of the first processor in a cpuinfo file."""
+    for line in Path(cpuinfo).read_text().splitlines():
+        if line.startswith("flags"):
+            return frozenset(line.split(":", 1)[1].split())
+    raise RuntimeError(f"{cpuinfo}: no 'flags' line")
+
+
+def supports(isa: str, cpuinfo: str | Path = "/proc/cpuinfo") -> bool:
+    """Whether this CPU can run code built for `isa`."""
+    needed = dict(REQUIRED_FLAGS)[isa]
+    return set(needed) <= cpu_flags(cpuinfo)
+
+
+def detect_isa(cpuinfo: str | Path = "/proc/cpuinfo") -> str:
+    """The best ISA of ISAS this machine supports."""
+    flags = cpu_flags(cpuinfo)
+    for isa, needed in REQUIRED_FLAGS:
+        if all(f in flags for f in needed):
+            return isa
+    raise RuntimeError(f"this CPU has neither AVX2+FMA nor AVX-512 (flags: {' '.join(sorted(flags))})")
