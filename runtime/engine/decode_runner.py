@@ -3,8 +3,9 @@
 One `StaticDecodeStep` (fixed-shape buffers for the plan's context) serves every session of an
 engine: a session's decode binds it (loads that session's cache into the static buffers, after
 storing the previous owner's), prefill / truncate / fork release it first (store back what the
-decode steps added), so the dynamic cache is always current when anything else reads it. Sessions
-that keep decoding pay nothing for this; switching costs a copy of the compressed rows (O(context)).
+decode steps added), so the dynamic cache is always current when anything else reads it. Decode
+steps in a row pay nothing for this; each bind (a session's first decode after a prefill, or
+another session's turn) copies its compressed rows into the buffers, O(context).
 
 On GPUs each segment of the step is captured once as a CUDA graph (decode_graphs.py) and replayed
 per token; on the CPU the same step runs eagerly. Counters get the step's routes afterwards.
@@ -54,8 +55,7 @@ class DecodeRunner:
         self.bind(session)
         start = time.perf_counter()
         self.step.set_token(int(token_id))
-        logits = self.graphs.run() if self.use_graphs else self.step.run()
-        logits = logits.clone()
-        self.executor.count_decode(self.step.routes()[0], time.perf_counter() - start)
+        logits = self.graphs.run().clone()  # segments without a captured graph run eagerly
+        self.executor.count_decode(self.step.route_ids(), time.perf_counter() - start)
         session.tokens.append(int(token_id))
         return logits

@@ -63,7 +63,7 @@ class PlacementExecutor:
         self.bridges = [ColdBridge(cpu_kernel, le.cold_table, le.cold_of, top_k, compute_dtype, le.device, cpu_threads)
                         if le.cold_table is not None else None for le in layers]
         self._route_token = {le.device: torch.zeros(top_k, dtype=torch.int64, device=le.device) for le in layers}
-        self._hot_of = [le.cold_of < 0 for le in layers]  # [E] bool on CPU, for counting decode-step routes
+        self._hot_of = torch.stack([le.cold_of < 0 for le in layers])  # [L, E] bool on CPU: counts decode steps
 
     def set_mode(self, mode: str) -> None:
         if mode not in MODES:
@@ -117,14 +117,15 @@ class PlacementExecutor:
         """Host side, after a decode step: count its routes (expert_ids [L, k] on the CPU) and check
         that every cold task succeeded."""
         c = self.counters
-        for layer, ids in enumerate(expert_ids):
-            hot = self._hot_of[layer][ids]
-            c.forwards += 1
-            c.routes_hot += int(hot.sum())
-            c.routes_cold += int((~hot).sum())
-            c.distinct_cold += int(ids[~hot].unique().numel())
-            if self.bridges[layer] is not None:
-                self.bridges[layer].check()
+        hot = self._hot_of.gather(1, expert_ids)  # [L, k]
+        touched = torch.zeros_like(self._hot_of).scatter_(1, expert_ids, True)  # [L, E]
+        c.forwards += expert_ids.shape[0]
+        c.routes_hot += int(hot.sum())
+        c.routes_cold += int((~hot).sum())
+        c.distinct_cold += int((touched & ~self._hot_of).sum())
+        for bridge in self.bridges:
+            if bridge is not None:
+                bridge.check()
         c.decode_step_s += seconds
 
     # ----- device side ------------------------------------------------------------------------

@@ -66,17 +66,21 @@ def resolve_artifact(plan_path: Path | None, path: str) -> Path:
                     f"{' and ' + str(plan_path.parent) if plan_path else ''}): run ostinato-compile again")
 
 
-def _kernel(plan: Plan, name: str, plan_path: Path | None) -> Path:
+def _kernel_entry(plan: Plan, name: str) -> dict:
     for k in plan.kernels:
         if k["name"] == name:
-            return resolve_artifact(plan_path, k["path"])
+            return k
     raise PlanError(f"field 'kernels' has no '{name}' entry: compile the plan with kernels (without --no-kernels)")
+
+
+def _kernel(plan: Plan, name: str, plan_path: Path | None) -> Path:
+    return resolve_artifact(plan_path, _kernel_entry(plan, name)["path"])
 
 
 def _cpu_kernel_for_this_host(plan: Plan, plan_path: Path | None) -> Path:
     """The plan's CPU kernel library, after checking this CPU can run its ISA (else SIGILL on load)."""
-    path = _kernel(plan, "cold_experts_cpu", plan_path)  # raises when the plan has none
-    isa = next(k["params"]["isa"] for k in plan.kernels if k["name"] == "cold_experts_cpu")
+    entry = _kernel_entry(plan, "cold_experts_cpu")
+    path, isa = resolve_artifact(plan_path, entry["path"]), entry["params"]["isa"]
     if not supports(isa):
         raise PlanError(f"the plan's CPU kernel {path} was built for {isa} (its hardware spec's host.isa), but this "
                         f"CPU supports at most {detect_isa()}: compile the plan with a hardware spec whose host.isa "

@@ -17,6 +17,7 @@ Legend: D hidden, k routes per token, E experts of the model.
 from __future__ import annotations
 
 import ctypes
+import functools
 
 import torch
 
@@ -33,6 +34,7 @@ class ColdTask(ctypes.Structure):
                 ("out", ctypes.c_void_p), ("n_threads", ctypes.c_int64), ("status", ctypes.c_int64)]
 
 
+@functools.cache
 def _libcuda():
     try:
         lib = ctypes.CDLL("libcuda.so.1")

@@ -95,9 +95,13 @@ class StaticDecodeStep:
         self.note_step()
         return self.logits
 
+    def route_ids(self) -> torch.Tensor:
+        """The last step's expert ids, on the CPU: [L, k] int64 (what counters need every token)."""
+        return torch.cat([t.cpu() for t in self.expert_ids])
+
     def routes(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The last step's routes, on the CPU: (expert ids [L, k] int64, weights [L, k] float32)."""
-        return (torch.cat([t.cpu() for t in self.expert_ids]), torch.cat([t.cpu() for t in self.expert_weights]))
+        return self.route_ids(), torch.cat([t.cpu() for t in self.expert_weights])
 
     # Device side: capturable, no host reads, fixed shapes.
 
