@@ -14,15 +14,18 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import __version__
-from ..runtime.checkpoint import model_sizes
-from ..runtime.checkpoint.config import ModelConfig
-from ..runtime.checkpoint.fingerprint import ModelFingerprint, model_fingerprint
-from ..runtime.checkpoint.reader import INDEX_NAME, SINGLE_NAME, Checkpoint
-from ..runtime.checkpoint.tensor_specs import layer_specs
-from ..runtime.plan import SCHEMA_VERSION, DeviceMemory, LayerPlan, ModelSummary, Plan, Policy, Provenance
+from ostinato import __version__
+from ostinato.checkpoint import model_sizes
+from ostinato.checkpoint.config import ModelConfig
+from ostinato.checkpoint.fingerprint import ModelFingerprint, model_fingerprint
+from ostinato.checkpoint.reader import INDEX_NAME, SINGLE_NAME, Checkpoint
+from ostinato.checkpoint.tensor_specs import layer_specs
+from ostinato.hardware import HardwareSpec, load_hardware
+from ostinato.plan import (SCHEMA_VERSION, DeviceMemory, LayerPlan, ModelSummary, Plan, Policy, Predictions,
+                           PrefillPrediction, Provenance, relative_to_plan)
+
+from .codegen.plan_kernels import build_plan_kernels
 from .cost_model import CostModel, LayerCostInputs
-from .hardware import HardwareSpec, load_hardware
 from .memory_model import MemoryPolicy, gpu_fixed_bytes, global_bytes, layer_resident_bytes, workspace_bytes
 from .placement import DoesNotFit, Placement, PlacementProblem, place
 from .profile import PHASES, RoutingProfile, load_profile, synthetic_profile, uniform_profile
@@ -39,7 +42,7 @@ class CompileError(ValueError):
 @dataclass(frozen=True)
 class CompileOptions:
     model: Path
-    output: Path
+    output: Path                             # where the plan will be written: its paths are relative to it
     hardware: str
     profile: str | None = None               # a profile file, "synthetic:ALPHA", or None (uniform)
     context: int = 65536
@@ -50,6 +53,7 @@ class CompileOptions:
     max_hot_per_layer: int | None = None
     objective_phases: tuple[str, ...] = ("decode", "short_prefill")
     build_kernels: bool = True
+    kernel_dir: Path | None = None           # content-addressed build folder (default: build/kernels here)
 
 
 @dataclass
@@ -94,8 +98,7 @@ def read_profile(b: Build) -> None:
         b.notes.append("no routing profile given: planned from UNIFORM routing (every expert equally likely); "
                        "record one with ostinato-profile for a useful hot set")
     elif spec.startswith("synthetic"):
-        alpha = float(spec.split(":", 1)[1]) if ":" in spec else 1.0
-        b.profile = synthetic_profile(cfg, alpha=alpha)
+        b.profile = synthetic_profile(cfg, alpha=synthetic_alpha(spec))
         b.notes.append(f"SYNTHETIC routing profile ({b.profile.source}); real routing was not measured")
     else:
         b.profile = load_profile(spec)
@@ -112,29 +115,29 @@ def memory(b: Build) -> None:
                             upload_group=o.upload_group, dense_format=o.dense_format)
     expert = model_sizes(cfg).expert_bytes
     b.layer_bytes = [layer_resident_bytes(cfg, l, b.policy) for l in range(cfg.n_layers)]
-    G = hw.gpu_count
-    b.gpu_fixed = [gpu_fixed_bytes(cfg, b.policy, hw.gpu.usable_bytes, expert, last=(g == G - 1)) for g in range(G)]
+    G = hw.gpus.count
+    b.gpu_fixed = [gpu_fixed_bytes(cfg, b.policy, hw.gpus.usable_bytes, expert, last=(g == G - 1)) for g in range(G)]
 
 
 def placement(b: Build) -> None:
     cfg, hw = b.config, b.hardware
     expert = model_sizes(cfg).expert_bytes
     counts = b.profile.phase_counts(b.options.objective_phases).numpy()
-    budgets = tuple(hw.gpu.usable_bytes - sum(f.values()) for f in b.gpu_fixed)
+    budgets = tuple(hw.gpus.usable_bytes - sum(f.values()) for f in b.gpu_fixed)
     problem = PlacementProblem(counts=counts, layer_bytes=tuple(sum(l.values()) for l in b.layer_bytes),
                                gpu_budget=budgets, expert_bytes=expert, max_hot_per_layer=b.options.max_hot_per_layer)
-    if cfg.n_layers < hw.gpu_count:
-        raise CompileError(f"{hw.gpu_count} GPUs for {cfg.n_layers} layers: plan with at most {cfg.n_layers} GPUs")
+    if cfg.n_layers < hw.gpus.count:
+        raise CompileError(f"{hw.gpus.count} GPUs for {cfg.n_layers} layers: plan with at most {cfg.n_layers} GPUs")
     try:
         b.placement = place(problem)
     except DoesNotFit as e:
-        raise CompileError(f"does not fit: gpu{e.device} ({hw.gpu.name}, {hw.gpu.usable_bytes:,d} usable bytes) "
+        raise CompileError(f"does not fit: gpu{e.device} ({hw.gpus.name}, {hw.gpus.usable_bytes:,d} usable bytes) "
                            f"is short by {e.short_by:,d} bytes for its layers' dense weights, KV cache "
                            f"(context {b.options.context:,d} x {b.options.sessions} session(s)) and buffers. "
                            f"Use a shorter --context, fewer --sessions, a smaller --prefill-chunk, or more GPUs.") from None
     if sum(len(h) for h in b.placement.hot) == 0 and b.options.max_hot_per_layer != 0:
         short = expert - max(budgets[g] - sum(problem.layer_bytes[l] for l in range(cfg.n_layers)
-                                              if b.placement.layer_gpu[l] == g) for g in range(hw.gpu_count))
+                                              if b.placement.layer_gpu[l] == g) for g in range(hw.gpus.count))
         raise CompileError(f"no hot expert fits: every GPU is short by at least {short:,d} bytes of one expert "
                            f"({expert:,d} B). Use a shorter --context, fewer --sessions or more GPUs.")
     _check_host(b, expert)
@@ -154,7 +157,7 @@ def _host_components(b: Build, expert: int) -> dict[str, int]:
     n_cold = sum(cfg.n_routed_experts - len(h) for h in b.placement.hot)
     return {"cold_experts": n_cold * expert,
             "embedding": global_bytes(cfg, "embed", b.policy.dense_format),
-            "pinned_staging": b.hardware.gpu_count * 2 * b.policy.upload_group * expert,
+            "pinned_staging": b.hardware.gpus.count * 2 * b.policy.upload_group * expert,
             "cpu_workspace": workspace_bytes(cfg, b.policy.prefill_chunk)}
 
 
@@ -184,8 +187,6 @@ def kernels(b: Build) -> None:
     if not b.options.build_kernels:
         b.notes.append("kernels: skipped (--no-kernels)")
         return
-    from .codegen.plan_kernels import build_plan_kernels  # noqa: PLC0415  (optional until codegen lands)
-
     b.kernels, b.templates = build_plan_kernels(b)
 
 
@@ -193,7 +194,7 @@ def plan(b: Build) -> None:
     cfg, hw, o, pl = b.config, b.hardware, b.options, b.placement
     expert = model_sizes(cfg).expert_bytes
     memory_rows = []
-    for g in range(hw.gpu_count):
+    for g in range(hw.gpus.count):
         comps = {"dense_weights": 0, "kv_cache": 0, "decode_graph": 0}
         for l in range(cfg.n_layers):
             if pl.layer_gpu[l] == g:
@@ -202,33 +203,37 @@ def plan(b: Build) -> None:
         comps["hot_experts"] = sum(len(pl.hot[l]) for l in range(cfg.n_layers) if pl.layer_gpu[l] == g) * expert
         comps.update(b.gpu_fixed[g])
         total = sum(comps.values())
-        memory_rows.append(DeviceMemory(f"gpu{g}", hw.gpu.usable_bytes, comps, total, hw.gpu.usable_bytes - total))
-    host = _host_components(b, expert)
-    memory_rows.append(DeviceMemory("host", hw.host.usable_bytes, host, sum(host.values()),
-                                    hw.host.usable_bytes - sum(host.values())))
+        memory_rows.append(_device_memory(f"gpu{g}", hw.gpus.usable_bytes, comps))
+    memory_rows.append(_device_memory("host", hw.host.usable_bytes, _host_components(b, expert)))
     counts = b.profile.phase_counts(o.objective_phases)
     layer_rows = []
     for l in range(cfg.n_layers):
         total = int(counts[l].sum())
         covered = int(counts[l][list(pl.hot[l])].sum()) if pl.hot[l] else 0
-        layer_rows.append(LayerPlan(l, pl.layer_gpu[l], cfg.attention_kind(l), list(pl.hot[l]),
-                                    _round(covered / total if total else 0.0)))
+        layer_rows.append(LayerPlan(layer=l, gpu=pl.layer_gpu[l], attention=cfg.attention_kind(l),
+                                    hot_experts=list(pl.hot[l]), hot_route_share=_round(covered / total if total else 0.0)))
     b.plan = Plan(
         schema_version=SCHEMA_VERSION,
         notes=list(b.notes),
-        provenance=Provenance(__version__, b.fingerprint.config_sha256, b.fingerprint.index_sha256,
-                              b.profile.sha256(), b.profile.source, hw.source_sha256, dict(sorted(b.templates.items()))),
-        model=ModelSummary(str(o.model), cfg.n_layers, cfg.n_routed_experts, cfg.num_experts_per_tok, cfg.hidden_size,
-                           "mxfp4", expert, o.dense_format, [cfg.attention_kind(l) for l in range(cfg.n_layers)],
-                           cfg.num_hash_layers),
-        hardware=_hardware_dict(hw),
+        provenance=Provenance(compiler_version=__version__, config_sha256=b.fingerprint.config_sha256,
+                              index_sha256=b.fingerprint.index_sha256, profile_sha256=b.profile.sha256(),
+                              profile_source=b.profile.source, hardware_sha256=hw.sha256,
+                              templates=dict(sorted(b.templates.items()))),
+        model=ModelSummary(path=relative_to_plan(o.model, o.output), layers=cfg.n_layers,
+                           routed_experts=cfg.n_routed_experts, top_k=cfg.num_experts_per_tok,
+                           hidden_size=cfg.hidden_size, expert_format="mxfp4", expert_bytes=expert,
+                           dense_format=o.dense_format, attention=[cfg.attention_kind(l) for l in range(cfg.n_layers)],
+                           hash_layers=cfg.num_hash_layers),
+        hardware=hw,
         memory=memory_rows,
         layers=layer_rows,
-        policy=Policy(o.context, o.sessions, b.threshold, o.prefill_chunk, o.upload_group, cfg.num_experts_per_tok,
-                      hw.host.cores, list(o.objective_phases)),
+        policy=Policy(context=o.context, sessions=o.sessions, prefill_threshold=b.threshold,
+                      prefill_chunk=o.prefill_chunk, upload_group=o.upload_group,
+                      decode_graph_routes=cfg.num_experts_per_tok, cpu_threads=hw.host.cores,
+                      objective_phases=list(o.objective_phases)),
         kernels=b.kernels,
         predictions=_predictions(b),
-    )
+    ).located_at(Path(o.output).resolve().parent)
 
 
 PASSES = (read_model, read_profile, read_hardware, memory, placement, cost_model, kernels, plan)
@@ -247,33 +252,41 @@ def _round(x: float) -> float:
     return float(f"{x:.6g}")
 
 
-def _hardware_dict(hw: HardwareSpec) -> dict:
-    return {"name": hw.name, "cpu_only": hw.cpu_only,
-            "gpus": {"name": hw.gpu.name, "count": hw.gpu.count, "usable_bytes": hw.gpu.usable_bytes,
-                     "bandwidth": hw.gpu.bandwidth, "matmul_flops": hw.gpu.matmul_flops,
-                     "launch_overhead_s": hw.gpu.launch_overhead_s},
-            "host": {"cores": hw.host.cores, "usable_bytes": hw.host.usable_bytes, "bandwidth": hw.host.bandwidth,
-                     "matmul_flops": hw.host.matmul_flops, "isa": hw.host.isa, "op_dispatch_s": hw.host.op_dispatch_s},
-            "link": {"h2d_bandwidth": hw.link.h2d_bandwidth, "d2h_bandwidth": hw.link.d2h_bandwidth,
-                     "latency_s": hw.link.latency_s}}
+def _device_memory(device: str, usable: int, components: dict[str, int]) -> DeviceMemory:
+    total = sum(components.values())
+    return DeviceMemory(device=device, usable_bytes=usable, components=components, total_bytes=total,
+                        free_bytes=usable - total)
 
 
-def _predictions(b: Build) -> dict:
+def synthetic_alpha(spec: str) -> float:
+    """ALPHA of a `synthetic[:ALPHA]` profile spec (1.0 when omitted)."""
+    text = spec.split(":", 1)[1] if ":" in spec else "1.0"
+    try:
+        alpha = float(text)
+    except ValueError:
+        alpha = float("nan")
+    if not alpha >= 0 or alpha == float("inf"):
+        raise CompileError(f"--profile {spec}: ALPHA must be a number >= 0 (the Zipf exponent), got {text!r}")
+    return alpha
+
+
+def _predictions(b: Build) -> Predictions:
     c, t = b.cost, b.threshold
     decode = c.decode_step()
     turns = []
     for n in PREDICTED_TURNS:
         split, upload = c.split_prefill(n), c.upload_prefill(n)
         mode = "upload" if t is not None and n > t else "split"
-        turns.append({"tokens": n, "mode": mode, "split_ms": _round(split * 1e3), "upload_ms": _round(upload * 1e3),
-                      "wait_ms": _round(((upload if mode == "upload" else split) + decode) * 1e3)})
+        turns.append(PrefillPrediction(tokens=n, mode=mode, split_ms=_round(split * 1e3),
+                                       upload_ms=_round(upload * 1e3),
+                                       wait_ms=_round(((upload if mode == "upload" else split) + decode) * 1e3)))
     shares = {}
     for phase in PHASES:
         counts = b.profile.phase_counts((phase,))
         total = int(counts.sum())
         covered = sum(int(counts[l][list(h)].sum()) for l, h in enumerate(b.placement.hot) if h)
         shares[phase] = _round(covered / total) if total else None
-    return {"hot_route_share": _round(c.hot_share()), "hot_route_share_by_phase": shares,
-            "decode_ms_per_token": _round(decode * 1e3), "decode_tokens_per_s": _round(1.0 / decode),
-            "wait_after_tool_output_120_tokens_ms": next(x["wait_ms"] for x in turns if x["tokens"] == 120),
-            "prefill": turns}
+    return Predictions(hot_route_share=_round(c.hot_share()), hot_route_share_by_phase=shares,
+                       decode_ms_per_token=_round(decode * 1e3), decode_tokens_per_s=_round(1.0 / decode),
+                       wait_after_tool_output_120_tokens_ms=next(x.wait_ms for x in turns if x.tokens == 120),
+                       prefill=turns)

@@ -27,8 +27,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..runtime.checkpoint.config import ModelConfig
-from .hardware import HardwareSpec
+from ostinato.checkpoint.config import ModelConfig
+from ostinato.hardware import HardwareSpec
 
 EXPERT_FLOPS_PER_TOKEN_FACTOR = 2 * 3   # 3 matmuls (gate, up, down), 2 FLOP per multiply-add
 # aten ops the runtime dispatches per layer-forward (attention with compressor and indexer, mHC,
@@ -75,7 +75,7 @@ class CostModel:
         """Dense matmuls + core attention + KV reads of n tokens on the layer's GPU (or on the host:
         llama.cpp's layer placement runs whole layers there)."""
         cfg, l = self.cfg, self.layers[layer]
-        g = self.hw.host if on_host else self.hw.gpu
+        g = self.hw.host if on_host else self.hw.gpus
         ratio = cfg.compress_ratio(layer)
         compressed = self.context // ratio if ratio else 0
         keys = cfg.sliding_window + (min(cfg.index_topk, compressed) if ratio == 4 else compressed)
@@ -90,12 +90,12 @@ class CostModel:
         return crossings * (self.hw.link.latency_s + size / self.hw.link.h2d_bandwidth)
 
     def _head_time(self, n: int) -> float:
-        g = self.hw.gpu
+        g = self.hw.gpus
         return max(self.head_bytes / g.bandwidth, 2 * n * self.cfg.vocab_size * self.cfg.hidden_size / g.matmul_flops)
 
     # ----- explicit counts: the session simulator feeds sampled traces through these -------------
     def gpu_experts_time(self, distinct: float, routes: float) -> float:
-        g = self.hw.gpu
+        g = self.hw.gpus
         return self._experts_time(distinct, routes, g.bandwidth, g.matmul_flops)
 
     def host_experts_time(self, distinct: float, routes: float) -> float:
@@ -124,7 +124,7 @@ class CostModel:
 
     def forward_overheads(self, n: int, decode: bool) -> float:
         """What a forward pass adds to its layers: GPU-boundary hops, the head, decode graph launches."""
-        launches = len(set(l.gpu for l in self.layers)) * self.hw.gpu.launch_overhead_s if decode else 0.0
+        launches = len(set(l.gpu for l in self.layers)) * self.hw.gpus.launch_overhead_s if decode else 0.0
         return self._hops(n) + self._head_time(1) + launches
 
     def dispatch_time(self, n: int) -> float:

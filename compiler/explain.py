@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..runtime.plan import Plan
+from ostinato.plan import Plan
 
 GIB = 1024**3
 
@@ -10,7 +10,7 @@ GIB = 1024**3
 def explain(plan: Plan) -> str:
     m, p = plan.model, plan.predictions
     out = [f"plan for {m.path}: {m.layers} layers x {m.routed_experts} experts (top-{m.top_k}), "
-           f"{plan.hardware['gpus']['count']}x {plan.hardware['gpus']['name']} ({plan.hardware['name']})",
+           f"{plan.hardware.gpus.count}x {plan.hardware.gpus.name} ({plan.hardware.name})",
            f"routing profile: {plan.provenance.profile_source}", ""]
     kinds = ["dense_weights", "hot_experts", "kv_cache", "decode_graph", "upload_staging", "workspace", "headroom", "head"]
     out.append("device  layers    " + "".join(f"{k[:12]:>13s}" for k in kinds) + "        total   hot  route share")
@@ -29,8 +29,8 @@ def explain(plan: Plan) -> str:
                + f"; total {host.total_bytes / GIB:.3f}G of {host.usable_bytes / GIB:.1f}G")
     t = plan.policy.prefill_threshold
     out += ["",
-            f"hot route share (profiled): {p['hot_route_share']:.1%}",
+            f"hot route share (profiled): {p.hot_route_share:.1%}",
             f"prefill: split-route up to {t if t is not None else 'any number of'} tokens, upload-once above",
-            f"predicted wait after a 120-token tool output: {p['wait_after_tool_output_120_tokens_ms']:.1f} ms",
-            f"predicted decode: {p['decode_ms_per_token']:.2f} ms/token = {p['decode_tokens_per_s']:.1f} tokens/s"]
+            f"predicted wait after a 120-token tool output: {p.wait_after_tool_output_120_tokens_ms:.1f} ms",
+            f"predicted decode: {p.decode_ms_per_token:.2f} ms/token = {p.decode_tokens_per_s:.1f} tokens/s"]
     return "\n".join(out)

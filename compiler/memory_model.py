@@ -17,8 +17,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..runtime.checkpoint.config import ModelConfig
-from ..runtime.checkpoint.tensor_specs import TensorSpec, global_specs, layer_specs
+from ostinato.checkpoint.config import ModelConfig
+from ostinato.checkpoint.tensor_specs import TensorSpec, global_specs, layer_specs
 
 KV_BYTES = 2          # bf16 cache rows
 STATE_BYTES = 4       # fp32 compressor state (kv and gate logits of the incomplete windows)

@@ -1,7 +1,8 @@
-"""Online side: checkpoint reading, the model, placement execution, sessions, serving.
+"""Online side: the model, placement execution, sessions, profile recording, serving (ostinato-run,
+ostinato-record).
 
-The runtime never imports the compiler, jinja2 or a routing profile: the plan is its only input
-from the compiler.
+Imports the shared core (ostinato.checkpoint, ostinato.plan, ...) and never the compiler, jinja2
+or a routing profile reader: the plan file is its only input from the compiler.
 """
 
 from .model import load_model

@@ -7,7 +7,6 @@ first imported (transformers imports it too), so it is set here, before any test
 from __future__ import annotations
 
 import os
-from contextlib import contextmanager
 
 import torch
 
@@ -16,7 +15,7 @@ if not torch.cuda.is_available():
 
 import pytest  # noqa: E402
 
-from ostinato.compiler.tiny import write_tiny_checkpoint  # noqa: E402
+from ostinato.tiny import write_tiny_checkpoint  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -32,24 +31,13 @@ def small_ckpt(tmp_path_factory):
                                  progress=False)
 
 
-@contextmanager
-def working_dir(path):
-    """Compile and load plans from `path`: their kernel paths are relative to where compile ran."""
-    cwd = os.getcwd()
-    os.chdir(path)
-    try:
-        yield path
-    finally:
-        os.chdir(cwd)
-
-
 def compile_tiny_plan(ckpt, work, **options):
-    """Compile a cpu-only plan with kernels for `ckpt` inside `work`; write it to work/plan.yaml."""
+    """Compile a cpu-only plan with kernels for `ckpt` into work/plan.yaml (kernels: work/build/kernels)."""
     from ostinato.compiler.compile import CompileOptions, compile_plan
 
-    with working_dir(work):
-        plan = compile_plan(CompileOptions(ckpt, work / "plan.yaml", "cpu-only", **options)).plan
-        plan.write(work / "plan.yaml")
+    plan = compile_plan(CompileOptions(ckpt, work / "plan.yaml", "cpu-only", kernel_dir=work / "build" / "kernels",
+                                       **options)).plan
+    plan.write(work / "plan.yaml")
     return plan
 
 

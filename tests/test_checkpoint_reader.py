@@ -7,9 +7,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from ostinato.runtime.checkpoint import CheckpointError, ModelConfig
-from ostinato.runtime.checkpoint.formats import dequantize_mxfp4
-from ostinato.runtime.checkpoint.reader import Checkpoint
+from ostinato.checkpoint import CheckpointError, ModelConfig
+from ostinato.checkpoint.formats import dequantize_mxfp4
+from ostinato.checkpoint.reader import Checkpoint
 
 
 @pytest.fixture

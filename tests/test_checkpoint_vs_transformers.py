@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from hf_reference import hf_parameter, load_reference
-from ostinato.runtime.checkpoint.reader import Checkpoint
+from ostinato.checkpoint.reader import Checkpoint
 
 
 @pytest.mark.parametrize("fixture", ["tiny_ckpt", "small_ckpt"])

@@ -7,13 +7,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ostinato.compiler import compile_cli
+from ostinato.compiler.cli import compile as compile_cli
 from ostinato.compiler.compile import CompileError, CompileOptions, compile_plan
 from ostinato.compiler.memory_model import kv_cache_bytes
 from ostinato.plans import plans_dir
-from ostinato.runtime.checkpoint import ModelConfig, model_sizes
-from ostinato.runtime.checkpoint.fingerprint import model_fingerprint
-from ostinato.runtime.plan import PlanError, check_fingerprint, load_plan, plan_from_dict
+from ostinato.checkpoint import ModelConfig, model_sizes
+from ostinato.checkpoint.fingerprint import model_fingerprint
+from ostinato.plan import KernelName, PlanError, check_fingerprint, load_plan, plan_from_dict
 
 REPO = Path(__file__).resolve().parents[1]
 FLASH = Path("plans/models/deepseek-v4-flash")
@@ -31,10 +31,13 @@ def _flash_options(**kw):
     return CompileOptions(**base)
 
 
-def test_committed_flash_plan_regenerates_byte_identically(in_repo, tmp_path):
-    out = tmp_path / "plan.yaml"
-    assert compile_cli.main([str(FLASH), str(out), "--hardware", "rtx4090d-x4", "--profile", "synthetic:1.0"]) == 0
-    assert out.read_bytes() == (REPO / FLASH_PLAN).read_bytes(), \
+def test_committed_flash_plan_regenerates_byte_identically(tmp_path, monkeypatch):
+    # the same inputs at the same relative places, compiled from elsewhere: the same bytes
+    shutil.copytree(REPO / FLASH, tmp_path / FLASH)
+    monkeypatch.chdir(tmp_path / "plans")
+    assert compile_cli.main(["models/deepseek-v4-flash", Path(FLASH_PLAN).name, "--hardware", "rtx4090d-x4",
+                             "--profile", "synthetic:1.0"]) == 0
+    assert (tmp_path / FLASH_PLAN).read_bytes() == (REPO / FLASH_PLAN).read_bytes(), \
         f"{FLASH_PLAN} is stale: regenerate it with ostinato-compile (see README)"
 
 
@@ -70,11 +73,11 @@ def test_flash_plan_content(in_repo):
     assert [l.gpu for l in plan.layers] == sorted(l.gpu for l in plan.layers) and {l.gpu for l in plan.layers} == {0, 1, 2, 3}
     assert any("SYNTHETIC" in n for n in plan.notes) and plan.provenance.profile_source.startswith("synthetic zipf")
     assert plan.provenance.index_sha256 is None  # config.json alone: said in the plan
-    assert 0.5 < plan.predictions["hot_route_share"] < 1.0
+    assert 0.5 < plan.predictions.hot_route_share < 1.0
     t = plan.policy.prefill_threshold
-    for row in plan.predictions["prefill"]:
-        assert row["mode"] == ("upload" if t is not None and row["tokens"] > t else "split")
-        assert (row["split_ms"] <= row["upload_ms"]) == (t is None or row["tokens"] <= t)
+    for row in plan.predictions.prefill:
+        assert row.mode == ("upload" if t is not None and row.tokens > t else "split")
+        assert (row.split_ms <= row.upload_ms) == (t is None or row.tokens <= t)
 
 
 def test_compile_is_deterministic(in_repo):
@@ -146,14 +149,15 @@ def test_malformed_plan_names_the_field(in_repo, tmp_path):
 
 def test_kernels_are_built_and_recorded(tiny_ckpt, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    plan = compile_plan(CompileOptions(tiny_ckpt, tmp_path / "p.yaml", "cpu-only")).plan
-    names = [k["name"] for k in plan.kernels]
-    assert names == ["cold_experts_cpu", "hot_experts_prefill", "hot_experts_decode"]
-    for k in plan.kernels:
-        assert not os.path.isabs(k["path"]) and (tmp_path / k["path"]).exists()
-        assert k["path"].startswith(f"build/kernels/{k['content_sha256'][:20]}/")
-        assert plan.provenance.templates[k["template"]] == k["template_sha256"]
-    assert plan.kernels[0]["params"]["isa"] == "avx2" and plan.kernels[2]["params"]["max_routes"] == 4
+    (tmp_path / "plans").mkdir()
+    plan = compile_plan(CompileOptions(tiny_ckpt, tmp_path / "plans/p.yaml", "cpu-only")).plan
+    assert [k.name for k in plan.kernels] == list(KernelName)
+    for k in plan.kernels:  # relative to the plan file's folder
+        assert not os.path.isabs(k.path) and plan.resolve(k.path).exists()
+        assert k.path.startswith(f"../build/kernels/{k.content_sha256[:20]}/")
+        assert plan.provenance.templates[k.template] == k.template_sha256
+    assert plan.kernel(KernelName.COLD_EXPERTS_CPU).params["isa"] == "avx2"
+    assert plan.kernel(KernelName.HOT_EXPERTS_DECODE).params["max_routes"] == 4
 
 
 def test_a_kernel_that_fails_to_compile_fails_the_compile(tiny_ckpt, tmp_path, monkeypatch, capsys):
@@ -168,11 +172,12 @@ def test_a_kernel_that_fails_to_compile_fails_the_compile(tiny_ckpt, tmp_path, m
 
 
 def test_committed_tiny_plan_regenerates_byte_identically(tmp_path, monkeypatch):
-    from ostinato.compiler.tiny import write_tiny_checkpoint
+    from ostinato.tiny import write_tiny_checkpoint
 
-    monkeypatch.chdir(tmp_path)  # the plan names its model and kernels relative to where compile ran
+    # a copy of the repository's layout: the plan names its model and kernels relative to itself
+    monkeypatch.chdir(tmp_path)
     write_tiny_checkpoint(Path("build/demo/tiny"), "tiny", seed=0, popularity=1.0, progress=False)
-    out = tmp_path / "plan.yaml"
+    out = tmp_path / "plans/tiny.cpu-only.yaml"
     assert compile_cli.main(["build/demo/tiny", str(out), "--hardware", "cpu-only", "--profile",
                              str(REPO / "plans/profiles/tiny-planted.safetensors"), "--context", "8192",
                              "--max-hot-per-layer", "4"]) == 0

@@ -2,13 +2,12 @@
 and the term lands where execution is eager (prefills; decode only on a cpu-only spec)."""
 
 import copy
-import dataclasses
 
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from conftest import compile_tiny_plan, working_dir
+from conftest import compile_tiny_plan
 from ostinato.compiler.cost_model import EAGER_OPS_PER_LAYER
 from ostinato.runtime.engine.loader import load_engine
 
@@ -27,8 +26,7 @@ class OpCounter(TorchDispatchMode):
 def test_eager_ops_per_layer_matches_the_runtime(preset, tiny_ckpt, small_ckpt, tmp_path):
     ckpt = tiny_ckpt if preset == "tiny" else small_ckpt
     plan = compile_tiny_plan(ckpt, tmp_path, context=4096, max_hot_per_layer=4)
-    with working_dir(tmp_path):
-        engine = load_engine(plan, ckpt, device="cpu")
+    engine = load_engine(plan, ckpt, device="cpu")
     session = engine.new_session()
     session.prefill(torch.randint(0, 1000, (300,), generator=torch.Generator().manual_seed(0)))
     per_layer = []
@@ -44,12 +42,11 @@ def test_eager_ops_per_layer_matches_the_runtime(preset, tiny_ckpt, small_ckpt, 
 def test_dispatch_is_added_to_eager_forwards_only(tiny_ckpt, tmp_path):
     from ostinato.compiler.compile import CompileOptions, compile_plan
 
-    with working_dir(tmp_path):
-        build = compile_plan(CompileOptions(tiny_ckpt, tmp_path / "p.yaml", "h200-x1", context=4096,
-                                            build_kernels=False))
+    build = compile_plan(CompileOptions(tiny_ckpt, tmp_path / "p.yaml", "h200-x1", context=4096,
+                                        build_kernels=False))
     cost = build.cost
     free = copy.copy(cost)  # the same model with free dispatch
-    free.hw = dataclasses.replace(cost.hw, host=dataclasses.replace(cost.hw.host, op_dispatch_s=0.0))
+    free.hw = cost.hw.replace(host=cost.hw.host.replace(op_dispatch_s=0.0))
     per_forward = len(cost.layers) * EAGER_OPS_PER_LAYER * cost.hw.host.op_dispatch_s
     assert per_forward > 0
     assert cost.dispatch_time(100) == pytest.approx(per_forward)

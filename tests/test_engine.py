@@ -1,16 +1,16 @@
 """The placement engine computes the plain model's function under every placement and mode."""
 
-import dataclasses
 import random
+import shutil
 
 import pytest
 import torch
 
-from conftest import compile_tiny_plan, working_dir
+from conftest import compile_tiny_plan
 from ostinato.runtime import load_model
 from ostinato.runtime.engine.loader import load_engine
-from ostinato.runtime.plan import PlanError
-from ostinato.runtime.run_cli import main as run_main
+from ostinato.plan import PlanError
+from ostinato.runtime.cli.run import main as run_main
 
 TOL = 1e-4  # relative to the logits' scale, float32
 
@@ -34,15 +34,14 @@ def _variant(plan, placement: str, threshold, seed=0):
     for lp in plan.layers:
         hot = {"all-hot": list(range(E)), "all-cold": [], "mixed": lp.hot_experts,
                "random": sorted(rng.sample(range(E), rng.randint(1, E - 1)))}[placement]
-        layers.append(dataclasses.replace(lp, hot_experts=hot))
-    policy = dataclasses.replace(plan.policy, prefill_threshold=threshold, upload_group=3)
-    return dataclasses.replace(plan, layers=layers, policy=policy)
+        layers.append(lp.replace(hot_experts=hot))
+    policy = plan.policy.replace(prefill_threshold=threshold, upload_group=3)
+    return plan.replace(layers=layers, policy=policy)
 
 
 def _engine(compiled, tiny_ckpt, placement, threshold=None, **kw):
     plan, work = compiled
-    with working_dir(work):
-        return load_engine(_variant(plan, placement, threshold), tiny_ckpt, device="cpu", **kw)
+    return load_engine(_variant(plan, placement, threshold), tiny_ckpt, device="cpu", **kw)
 
 
 def _close(a, b):
@@ -135,11 +134,11 @@ def test_a_plan_for_another_checkpoint_is_refused(compiled, small_ckpt):
         load_engine(plan, small_ckpt, device="cpu")
 
 
-def test_missing_kernel_artifact_is_a_clear_error(compiled, tiny_ckpt, tmp_path, monkeypatch):
-    plan, _ = compiled
-    monkeypatch.chdir(tmp_path)  # neither here nor beside the plan object: no build/ directory
-    with pytest.raises(PlanError, match="kernel artifact build/kernels/.* not found.*run ostinato-compile again"):
-        load_engine(plan, tiny_ckpt, device="cpu")
+def test_missing_kernel_artifact_is_a_clear_error(compiled, tiny_ckpt, tmp_path):
+    plan, work = compiled
+    shutil.copy(work / "plan.yaml", tmp_path / "plan.yaml")  # a plan copied without its build/ folder
+    with pytest.raises(PlanError, match="kernel artifact .*/build/kernels/.* not found.*run ostinato-compile again"):
+        load_engine(tmp_path / "plan.yaml", tiny_ckpt, device="cpu")
 
 
 def test_ostinato_run_replays_a_session(compiled, tiny_ckpt, capsys, monkeypatch):
@@ -159,11 +158,11 @@ def test_ostinato_run_replays_a_session(compiled, tiny_ckpt, capsys, monkeypatch
 def test_a_two_gpu_pipeline_plan(compiled, tiny_ckpt, reference):
     """Layers split over two planned GPUs (both the CPU here): the pipeline path computes the same."""
     plan, work = compiled
-    hardware = dict(plan.hardware, gpus=dict(plan.hardware["gpus"], count=2))
-    layers = [dataclasses.replace(lp, gpu=0 if lp.layer < 2 else 1) for lp in plan.layers]
-    two = dataclasses.replace(plan, hardware=hardware, layers=layers)
-    with working_dir(work):
-        engine = load_engine(two, tiny_ckpt, device="cpu")
+    hardware = plan.hardware.replace(gpus=plan.hardware.gpus.replace(count=2))
+    layers = [lp.replace(gpu=0 if lp.layer < 2 else 1) for lp in plan.layers]
+    memory = [plan.memory[0], plan.memory[0].replace(device="gpu1"), plan.memory[1]]
+    two = plan.replace(hardware=hardware, layers=layers, memory=memory)
+    engine = load_engine(two, tiny_ckpt, device="cpu")
     assert engine.model.layer_devices == [torch.device("cpu")] * 4 and len(engine.devices) == 2
     _close(engine.new_session().prefill(IDS[:40]), reference.new_session().prefill(IDS[:40]))
     engine.close()

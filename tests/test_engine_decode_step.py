@@ -128,15 +128,12 @@ def test_ostinato_run_decode_modes_give_the_same_reply(compiled, tiny_ckpt, caps
 
 def test_a_cpu_kernel_for_an_isa_this_cpu_lacks_is_refused(compiled, tiny_ckpt, monkeypatch):
     """Loading it would die with SIGILL; the loader names the ISA and what to do instead."""
-    import dataclasses
-
     from ostinato.runtime.engine import loader
-    from ostinato.runtime.plan import PlanError
+    from ostinato.plan import KernelName, PlanError
 
     plan, work = compiled
     monkeypatch.setattr(loader, "supports", lambda isa: isa == "avx2")
-    kernels = [dict(k, params=dict(k["params"], isa="avx512_bf16")) if k["name"] == "cold_experts_cpu" else k
+    kernels = [k.replace(params=dict(k.params, isa="avx512_bf16")) if k.name == KernelName.COLD_EXPERTS_CPU else k
                for k in plan.kernels]
-    monkeypatch.chdir(work)
     with pytest.raises(PlanError, match="built for avx512_bf16 .* compile the plan with a hardware spec"):
-        loader.load_engine(dataclasses.replace(plan, kernels=kernels), tiny_ckpt, device="cpu")
+        loader.load_engine(plan.replace(kernels=kernels), tiny_ckpt, device="cpu")

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from ostinato.runtime.checkpoint.formats import (
+from ostinato.checkpoint.formats import (
     FP4_VALUES, dequantize_fp8, dequantize_mxfp4, e8m0_to_float, pack_fp4_codes, quantize_fp8, quantize_mxfp4,
     unpack_fp4_codes)
 

@@ -3,15 +3,15 @@
 import pytest
 import yaml
 
-from ostinato.compiler.hardware import HardwareError, available_presets, load_hardware, parse_hardware
+from ostinato.hardware import HardwareError, available_presets, load_hardware, parse_hardware
 
 
 def test_presets():
     assert {"rtx4090d-x4", "h200-x1", "cpu-only"} <= set(available_presets())
     hw = load_hardware("rtx4090d-x4")
-    assert hw.gpu.count == 4 and hw.gpu.usable_bytes < 24 * 1024**3 and hw.link.h2d_bandwidth == 25e9
+    assert hw.gpus.count == 4 and hw.gpus.usable_bytes < 24 * 1024**3 and hw.link.h2d_bandwidth == 25e9
     assert load_hardware("cpu-only").cpu_only and not hw.cpu_only
-    assert len(hw.source_sha256) == 64
+    assert len(hw.sha256) == 64 and hw.sha256 != load_hardware("h200-x1").sha256
 
 
 def _spec():
@@ -26,6 +26,11 @@ def _spec():
     (lambda d: d["link"].update(h2d_bandwidth=-1), "link.h2d_bandwidth"),
     (lambda d: d.update(link=[1, 2]), "link"),
     (lambda d: d.update(cpu_only="yes"), "cpu_only"),
+    (lambda d: d["host"].update(cores="two"), "host.cores"),
+    (lambda d: d["host"].update(cores=2.5), "host.cores"),
+    (lambda d: d["gpus"].update(count=True), "gpus.count"),
+    (lambda d: d.update(cpu_onyl=True), "cpu_onyl"),           # misspelled: refused, not a silent default
+    (lambda d: d["gpus"].update(bandwith=1e12), "gpus.bandwith"),
 ])
 def test_errors_name_the_field(edit, field):
     d = _spec()
@@ -37,3 +42,22 @@ def test_errors_name_the_field(edit, field):
 def test_unknown_preset_lists_the_presets():
     with pytest.raises(HardwareError, match="not a preset .*rtx4090d-x4"):
         load_hardware("rtx9090-x8")
+
+
+def test_numbers_in_any_yaml_spelling_and_optional_fields(tmp_path):
+    text = (load_hardware.__globals__["plans_dir"]() / "hardware" / "h200-x1.yaml").read_text()
+    d = yaml.safe_load(text)
+    d.pop("description")
+    body = yaml.safe_dump(d).replace(f"bandwidth: {d['gpus']['bandwidth']!r}", "bandwidth: 4.8e12")
+    body = body.replace(f"usable_bytes: {d['gpus']['usable_bytes']}", "usable_bytes: 130e9", 1)
+    assert "4.8e12" in body and "130e9" in body  # YAML 1.1 reads both as strings; specs read them as numbers
+    (tmp_path / "mine.yaml").write_text(body)
+    hw = load_hardware(tmp_path / "mine.yaml")
+    assert hw.gpus.bandwidth == 4.8e12 and hw.gpus.usable_bytes == 130_000_000_000 and hw.description == ""
+
+
+def test_unknown_field_lists_the_known_ones():
+    d = _spec()
+    d["host"]["isa_"] = "avx2"
+    with pytest.raises(HardwareError, match=r"field 'host.isa_' is not a known field \(known fields here: cores, "):
+        parse_hardware(d, "my.yaml")

@@ -8,7 +8,8 @@ import sys
 import pytest
 
 from ostinato.compiler.codegen.cxx import KernelCompileError, compile_shared
-from ostinato.compiler.codegen.isa import detect_isa, isa_flags
+from ostinato.compiler.codegen.isa import isa_flags
+from ostinato.isa import detect_isa
 from ostinato.compiler.codegen.kernels import (CPU_TEMPLATE, CpuExpertParams, TritonExpertParams, build_cpu_experts,
                                                render_triton_experts)
 from ostinato.compiler.codegen.render import render, sha256, template_text

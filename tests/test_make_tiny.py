@@ -7,9 +7,10 @@ import pytest
 import torch
 from tokenizers import Tokenizer
 
-from ostinato.compiler.tiny import cli, write_tiny_checkpoint
-from ostinato.compiler.tiny import writer as writer_module
-from ostinato.runtime.checkpoint.reader import Checkpoint
+from ostinato.cli import make_tiny as cli
+from ostinato.tiny import write_tiny_checkpoint
+from ostinato.tiny import writer as writer_module
+from ostinato.checkpoint.reader import Checkpoint
 
 
 def _same_files(a, b):
@@ -87,7 +88,7 @@ def test_failed_write_leaves_nothing_behind(tmp_path, monkeypatch):
 def test_cli_refuses_a_non_empty_directory(tmp_path, capsys):
     (tmp_path / "x").mkdir()
     (tmp_path / "x" / "keep.txt").write_text("mine")
-    assert cli.main([str(tmp_path / "x"), "--quiet"]) == 2
+    assert cli.main([str(tmp_path / "x"), "--quiet"]) == 1  # refused input (usage errors are 2)
     assert "not empty" in capsys.readouterr().err
     assert (tmp_path / "x" / "keep.txt").read_text() == "mine"
 

@@ -6,16 +6,16 @@ import torch
 
 from hf_reference import load_reference
 from ostinato.compiler.profile import PHASES, ProfileError, RoutingProfile, load_profile, synthetic_profile
-from ostinato.compiler.profile.cli import main as profile_main
+from ostinato.compiler.cli.profile import main as profile_main
 from ostinato.compiler.profile.counts_io import export_csv, import_counts
-from ostinato.compiler.profile.format import pack_touched
+from ostinato.profile_format import pack_touched
 from ostinato.compiler.profile.merge import merge_profiles
-from ostinato.compiler.profile.record import record_profile
-from ostinato.runtime.workload import SessionShape, Turn, read_sessions
+from ostinato.runtime.profile_recording import record_profile
+from ostinato.workload import SessionShape, Turn, read_sessions
 from ostinato.compiler.profile.report import build_report, top_k_mask
 from ostinato.plans import plans_dir
 from ostinato.runtime import load_model
-from ostinato.runtime.checkpoint import ModelConfig
+from ostinato.checkpoint import ModelConfig
 
 WORKLOAD = plans_dir() / "workloads" / "agent_turns.csv"
 
@@ -76,7 +76,7 @@ def test_counts_equal_a_recount_from_the_reference_router(recorded, tiny_ckpt):
 
 
 def test_hash_layer_counts_are_the_tid2eid_histogram(recorded, tiny_ckpt):
-    from ostinato.runtime.checkpoint.reader import Checkpoint
+    from ostinato.checkpoint.reader import Checkpoint
 
     profile, fed = recorded
     with Checkpoint.open(tiny_ckpt) as ckpt:

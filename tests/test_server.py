@@ -10,7 +10,7 @@ import pytest
 import uvicorn
 from tokenizers import Tokenizer
 
-from conftest import compile_tiny_plan, working_dir
+from conftest import compile_tiny_plan
 from ostinato.runtime.engine.loader import load_engine
 from ostinato.runtime.server.app import create_app
 from ostinato.runtime.server.dsml import render_tool_calls
@@ -37,8 +37,7 @@ class Script:
 def server(tiny_ckpt, tmp_path_factory):
     work = tmp_path_factory.mktemp("server")
     compile_tiny_plan(tiny_ckpt, work, context=1024)
-    with working_dir(work):
-        engine = load_engine(work / "plan.yaml", tiny_ckpt, device="cpu")
+    engine = load_engine(work / "plan.yaml", tiny_ckpt, device="cpu")
     tok = Tokenizer.from_file(str(tiny_ckpt / "tokenizer.json"))
     script = Script()
     app = create_app(engine, tok, "tiny", api_key="secret", cache_sessions=2, logits_hook=script)

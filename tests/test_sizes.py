@@ -3,8 +3,8 @@
 import json
 
 from ostinato.plans import plans_dir
-from ostinato.runtime.checkpoint import ModelConfig, model_sizes
-from ostinato.runtime.checkpoint.reader import Checkpoint
+from ostinato.checkpoint import ModelConfig, model_sizes
+from ostinato.checkpoint.reader import Checkpoint
 
 FLASH = plans_dir() / "models" / "deepseek-v4-flash" / "config.json"
 

@@ -106,11 +106,11 @@ def main() -> None:
     tmp = None
     ckpt = Path(args.checkpoint) if args.checkpoint else None
     if ckpt is None:
-        from ostinato.compiler.tiny import write_tiny_checkpoint
+        from ostinato.tiny import write_tiny_checkpoint
 
         tmp = tempfile.TemporaryDirectory()
         ckpt = write_tiny_checkpoint(Path(tmp.name) / "tiny", "tiny", seed=0, progress=False)
-    from ostinato.runtime.checkpoint.config import ModelConfig
+    from ostinato.checkpoint.config import ModelConfig
 
     vocab = ModelConfig.from_json(ckpt).vocab_size
     g = torch.Generator().manual_seed(0)

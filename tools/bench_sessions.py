@@ -16,7 +16,7 @@ from pathlib import Path
 from ostinato.compiler.simulator.bench import run_modeled
 from ostinato.compiler.simulator.world import build_world
 from ostinato.plans import plans_dir
-from ostinato.runtime.workload import read_sessions
+from ostinato.workload import read_sessions
 
 
 def main(argv=None) -> int:

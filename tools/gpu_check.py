@@ -145,10 +145,10 @@ def _decode_step_graph(prompt: int = 100, tokens: int = 24) -> int:
     from pathlib import Path
 
     from ostinato.compiler.compile import CompileOptions, compile_plan
-    from ostinato.compiler.tiny import write_tiny_checkpoint
+    from ostinato.tiny import write_tiny_checkpoint
     from ostinato.plans import plans_dir
     from ostinato.runtime import load_model
-    from ostinato.runtime.kernels.host_isa import detect_isa
+    from ostinato.isa import detect_isa
     from ostinato.runtime.engine.loader import load_engine
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -25,7 +25,7 @@ def _start_tiny():
     from tokenizers import Tokenizer
 
     from ostinato.compiler.compile import CompileOptions, compile_plan
-    from ostinato.compiler.tiny import write_tiny_checkpoint
+    from ostinato.tiny import write_tiny_checkpoint
     from ostinato.runtime.engine.loader import load_engine
     from ostinato.runtime.server.app import create_app
     work = tempfile.mkdtemp(prefix="ostinato-load-")

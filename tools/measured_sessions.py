@@ -7,7 +7,6 @@ executor's counters. On a CPU-only machine this shows engine overheads and corre
 from __future__ import annotations
 
 import dataclasses
-import os
 import subprocess
 import sys
 import tempfile
@@ -20,10 +19,10 @@ from ostinato.compiler.compile import CompileOptions, compile_plan
 from ostinato.compiler.simulator.replay import simulate
 from ostinato.compiler.simulator.trace import TraceSampler
 from ostinato.compiler.simulator.world import build_world
-from ostinato.compiler.tiny import write_tiny_checkpoint
+from ostinato.tiny import write_tiny_checkpoint
 from ostinato.runtime.engine.loader import load_engine
 from ostinato.runtime.engine.lru_executor import lru_cache_engine
-from ostinato.runtime.workload import TokenSource, shrink_sessions
+from ostinato.workload import TokenSource, shrink_sessions
 
 
 def _variants(plan, E):
@@ -31,8 +30,8 @@ def _variants(plan, E):
     prefill is not a mode of this engine); layer placement (first half of the layers all-hot, the rest cold)."""
     L = len(plan.layers)
     def make(hot_of, threshold):
-        layers = [dataclasses.replace(lp, hot_experts=hot_of(lp)) for lp in plan.layers]
-        return dataclasses.replace(plan, layers=layers, policy=dataclasses.replace(plan.policy, prefill_threshold=threshold))
+        layers = [lp.replace(hot_experts=hot_of(lp)) for lp in plan.layers]
+        return plan.replace(layers=layers, policy=plan.policy.replace(prefill_threshold=threshold))
     return {"Ostinato": plan,
             "all-cold (KTransformers-like)": make(lambda lp: [], None),
             "layer placement (llama.cpp-like)": make(lambda lp: list(range(E)) if lp.layer < L // 2 else [], 31)}
@@ -68,30 +67,25 @@ def run_measured(all_sessions, out: Path, seed: int = 0) -> str:
                              + [s for s in all_sessions if s.name.startswith("tau")][:1],
                              scale=0.1, max_turns=6, max_generated=8)
     prof = work / "profile.safetensors"
-    subprocess.run([sys.executable, "-m", "ostinato.compiler.profile.cli", str(ckpt), "--sessions",
+    subprocess.run([sys.executable, "-m", "ostinato.runtime.cli.record", str(ckpt), "--sessions",
                     str(Path(__file__).resolve().parents[1] / "plans/workloads/agent_turns.csv"), "-o", str(prof),
                     "--first-session", "40", "--limit-sessions", "2", "--limit-turns", "6", "--scale", "0.1",
                     "--max-generated", "8", "--quiet"], check=True, capture_output=True)
-    cwd = os.getcwd()
-    os.chdir(work)
-    try:
-        build = compile_plan(CompileOptions(ckpt, work / "plan.yaml", "cpu-only", profile=str(prof), context=4096,
-                                            max_hot_per_layer=6))
-        plan = dataclasses.replace(build.plan, policy=dataclasses.replace(build.plan.policy, prefill_threshold=64))
-        build = dataclasses.replace(build, plan=plan, threshold=64)
-        res = {}
-        variants = _variants(plan, plan.model.routed_experts)
-        for name, variant in variants.items():
-            engine = load_engine(variant, ckpt, device="cpu")
-            res[name] = _replay(engine, shrunk, ckpt, build.config.vocab_size, seed)
-            engine.close()
-        # llama.cpp's LRU expert cache: as many experts per layer as Ostinato's hot set, warm with it
-        engine = lru_cache_engine(load_engine(variants["all-cold (KTransformers-like)"], ckpt, device="cpu"),
-                                  [list(lp.hot_experts) for lp in plan.layers])
-        res["LRU expert cache (llama.cpp-like)"] = _replay(engine, shrunk, ckpt, build.config.vocab_size, seed)
+    build = compile_plan(CompileOptions(ckpt, work / "plan.yaml", "cpu-only", profile=str(prof), context=4096,
+                                        max_hot_per_layer=6, kernel_dir=work / "kernels"))
+    plan = build.plan.replace(policy=build.plan.policy.replace(prefill_threshold=64))
+    build = dataclasses.replace(build, plan=plan, threshold=64)
+    res = {}
+    variants = _variants(plan, plan.model.routed_experts)
+    for name, variant in variants.items():
+        engine = load_engine(variant, ckpt, device="cpu")
+        res[name] = _replay(engine, shrunk, ckpt, build.config.vocab_size, seed)
         engine.close()
-    finally:
-        os.chdir(cwd)
+    # llama.cpp's LRU expert cache: as many experts per layer as Ostinato's hot set, warm with it
+    engine = lru_cache_engine(load_engine(variants["all-cold (KTransformers-like)"], ckpt, device="cpu"),
+                              [list(lp.hot_experts) for lp in plan.layers])
+    res["LRU expert cache (llama.cpp-like)"] = _replay(engine, shrunk, ckpt, build.config.vocab_size, seed)
+    engine.close()
     base = res["Ostinato"]
     rows = ["### measured (CPU): real engine, tiny model, --device cpu, "
             f"{len(shrunk)} shrunk sessions ({sum(len(s.turns) for s in shrunk)} turns), one run", "",

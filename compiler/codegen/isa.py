@@ -1,15 +1,8 @@
-"""Host ISA (detected by runtime/kernels/host_isa.py) mapped to compiler flags for the CPU expert kernel.
-
-ISA names are the hardware spec's (avx2 / avx512 / avx512_bf16 / amx); the kernel template has
-three code paths, so amx builds the avx512_bf16 variant (every AMX CPU has AVX512-BF16).
-"""
+"""Compiler flags for each CPU expert kernel code path (the ISA list itself: ostinato/isa.py)."""
 
 from __future__ import annotations
 
-from ...runtime.kernels.host_isa import ISAS, cpu_flags, detect_isa  # noqa: F401  (re-exported)
-
-# Kernel variant (the template's `isa` constant) for each spec ISA.
-KERNEL_ISA = {"avx2": "avx2", "avx512": "avx512", "avx512_bf16": "avx512_bf16", "amx": "avx512_bf16"}
+from ostinato.isa import KERNEL_VARIANTS, kernel_variant
 
 _AVX512 = ("-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq")
 ISA_FLAGS: dict[str, tuple[str, ...]] = {
@@ -17,10 +10,9 @@ ISA_FLAGS: dict[str, tuple[str, ...]] = {
     "avx512": _AVX512,
     "avx512_bf16": _AVX512 + ("-mavx512bf16", "-mavx512vnni"),
 }
+assert tuple(ISA_FLAGS) == KERNEL_VARIANTS
 
 
 def isa_flags(isa: str) -> tuple[str, ...]:
     """Compiler flags for a spec ISA."""
-    if isa not in KERNEL_ISA:
-        raise ValueError(f"isa: {isa!r} is not one of {ISAS}")
-    return ISA_FLAGS[KERNEL_ISA[isa]]
+    return ISA_FLAGS[kernel_variant(isa)]

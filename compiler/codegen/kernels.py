@@ -9,7 +9,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from .cxx import BASE_FLAGS, compile_shared
-from .isa import ISAS, KERNEL_ISA, detect_isa, isa_flags
+from ostinato.isa import ISAS, detect_isa, kernel_variant
+
+from .isa import isa_flags
 from .render import KernelRecord, render
 
 CPU_TEMPLATE = "cpu/moe_experts.cpp.j2"
@@ -46,7 +48,7 @@ class CpuExpertParams:
                "a positive float")
 
     def template_params(self) -> dict:
-        return asdict(self) | {"isa": KERNEL_ISA[self.isa]}
+        return asdict(self) | {"isa": kernel_variant(self.isa)}
 
 
 def build_cpu_experts(params: CpuExpertParams, root: str | Path | None = None) -> KernelRecord:

@@ -1,4 +1,4 @@
 """Routing profiles: the format, synthetic and uniform profiles (recording and reports: ostinato-profile)."""
 
-from .format import PHASES, ProfileError, RoutingProfile, load_profile
+from ostinato.profile_format import PHASES, ProfileError, RoutingProfile, load_profile
 from .synthetic import synthetic_profile, uniform_profile

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .format import PHASES, ProfileError, RoutingProfile
+from ostinato.profile_format import PHASES, ProfileError, RoutingProfile
 
 CSV_COLUMNS = ["layer", "expert", "phase", "count"]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .format import ProfileError, RoutingProfile
+from ostinato.profile_format import ProfileError, RoutingProfile
 
 
 def merge_profiles(profiles: list[RoutingProfile]) -> RoutingProfile:

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .format import PHASES, RoutingProfile
+from ostinato.profile_format import PHASES, RoutingProfile
 
 PLANNING_PHASES = ("decode", "short_prefill")
 

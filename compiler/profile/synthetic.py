@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from ...runtime.checkpoint.config import ModelConfig
-from .format import PHASES, RoutingProfile
+from ostinato.checkpoint.config import ModelConfig
+from ostinato.profile_format import PHASES, RoutingProfile
 
 DEFAULT_TOKENS_PER_PHASE = 1_000_000
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ...runtime.workload import SessionShape
+from ostinato.workload import SessionShape
 from .replay import simulate, summarize
 from .trace import TraceSampler, at_coverage
 from .world import World
@@ -55,7 +55,7 @@ def run_modeled(world: World, sessions: list[SessionShape], out: Path, limit: in
 
 def coverage_sweep(world: World, groups: dict, coverages, max_generated, seed) -> dict[str, list[float]]:
     """Median wait per system with synthetic traces whose hot-set coverage is each of `coverages`."""
-    from ...runtime.workload import shrink_sessions
+    from ostinato.workload import shrink_sessions
     ss = shrink_sessions([s for g in groups.values() for s in g], max_generated=max_generated)
     out: dict[str, list[float]] = {}
     for cov in coverages:

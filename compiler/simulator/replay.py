@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ...runtime.workload import SessionShape
+from ostinato.workload import SessionShape
 from .policy import Forward, Policy
 from .trace import TraceSampler
 

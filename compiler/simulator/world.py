@@ -37,6 +37,6 @@ def build_world(model: Path = V4_FLASH, hardware: str = "rtx4090d-x4", profile: 
                                              profile=profile, context=context, build_kernels=False))
     hot = np.stack([l.hot for l in b.cost.layers])
     shares = np.stack([l.share for l in b.cost.layers])
-    budgets = [b.hardware.gpu.usable_bytes - sum(f.values()) for f in b.gpu_fixed]
+    budgets = [b.hardware.gpus.usable_bytes - sum(f.values()) for f in b.gpu_fixed]
     fit = layers_that_fit([sum(l.values()) for l in b.layer_bytes], b.cost.expert_bytes, hot.shape[1], budgets)
     return World(b, hot, shares, fit)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..checkpoint.reader import PackedExpert
+from ostinato.checkpoint.reader import PackedExpert
 from ..kernels.cold_task import ColdBridge
 from ..kernels.cpu_experts import CpuExpertKernel, ExpertTable
 from ..kernels.triton_experts import HotPool

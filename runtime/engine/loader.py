@@ -17,13 +17,13 @@ from pathlib import Path
 
 import torch
 
-from ..checkpoint.fingerprint import model_fingerprint
-from ..checkpoint.reader import Checkpoint, PackedExpert
+from ostinato.checkpoint.fingerprint import model_fingerprint
+from ostinato.checkpoint.reader import Checkpoint, PackedExpert
 from ..kernels.cpu_experts import CpuExpertKernel
-from ..kernels.host_isa import detect_isa, supports
+from ostinato.isa import detect_isa, supports
 from ..kernels.triton_experts import HotPool, load_triton_module
 from ..model.model import Model, load_model
-from ..plan import Plan, PlanError, check_fingerprint, load_plan
+from ostinato.plan import KernelName, Plan, PlanError, check_fingerprint, load_plan
 from .decode_runner import DecodeRunner
 from .executor import LayerExperts, PlacementExecutor
 from .hot_compute import DensePool, TorchPoolCompute, TritonPoolCompute
@@ -33,6 +33,7 @@ from .session import EngineSession
 @dataclass
 class Engine:
     plan: Plan
+    model_dir: Path                     # the checkpoint it runs (the plan's, or the one given)
     model: Model
     executor: PlacementExecutor
     devices: list
@@ -47,44 +48,50 @@ class Engine:
 
 
 def plan_devices(plan: Plan, device: str | None) -> list[torch.device]:
-    """The torch device of each planned GPU: all the CPU with device='cpu' (or without CUDA)."""
-    n = plan.hardware["gpus"]["count"]
-    if device == "cpu" or plan.hardware.get("cpu_only") or not torch.cuda.is_available():
+    """The torch device of each planned GPU. device='cpu' (or a cpu_only plan) maps them all to the
+    CPU; 'cuda' demands CUDA; None takes CUDA when there is one, else the CPU."""
+    n = plan.hardware.gpus.count
+    if device not in (None, "cpu", "cuda"):
+        raise PlanError(f"device must be 'cpu' or 'cuda', got {device!r}")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise PlanError("--device cuda: this machine has no CUDA device (or this PyTorch was built without CUDA); "
+                        "use --device cpu")
+    if device == "cpu" or plan.hardware.cpu_only or not torch.cuda.is_available():
         return [torch.device("cpu")] * n
     if torch.cuda.device_count() < n:
         raise PlanError(f"the plan needs {n} GPUs (hardware.gpus.count), this machine has {torch.cuda.device_count()}")
     return [torch.device("cuda", g) for g in range(n)]
 
 
-def resolve_artifact(plan_path: Path | None, path: str) -> Path:
-    """A kernel path of the plan: relative to the directory compile ran in (usually the current one),
-    else to the plan file's directory."""
-    for base in (Path.cwd(), plan_path.parent if plan_path else None):
-        if base is not None and (base / path).exists():
-            return base / path
-    raise PlanError(f"kernel artifact {path} not found (looked in {Path.cwd()}"
-                    f"{' and ' + str(plan_path.parent) if plan_path else ''}): run ostinato-compile again")
+def _artifact(plan: Plan, name: KernelName) -> Path:
+    entry = plan.kernel(name)
+    path = plan.resolve(entry.path)
+    if not path.is_file():
+        raise PlanError(f"kernel artifact {path} (field 'kernels[{name.value}].path', relative to the plan's folder "
+                        f"{plan.folder}) not found: run ostinato-compile again")
+    return path
 
 
-def _kernel_entry(plan: Plan, name: str) -> dict:
-    for k in plan.kernels:
-        if k["name"] == name:
-            return k
-    raise PlanError(f"field 'kernels' has no '{name}' entry: compile the plan with kernels (without --no-kernels)")
-
-
-def _kernel(plan: Plan, name: str, plan_path: Path | None) -> Path:
-    return resolve_artifact(plan_path, _kernel_entry(plan, name)["path"])
-
-
-def _cpu_kernel_for_this_host(plan: Plan, plan_path: Path | None) -> Path:
+def _cpu_kernel_for_this_host(plan: Plan) -> Path:
     """The plan's CPU kernel library, after checking this CPU can run its ISA (else SIGILL on load)."""
-    entry = _kernel_entry(plan, "cold_experts_cpu")
-    path, isa = resolve_artifact(plan_path, entry["path"]), entry["params"]["isa"]
+    path = _artifact(plan, KernelName.COLD_EXPERTS_CPU)
+    isa = plan.kernel(KernelName.COLD_EXPERTS_CPU).params["isa"]
     if not supports(isa):
         raise PlanError(f"the plan's CPU kernel {path} was built for {isa} (its hardware spec's host.isa), but this "
                         f"CPU supports at most {detect_isa()}: compile the plan with a hardware spec whose host.isa "
                         f"this machine has")
+    return path
+
+
+def model_directory(plan: Plan, model_dir: str | Path | None) -> Path:
+    """The checkpoint to run: `model_dir` when given (a moved model), else the plan's model.path."""
+    path = Path(model_dir) if model_dir is not None else plan.model_dir
+    if not path.exists():
+        raise PlanError(f"model directory {path} not found" + (
+            "" if model_dir is not None else f" (the plan's model.path, relative to {plan.folder}); "
+                                             "give the checkpoint with --model"))
+    if not path.is_dir():
+        raise PlanError(f"model {path} is not a directory (a checkpoint is a folder with config.json)")
     return path
 
 
@@ -110,11 +117,9 @@ def load_engine(plan: str | Path | Plan, model_dir: str | Path | None = None, de
                 decode_graphs: bool = True) -> Engine:
     """The plan's engine. `static_decode`: decode through the fixed-shape step sized for the plan's
     context (else the dynamic model); `decode_graphs`: capture that step as CUDA graphs on GPUs."""
-    plan_path = None
     if not isinstance(plan, Plan):
-        plan_path = Path(plan)
-        plan = load_plan(plan_path)
-    model_dir = Path(model_dir or plan.model.path)
+        plan = load_plan(plan)
+    model_dir = model_directory(plan, model_dir)
     fp = model_fingerprint(model_dir)
     check_fingerprint(plan, fp.config_sha256, fp.index_sha256)
     devices = plan_devices(plan, device)
@@ -124,13 +129,13 @@ def load_engine(plan: str | Path | Plan, model_dir: str | Path | None = None, de
         raise ValueError(f"hot_backend must be 'triton' or 'torch', got {backend!r}")
     if backend == "triton" and not cuda and os.environ.get("TRITON_INTERPRET") != "1":
         raise PlanError("the triton hot backend on the CPU needs TRITON_INTERPRET=1 (or use the torch backend)")
-    cpu_kernel = CpuExpertKernel(_cpu_kernel_for_this_host(plan, plan_path))
+    cpu_kernel = CpuExpertKernel(_cpu_kernel_for_this_host(plan))
     layers = []
     with Checkpoint.open(model_dir) as ckpt:
         cfg = ckpt.config
         if backend == "triton":
-            compute = TritonPoolCompute(load_triton_module(_kernel(plan, "hot_experts_prefill", plan_path)),
-                                        load_triton_module(_kernel(plan, "hot_experts_decode", plan_path)))
+            compute = TritonPoolCompute(load_triton_module(_artifact(plan, KernelName.HOT_EXPERTS_PREFILL)),
+                                        load_triton_module(_artifact(plan, KernelName.HOT_EXPERTS_DECODE)))
         else:
             compute = TorchPoolCompute(cfg.swiglu_limit)
         E, D, I = cfg.n_routed_experts, cfg.hidden_size, cfg.moe_intermediate_size
@@ -153,5 +158,5 @@ def load_engine(plan: str | Path | Plan, model_dir: str | Path | None = None, de
     model = load_model(model_dir, dtype=dtype, device=devices[0], executor=executor,
                        prefill_chunk=plan.policy.prefill_chunk, layer_devices=[devices[lp.gpu] for lp in plan.layers])
     runner = DecodeRunner(model, executor, plan.policy.context, decode_graphs) if static_decode else None
-    return Engine(plan, model, executor, devices, runner)
+    return Engine(plan, model_dir, model, executor, devices, runner)
 

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..plan import Plan
-from ..workload import SessionShape, TokenSource
+from ostinato.plan import Plan
+from ostinato.workload import SessionShape, TokenSource
 from .loader import Engine
 
 
@@ -34,7 +34,7 @@ class TurnResult:
 
 def predicted_wait(plan: Plan, tokens: int) -> float | None:
     """The plan's predicted wait for a prefill of `tokens`, interpolated log-log in its table."""
-    rows = sorted((r["tokens"], r["wait_ms"]) for r in plan.predictions.get("prefill", []))
+    rows = sorted((r.tokens, r.wait_ms) for r in plan.predictions.prefill)
     if not rows or tokens <= 0:
         return None
     xs = np.log([r[0] for r in rows])
@@ -95,7 +95,7 @@ def summary(results: list[TurnResult], plan: Plan, session_s: float) -> str:
         f"wait after tool output (turns after the first): median {np.median(waits):.1f} ms, "
         f"p90 {np.percentile(waits, 90):.1f} ms",
         f"decode: median {np.median(speeds) if speeds else float('nan'):.1f} tokens/s "
-        f"(plan predicts {p.get('decode_tokens_per_s', float('nan')):.1f})",
+        f"(plan predicts {p.decode_tokens_per_s:.1f})",
         f"session time: {session_s:.2f} s over {len(results)} turns",
-        f"hot route share: plan (profiled) {p.get('hot_route_share', float('nan')):.1%}, measured "
+        f"hot route share: plan (profiled) {p.hot_route_share:.1%}, measured "
         f"{np.mean([r.hot_share for r in results]):.1%} (mean over turns)"])

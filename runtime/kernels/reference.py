@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import torch
 
-from ..checkpoint.formats import dequantize_mxfp4
-from ..checkpoint.reader import PackedExpert
+from ostinato.checkpoint.formats import dequantize_mxfp4
+from ostinato.checkpoint.reader import PackedExpert
 from .routes import GroupedRoutes
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from ..checkpoint.reader import PackedExpert
+from ostinato.checkpoint.reader import PackedExpert
 
 
 def random_packed_expert(D: int, I: int, gen: torch.Generator, scale_lo: int = 118, scale_hi: int = 124,

@@ -16,7 +16,7 @@ from types import ModuleType
 
 import torch
 
-from ..checkpoint.reader import PackedExpert
+from ostinato.checkpoint.reader import PackedExpert
 from .routes import GroupedRoutes
 
 

@@ -18,7 +18,7 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
-from ..checkpoint.formats import dequantize_mxfp4
+from ostinato.checkpoint.formats import dequantize_mxfp4
 
 
 class ExpertExecutor(Protocol):

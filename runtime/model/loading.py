@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..checkpoint.errors import CheckpointError
-from ..checkpoint.reader import Checkpoint
+from ostinato.checkpoint.errors import CheckpointError
+from ostinato.checkpoint.reader import Checkpoint
 from .attention import AttentionWeights
 from .compressor import CompressorWeights
 from .hyper_connection import HcHeadWeights, HcWeights

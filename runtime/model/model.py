@@ -14,8 +14,8 @@ from typing import Callable
 
 import torch
 
-from ..checkpoint.config import ModelConfig
-from ..checkpoint.reader import Checkpoint
+from ostinato.checkpoint.config import ModelConfig
+from ostinato.checkpoint.reader import Checkpoint
 from .attention import attention
 from .compressor import CompressorState
 from .experts import DenseExpertExecutor, ExpertExecutor

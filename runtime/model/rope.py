@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..checkpoint.config import ModelConfig
+from ostinato.checkpoint.config import ModelConfig
 
 
 def plain_inv_freq(base: float, rope_dim: int) -> torch.Tensor:

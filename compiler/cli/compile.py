@@ -7,13 +7,15 @@ import logging
 import sys
 from pathlib import Path
 
-from ..runtime.checkpoint import CheckpointError
-from ..runtime.plan import PlanError
-from .codegen.cxx import KernelCompileError
-from .compile import CompileError, CompileOptions, compile_plan
-from .explain import explain
-from .hardware import HardwareError, available_presets
-from .profile import ProfileError
+from ostinato.checkpoint import CheckpointError
+from ostinato.cli.common import InputError, check_model_dir, check_output_file, refuse
+from ostinato.hardware import HardwareError, available_presets
+from ostinato.plan import PlanError
+from ostinato.profile_format import ProfileError
+
+from ..codegen.cxx import KernelCompileError
+from ..compile import CompileError, CompileOptions, compile_plan
+from ..explain import explain
 
 
 def parse_args(argv: list[str] | None) -> tuple[CompileOptions, bool]:
@@ -36,6 +38,8 @@ def parse_args(argv: list[str] | None) -> tuple[CompileOptions, bool]:
                    help="how GPUs hold dense weights: as stored (FP8 + scales) or dequantized to bf16")
     p.add_argument("--max-hot-per-layer", type=int, help="cap on hot experts per layer (default: memory decides)")
     p.add_argument("--no-kernels", action="store_true", help="skip rendering and building the expert kernels")
+    p.add_argument("--kernel-dir", type=Path, help="content-addressed folder for generated kernels "
+                                                   "(default: build/kernels in the working directory)")
     p.add_argument("--explain", action="store_true", help="print a readable table of the plan")
     p.add_argument("-v", "--verbose", action="store_true", help="log each compiler pass")
     a = p.parse_args(argv)
@@ -48,16 +52,18 @@ def parse_args(argv: list[str] | None) -> tuple[CompileOptions, bool]:
     return CompileOptions(model=a.model, output=a.plan, hardware=a.hardware, profile=a.profile, context=a.context,
                           sessions=a.sessions, prefill_chunk=a.prefill_chunk, upload_group=a.upload_group,
                           dense_format=a.dense_format, max_hot_per_layer=a.max_hot_per_layer,
-                          build_kernels=not a.no_kernels), a.explain
+                          build_kernels=not a.no_kernels, kernel_dir=a.kernel_dir), a.explain
 
 
 def main(argv: list[str] | None = None) -> int:
     options, show = parse_args(argv)
     try:
+        check_model_dir(options.model)
+        check_output_file(options.output, "plan")
         build = compile_plan(options)
-    except (CompileError, CheckpointError, HardwareError, ProfileError, PlanError, KernelCompileError) as e:
-        print(f"ostinato-compile: error: {e}", file=sys.stderr)
-        return 1
+    except (InputError, CompileError, CheckpointError, HardwareError, ProfileError, PlanError,
+            KernelCompileError) as e:
+        return refuse("ostinato-compile", e)
     build.plan.write(options.output)
     for note in build.notes:
         print(f"note: {note}")

@@ -17,9 +17,9 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from ...runtime.checkpoint.fingerprint import model_fingerprint
-from ...runtime.workload import SessionShape, TokenSource
-from .format import PHASES, RoutingProfile, pack_touched
+from ostinato.checkpoint.fingerprint import model_fingerprint
+from ostinato.workload import SessionShape, TokenSource
+from ostinato.profile_format import PHASES, RoutingProfile, pack_touched
 
 DEFAULT_BOUNDARY = 1024
 

@@ -1,4 +1,7 @@
-"""Which instruction sets this CPU has, from /proc/cpuinfo (names as in hardware specs).
+"""The host ISAs Ostinato knows (the one list), and which of them this CPU has (/proc/cpuinfo).
+
+Hardware specs name one of ISAS as `host.isa`. The CPU expert kernel template has a code path per
+KERNEL_VARIANTS entry; `kernel_variant` maps a spec ISA to the path that serves it.
 
 The runtime checks a plan's CPU kernel against it before loading the library: a kernel built for an
 ISA the CPU lacks would die with SIGILL (even while loading, in its static initializers) instead of
@@ -10,6 +13,16 @@ from __future__ import annotations
 from pathlib import Path
 
 ISAS = ("avx2", "avx512", "avx512_bf16", "amx")
+
+# The CPU kernel template's code paths; amx builds the avx512_bf16 one (every AMX CPU has AVX512-BF16).
+KERNEL_VARIANTS = ("avx2", "avx512", "avx512_bf16")
+
+
+def kernel_variant(isa: str) -> str:
+    """The CPU kernel code path for a spec ISA."""
+    if isa not in ISAS:
+        raise ValueError(f"isa: {isa!r} is not one of {list(ISAS)}")
+    return "avx512_bf16" if isa == "amx" else isa
 
 # cpuinfo flags each ISA needs (checked from the richest down).
 REQUIRED_FLAGS = (

@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .presets import PRESETS
+from ostinato.tiny.presets import PRESETS
+
+from .common import refuse
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -31,14 +33,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from .writer import write_tiny_checkpoint
+    from ostinato.tiny.writer import write_tiny_checkpoint  # torch: only once the arguments are good
 
     try:
         out = write_tiny_checkpoint(args.directory, args.preset, args.seed, args.popularity, args.force,
                                     progress=not args.quiet)
-    except FileExistsError as e:
-        print(f"ostinato-make-tiny: error: {e}", file=sys.stderr)
-        return 2
+    except (FileExistsError, NotADirectoryError) as e:
+        return refuse("ostinato-make-tiny", e)
     print(f"wrote {args.preset} checkpoint (seed {args.seed}, planted popularity {args.popularity}) to {out}")
     return 0
 

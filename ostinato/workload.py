@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from ..plans import plans_dir
+from ostinato.plans import plans_dir
 
 CORPUS = plans_dir() / "workloads" / "corpus.txt"  # agent-like text the package ships
 

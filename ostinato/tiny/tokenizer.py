@@ -13,7 +13,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from ...plans import plans_dir
+from ostinato.plans import plans_dir
 
 CORPUS = plans_dir() / "workloads" / "corpus.txt"
 

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import torch
 
-from .checkpoint import CheckpointError
-from .plan import PlanError
-from .workload import WorkloadError
+from ostinato.checkpoint import CheckpointError
+from ostinato.cli.common import refuse
+from ostinato.plan import PlanError
+from ostinato.workload import WorkloadError
 
 
 def parse_args(argv):
@@ -34,9 +35,10 @@ def parse_args(argv):
     p.add_argument("--max-generated", type=int, help="decode at most this many tokens per turn")
     p.add_argument("--scale", type=float, default=1.0, help="multiply appended tokens by this factor (1.0)")
     p.add_argument("--max-new", type=int, default=32, help="tokens to generate for --prompt (32)")
-    p.add_argument("--model", type=Path, help="checkpoint directory (default: the plan's model.path)")
-    p.add_argument("--device", choices=("cpu", "cuda"), help="cpu maps every planned GPU to the CPU "
-                                                             "(default: cuda when available)")
+    p.add_argument("--model", type=Path, help="checkpoint directory, when it moved since compile (default: the "
+                                              "plan's model.path, relative to the plan file)")
+    p.add_argument("--device", choices=("cpu", "cuda"), help="cpu maps every planned GPU to the CPU; cuda requires "
+                                                             "CUDA (default: cuda when available, else cpu)")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     p.add_argument("--hot-backend", choices=("torch", "triton"),
                    help="hot-expert compute: triton (default on GPUs) or torch (default on the CPU)")
@@ -60,16 +62,17 @@ def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
     if a.hot_backend == "triton" and (a.device == "cpu" or not torch.cuda.is_available()):
         os.environ.setdefault("TRITON_INTERPRET", "1")  # before Triton is first imported
-    from .engine.loader import load_engine
-    from .engine.replay import HEADER, format_turn, replay, summary
-    from .workload import TokenSource, read_sessions, shrink_sessions
+    from ostinato.workload import TokenSource, read_sessions, shrink_sessions
+
+    from ..engine.loader import load_engine
+    from ..engine.replay import HEADER, format_turn, replay, summary
 
     try:
         dtype = torch.float32 if a.dtype == "float32" else torch.bfloat16
         engine = load_engine(a.plan, a.model, a.device, dtype, a.hot_backend, static_decode=a.decode != "dynamic",
                              decode_graphs=a.decode == "graph")
-        model_dir = Path(a.model or engine.plan.model.path)
-        print(f"plan {a.plan}: {engine.plan.model.layers} layers on {engine.plan.hardware['name']} "
+        model_dir = engine.model_dir
+        print(f"plan {a.plan}: {engine.plan.model.layers} layers on {engine.plan.hardware.name} "
               f"(devices: {', '.join(sorted({str(d) for d in engine.devices}))}), "
               f"prefill threshold {engine.plan.policy.prefill_threshold}, decode: {_decode_label(a.decode, engine)}")
         if a.serve:
@@ -88,8 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             _prompt(engine, model_dir, a.prompt or "Hello", a.max_new)
     except (PlanError, CheckpointError, WorkloadError) as e:
-        print(f"ostinato-run: error: {e}", file=sys.stderr)
-        return 1
+        return refuse("ostinato-run", e)
     return 0
 
 
@@ -97,7 +99,7 @@ def _serve(engine, model_dir: Path, a) -> None:
     import uvicorn
     from tokenizers import Tokenizer
 
-    from .server.app import create_app
+    from ..server.app import create_app
 
     tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
     app = create_app(engine, tok, model_dir.name, api_key=a.api_key, cache_sessions=a.cache_sessions)

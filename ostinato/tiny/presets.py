@@ -9,7 +9,7 @@ from __future__ import annotations
 import copy
 import json
 
-from ...plans import plans_dir
+from ostinato.plans import plans_dir
 
 # Keys that differ from the official V4-Flash config; everything else is copied from it.
 PRESETS: dict[str, dict] = {

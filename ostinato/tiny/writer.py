@@ -15,8 +15,8 @@ from pathlib import Path
 from safetensors.torch import save_file
 from tqdm import tqdm
 
-from ...runtime.checkpoint.config import ModelConfig
-from ...runtime.checkpoint.tensor_specs import global_specs, layer_specs
+from ostinato.checkpoint.config import ModelConfig
+from ostinato.checkpoint.tensor_specs import global_specs, layer_specs
 from .presets import preset_config
 from .tokenizer import write_tokenizer
 from .weights import encode_tensors

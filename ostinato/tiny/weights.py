@@ -17,9 +17,9 @@ import zlib
 
 import torch
 
-from ...runtime.checkpoint.config import ModelConfig
-from ...runtime.checkpoint.formats import quantize_fp8, quantize_mxfp4
-from ...runtime.checkpoint.tensor_specs import TensorSpec
+from ostinato.checkpoint.config import ModelConfig
+from ostinato.checkpoint.formats import quantize_fp8, quantize_mxfp4
+from ostinato.checkpoint.tensor_specs import TensorSpec
 
 
 def _generator(seed: int, key: str) -> torch.Generator:

@@ -11,9 +11,11 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from ..runtime.checkpoint import CheckpointError, ModelConfig, model_sizes
-from ..runtime.checkpoint.reader import INDEX_NAME, SINGLE_NAME, Checkpoint
-from ..runtime.checkpoint.tensor_specs import model_specs
+from ostinato.checkpoint import CheckpointError, ModelConfig, model_sizes
+from ostinato.checkpoint.reader import INDEX_NAME, SINGLE_NAME, Checkpoint
+from ostinato.checkpoint.tensor_specs import model_specs
+
+from .common import InputError, check_model_dir, refuse
 
 
 def _gb(n: int) -> str:
@@ -61,10 +63,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tensors", action="store_true", help="also list every tensor with shape, dtype and role")
     args = p.parse_args(argv)
     try:
+        check_model_dir(args.directory, "DIRECTORY")
         print(describe(args.directory, args.tensors))
-    except CheckpointError as e:
-        print(f"ostinato-inspect: error: {e}", file=sys.stderr)
-        return 1
+    except (CheckpointError, InputError) as e:
+        return refuse("ostinato-inspect", e)
     return 0
 
 

@@ -1,0 +1,88 @@
+"""Hardware specs: the GPUs, the host and the link between them, from YAML, validated.
+
+A spec is a file or the name of a preset in plans/hardware/. Every number is a rate or a size a
+datasheet or a quick benchmark gives; the compiler's memory and cost models read nothing else,
+and a plan carries the spec it was planned for (the same type). Errors name the file and the
+field (`gpus.count`, `host.isa`, ...); unknown fields are refused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+
+from .isa import ISAS
+from .plans import plans_dir
+from .validation import Bytes, Count, Flag, Name, Rate, Record, SchemaError, Seconds, validate
+from .yaml_files import read_yaml
+
+Isa = Literal[ISAS]  # type: ignore[valid-type]
+
+
+class HardwareError(SchemaError):
+    """A hardware spec is missing a field or holds a wrong value; the message names the file and field."""
+
+
+class GpuSpec(Record):
+    name: Name
+    count: Count
+    usable_bytes: Bytes = Field(gt=0)   # memory Ostinato may use per GPU (after the driver/context reserve)
+    bandwidth: Rate                     # bytes/s, device memory read
+    matmul_flops: Rate                  # FLOP/s for the expert and dense matmuls (bf16 in, fp32 accumulate)
+    launch_overhead_s: Seconds          # fixed cost per decode graph replay / kernel batch
+
+
+class HostSpec(Record):
+    cores: Count
+    usable_bytes: Bytes = Field(gt=0)
+    bandwidth: Rate                     # bytes/s, DRAM read with all cores
+    matmul_flops: Rate                  # FLOP/s of the CPU expert kernels, all cores
+    isa: Isa
+    op_dispatch_s: Seconds              # host seconds per framework op dispatched eagerly (Python + PyTorch)
+
+
+class LinkSpec(Record):
+    h2d_bandwidth: Rate                 # bytes/s host -> device (pinned)
+    d2h_bandwidth: Rate
+    latency_s: Seconds
+
+
+class HardwareSpec(Record):
+    name: Name
+    description: str = ""
+    cpu_only: Flag = False              # every "GPU" is the CPU itself (tests, CI, this machine's kind)
+    gpus: GpuSpec
+    host: HostSpec
+    link: LinkSpec
+
+    @property
+    def sha256(self) -> str:
+        """Fingerprint of the resolved spec (comments and spelling of numbers do not change it)."""
+        return hashlib.sha256(json.dumps(self.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()
+
+
+def available_presets() -> list[str]:
+    return sorted(p.stem for p in (plans_dir() / "hardware").glob("*.yaml"))
+
+
+def load_hardware(spec: str | Path) -> HardwareSpec:
+    """A YAML file path, or the name of a preset (`rtx4090d-x4`, `h200-x1`, `cpu-only`)."""
+    path = Path(spec)
+    if not path.exists():
+        preset = plans_dir() / "hardware" / f"{spec}.yaml"
+        if not preset.exists():
+            raise HardwareError(f"hardware {spec}: no such file, and not a preset "
+                                f"(presets: {', '.join(available_presets())})")
+        path = preset
+    return parse_hardware(read_yaml(path, HardwareError), str(path))
+
+
+def parse_hardware(data: object, source: str) -> HardwareSpec:
+    try:
+        return validate(HardwareSpec, data, source)
+    except SchemaError as e:
+        raise HardwareError(str(e)) from None

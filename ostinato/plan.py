@@ -1,0 +1,248 @@
+"""plan.yaml: the one contract between the compiler and the runtime (schema version 2).
+
+A plan is fully resolved: which GPU runs each layer, which expert ids are resident there, every
+device's bytes by kind, the execution policy, the generated kernels and the cost model's
+predictions, with the hashes of everything it was built from and the hardware spec it was planned
+for. The runtime reads it and decides nothing the plan could have decided.
+
+Paths in a plan (the model directory, each kernel artifact) are relative to the plan file's
+folder, so a plan runs from any working directory; `Plan.resolve` turns them into real paths.
+Reading validates every field (types, ranges, expert ids against the expert count, GPUs against
+the spec) and refuses unknown ones; writing is deterministic (same plan, same bytes).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from enum import Enum
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, PrivateAttr, model_validator
+
+from .hardware import HardwareSpec
+from .validation import Bytes, Count, Index, Name, Record, SchemaError, Sha256, Share, validate
+from .yaml_files import dump_yaml, read_yaml
+
+SCHEMA_VERSION = 2
+
+AttentionKind = Literal["sliding", "csa", "hca"]
+Phase = Literal["decode", "short_prefill", "long_prefill"]
+Milliseconds = float
+
+
+class PlanError(SchemaError):
+    """A plan file is malformed or does not match the checkpoint; the message names the field."""
+
+
+class KernelName(str, Enum):
+    """The generated kernels a plan names: codegen writes these entries, the loader looks them up."""
+    COLD_EXPERTS_CPU = "cold_experts_cpu"          # routed experts on the host (C++, MXFP4)
+    HOT_EXPERTS_PREFILL = "hot_experts_prefill"    # resident experts, routes grouped by expert (Triton)
+    HOT_EXPERTS_DECODE = "hot_experts_decode"      # resident experts, top_k fixed masked slots (Triton)
+
+
+class Provenance(Record):
+    compiler_version: Name
+    config_sha256: Sha256
+    index_sha256: Sha256 | None          # None: planned from config.json alone
+    profile_sha256: Sha256
+    profile_source: str
+    hardware_sha256: Sha256
+    templates: dict[str, Sha256] = {}    # template path -> sha256 of its text
+
+
+class ModelSummary(Record):
+    path: Name                           # the checkpoint directory, relative to the plan file
+    layers: Count
+    routed_experts: Count
+    top_k: Count
+    hidden_size: Count
+    expert_format: Literal["mxfp4"]
+    expert_bytes: Bytes
+    dense_format: Literal["stored", "bf16"]    # stored: FP8 + block scales as in the checkpoint
+    attention: list[AttentionKind]             # per layer
+    hash_layers: Index
+
+
+class DeviceMemory(Record):
+    device: str = Field(pattern=r"^(gpu[0-9]+|host)$")
+    usable_bytes: Bytes
+    components: dict[str, Bytes]         # kind -> bytes
+    total_bytes: Bytes
+    free_bytes: int
+
+    @model_validator(mode="after")
+    def _adds_up(self) -> DeviceMemory:
+        if sum(self.components.values()) != self.total_bytes:
+            raise ValueError(f"{self.device}: total_bytes {self.total_bytes} is not the sum of its components "
+                             f"({sum(self.components.values())})")
+        if self.usable_bytes - self.total_bytes != self.free_bytes:
+            raise ValueError(f"{self.device}: free_bytes {self.free_bytes} is not usable_bytes - total_bytes")
+        return self
+
+
+class LayerPlan(Record):
+    layer: Index
+    gpu: Index
+    attention: AttentionKind
+    hot_experts: list[Index]             # sorted expert ids resident on the layer's GPU
+    hot_route_share: Share               # profiled share of this layer's routes the hot set covers
+
+
+class Policy(Record):
+    context: Count
+    sessions: Count
+    prefill_threshold: Count | None      # prefills of more tokens use upload-once; None: never
+    prefill_chunk: Count
+    upload_group: Count
+    decode_graph_routes: Count           # fixed route slots per layer in the decode graph (= top_k)
+    cpu_threads: Count
+    objective_phases: list[Phase]
+
+
+class KernelEntry(Record):
+    name: KernelName
+    template: Name                       # path under templates/
+    template_sha256: Sha256
+    params: dict[str, int | float | str]
+    flags: list[str]
+    content_sha256: Sha256               # over template text, params and flags
+    path: Name                           # the artifact, relative to the plan file
+
+
+class PrefillPrediction(Record):
+    tokens: Count
+    mode: Literal["split", "upload"]
+    split_ms: Milliseconds
+    upload_ms: Milliseconds
+    wait_ms: Milliseconds                # prefill in its mode + the first decode step
+
+
+class Predictions(Record):
+    hot_route_share: Share
+    hot_route_share_by_phase: dict[Phase, Share | None]   # None: the profile has no routes of that phase
+    decode_ms_per_token: Milliseconds
+    decode_tokens_per_s: float
+    wait_after_tool_output_120_tokens_ms: Milliseconds
+    prefill: list[PrefillPrediction]
+
+
+class Plan(Record):
+    schema_version: Literal[2]
+    notes: list[str]                     # what a reader must know (synthetic profile, skipped steps, ...)
+    provenance: Provenance
+    model: ModelSummary
+    hardware: HardwareSpec
+    memory: list[DeviceMemory]           # gpu0.., then host
+    layers: list[LayerPlan]
+    policy: Policy
+    kernels: list[KernelEntry]
+    predictions: Predictions
+    _folder: Path = PrivateAttr(default=Path("."))   # the plan file's folder: relative paths start there
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Plan:
+        m, gpus = self.model, self.hardware.gpus.count
+        if len(m.attention) != m.layers:
+            raise ValueError(f"field 'model.attention' has {len(m.attention)} entries, model.layers is {m.layers}")
+        if len(self.layers) != m.layers:
+            raise ValueError(f"field 'layers' has {len(self.layers)} entries, model.layers is {m.layers}")
+        for i, lp in enumerate(self.layers):
+            where = f"field 'layers[{i}]"
+            if lp.layer != i:
+                raise ValueError(f"{where}.layer' is {lp.layer}, expected {i} (layers in order)")
+            if lp.gpu >= gpus:
+                raise ValueError(f"{where}.gpu' is {lp.gpu}, the hardware has {gpus} GPU(s) (hardware.gpus.count)")
+            if lp.attention != m.attention[i]:
+                raise ValueError(f"{where}.attention' is {lp.attention}, model.attention says {m.attention[i]}")
+            bad = [e for e in lp.hot_experts if e >= m.routed_experts]
+            if bad:
+                raise ValueError(f"{where}.hot_experts' holds expert id {bad[0]}, the model has "
+                                 f"{m.routed_experts} experts (ids 0..{m.routed_experts - 1})")
+            if lp.hot_experts != sorted(set(lp.hot_experts)):
+                raise ValueError(f"{where}.hot_experts' must be sorted ids without repeats")
+        devices = [d.device for d in self.memory]
+        if devices != [f"gpu{g}" for g in range(gpus)] + ["host"]:
+            raise ValueError(f"field 'memory' lists devices {devices}, expected gpu0..gpu{gpus - 1} then host")
+        names = [k.name for k in self.kernels]
+        if len(set(names)) != len(names):
+            raise ValueError(f"field 'kernels' names a kernel twice: {[n.value for n in names]}")
+        return self
+
+    # ----- paths ---------------------------------------------------------------------------------
+    @property
+    def folder(self) -> Path:
+        return self._folder
+
+    def located_at(self, folder: str | Path) -> Plan:
+        """This plan, its relative paths resolved against `folder` (where its file is or will be)."""
+        new = self.model_copy()
+        new._folder = Path(folder)
+        return new
+
+    def resolve(self, relative: str) -> Path:
+        return self._folder / relative
+
+    @property
+    def model_dir(self) -> Path:
+        return self.resolve(self.model.path)
+
+    def kernel(self, name: KernelName) -> KernelEntry:
+        for k in self.kernels:
+            if k.name == name:
+                return k
+        raise PlanError(f"field 'kernels' has no '{name.value}' entry: compile the plan with kernels "
+                        "(without --no-kernels)")
+
+    # ----- writing -------------------------------------------------------------------------------
+    def dumps(self) -> str:
+        lines = [f"Ostinato placement plan for {self.model.path} on {self.hardware.name}, written by "
+                 f"ostinato-compile {self.provenance.compiler_version}: do not edit, recompile.",
+                 f"routing profile: {self.provenance.profile_source}",
+                 "paths are relative to this file's folder"] + [f"note: {n}" for n in self.notes]
+        header = "".join(f"# {line}\n" for line in lines)
+        return header + dump_yaml(self.model_dump(mode="json"))
+
+    def write(self, path: str | Path) -> Path:
+        """Write atomically (a reader never sees half a plan)."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+        tmp.write_text(self.dumps())
+        os.replace(tmp, path)
+        return path
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.dumps().encode()).hexdigest()
+
+
+def relative_to_plan(path: str | Path, plan_file: str | Path) -> str:
+    """How a plan written to `plan_file` names `path` (relative to the plan file's folder)."""
+    return os.path.relpath(Path(path).resolve(), Path(plan_file).resolve().parent)
+
+
+def plan_from_dict(data: object, source: str = "plan") -> Plan:
+    if isinstance(data, dict) and data.get("schema_version") != SCHEMA_VERSION:
+        raise PlanError(f"{source}: field 'schema_version' is {data.get('schema_version')!r}; this Ostinato reads "
+                        f"{SCHEMA_VERSION}: recompile the plan with ostinato-compile")
+    try:
+        return validate(Plan, data, source)
+    except SchemaError as e:
+        raise PlanError(str(e)) from None
+
+
+def load_plan(path: str | Path) -> Plan:
+    path = Path(path)
+    return plan_from_dict(read_yaml(path, PlanError), str(path)).located_at(path.resolve().parent)
+
+
+def check_fingerprint(plan: Plan, config_sha256: str, index_sha256: str | None) -> None:
+    """Refuse a plan built for another checkpoint, naming the field that differs."""
+    for name, mine, theirs in (("provenance.config_sha256", plan.provenance.config_sha256, config_sha256),
+                               ("provenance.index_sha256", plan.provenance.index_sha256, index_sha256)):
+        if mine != theirs:
+            raise PlanError(f"plan does not match this checkpoint: field '{name}' is {mine} in the plan, "
+                            f"{theirs} for the checkpoint (recompile the plan for this model)")
