@@ -21,12 +21,22 @@ from ostinato.checkpoint.fingerprint import ModelFingerprint, model_fingerprint
 from ostinato.checkpoint.reader import INDEX_NAME, SINGLE_NAME, Checkpoint
 from ostinato.checkpoint.tensor_specs import layer_specs
 from ostinato.hardware import HardwareSpec, load_hardware
-from ostinato.plan import (SCHEMA_VERSION, DeviceMemory, LayerPlan, ModelSummary, Plan, Policy, Predictions,
-                           PrefillPrediction, Provenance, relative_to_plan)
+from ostinato.plan import (
+    SCHEMA_VERSION,
+    DeviceMemory,
+    LayerPlan,
+    ModelSummary,
+    Plan,
+    Policy,
+    Predictions,
+    PrefillPrediction,
+    Provenance,
+    relative_to_plan,
+)
 
 from .codegen.plan_kernels import build_plan_kernels
 from .cost_model import CostModel, LayerCostInputs
-from .memory_model import MemoryPolicy, gpu_fixed_bytes, global_bytes, layer_resident_bytes, workspace_bytes
+from .memory_model import MemoryPolicy, global_bytes, gpu_fixed_bytes, layer_resident_bytes, workspace_bytes
 from .placement import DoesNotFit, Placement, PlacementProblem, place
 from .profile import PHASES, RoutingProfile, load_profile, synthetic_profile, uniform_profile
 
@@ -96,7 +106,7 @@ def read_profile(b: Build) -> None:
     if spec is None:
         b.profile = uniform_profile(cfg)
         b.notes.append("no routing profile given: planned from UNIFORM routing (every expert equally likely); "
-                       "record one with ostinato-profile for a useful hot set")
+                       "record one with ostinato-record for a useful hot set")
     elif spec.startswith("synthetic"):
         b.profile = synthetic_profile(cfg, alpha=synthetic_alpha(spec))
         b.notes.append(f"SYNTHETIC routing profile ({b.profile.source}); real routing was not measured")

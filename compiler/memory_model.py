@@ -4,7 +4,7 @@ Every formula is written out here so that a plan's numbers can be re-derived by 
 - dense weights as the kernels hold them (`stored`: FP8 + scales as in the checkpoint; `bf16`:
   FP8 matrices dequantized to 2 B per element, scales dropped); BF16/F32/int tensors as stored;
 - routed experts at MXFP4 bytes including scales (13,369,344 B each for V4-Flash);
-- KV cache per session (DSV4.md section 4), bf16 rows: every layer a sliding ring of
+- KV cache per session (docs/model.md section 4), bf16 rows: every layer a sliding ring of
   `sliding_window` rows of head_dim; compressed layers one row per `ratio` tokens; CSA also
   indexer keys (index_head_dim per 4 tokens); plus the compressors' fp32 partial-window state;
 - decode-graph buffers (1-token workspace plus one context of static KV state), upload staging,

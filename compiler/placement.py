@@ -72,6 +72,8 @@ class _RangeValues:
             merged = np.sort(np.concatenate(self.per_layer[start:stop]))[::-1]
             self.cache[key] = np.cumsum(merged)
         cum = self.cache[key]
+        if cum.size == 0:  # max_hot_per_layer 0: an all-cold placement covers nothing
+            return 0
         return int(cum[min(slots, cum.size) - 1])
 
 

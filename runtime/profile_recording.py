@@ -18,8 +18,8 @@ import torch
 from tqdm import tqdm
 
 from ostinato.checkpoint.fingerprint import model_fingerprint
-from ostinato.workload import SessionShape, TokenSource
 from ostinato.profile_format import PHASES, RoutingProfile, pack_touched
+from ostinato.workload import SessionShape, TokenSource
 
 DEFAULT_BOUNDARY = 1024
 
@@ -83,7 +83,7 @@ def record_profile(model, model_dir: str | Path, sessions: list[SessionShape], p
         bar.close()
     fp = model_fingerprint(model_dir)
     return RoutingProfile(counts=counter.counts, top_k=cfg.num_experts_per_tok, phase_boundary=phase_boundary,
-                          source=f"ostinato-profile ({tokens.kind} tokens, seed {seed})",
+                          source=f"ostinato-record ({tokens.kind} tokens, seed {seed})",
                           model_fingerprint=fp.combined, sessions=tuple(s.name for s in sessions),
                           pass_tokens=torch.tensor(counter.pass_tokens, dtype=torch.int64),
                           pass_phase=torch.tensor(counter.pass_phase, dtype=torch.int64),

@@ -3,8 +3,9 @@
 import pytest
 import torch
 
-from hf_reference import hf_parameter, load_reference
 from ostinato.checkpoint.reader import Checkpoint
+
+from hf_reference import hf_parameter, load_reference
 
 
 @pytest.mark.parametrize("fixture", ["tiny_ckpt", "small_ckpt"])

@@ -7,13 +7,13 @@ from pathlib import Path
 import pytest
 import yaml
 
+from ostinato.checkpoint import ModelConfig, model_sizes
+from ostinato.checkpoint.fingerprint import model_fingerprint
 from ostinato.compiler.cli import compile as compile_cli
 from ostinato.compiler.compile import CompileError, CompileOptions, compile_plan
 from ostinato.compiler.memory_model import kv_cache_bytes
-from ostinato.plans import plans_dir
-from ostinato.checkpoint import ModelConfig, model_sizes
-from ostinato.checkpoint.fingerprint import model_fingerprint
 from ostinato.plan import KernelName, PlanError, check_fingerprint, load_plan, plan_from_dict
+from ostinato.plans import plans_dir
 
 REPO = Path(__file__).resolve().parents[1]
 FLASH = Path("plans/models/deepseek-v4-flash")
@@ -59,7 +59,7 @@ def test_flash_memory_adds_up_to_the_checkpoint_bytes(in_repo):
 
 def test_kv_cache_matches_the_model_card():
     cfg = ModelConfig.from_json(REPO / FLASH / "config.json")
-    # DSV4.md 4: 6,880 B/token over the model, plus a constant 128 KiB sliding ring per layer + compressor state
+    # docs/model.md 4: 6,880 B/token over the model, plus a constant 128 KiB sliding ring per layer + compressor state
     per_token = sum(kv_cache_bytes(cfg, l, 2 * 128 * 1024) - kv_cache_bytes(cfg, l, 128 * 1024) for l in range(43))
     assert per_token == 6_880 * 128 * 1024
     assert kv_cache_bytes(cfg, 0, 10**6) == 128 * 1024                                   # sliding only

@@ -7,9 +7,10 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from conftest import compile_tiny_plan
 from ostinato.compiler.cost_model import EAGER_OPS_PER_LAYER
 from ostinato.runtime.engine.loader import load_engine
+
+from conftest import compile_tiny_plan
 
 
 class OpCounter(TorchDispatchMode):

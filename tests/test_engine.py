@@ -6,11 +6,12 @@ import shutil
 import pytest
 import torch
 
-from conftest import compile_tiny_plan
-from ostinato.runtime import load_model
-from ostinato.runtime.engine.loader import load_engine
 from ostinato.plan import PlanError
+from ostinato.runtime import load_model
 from ostinato.runtime.cli.run import main as run_main
+from ostinato.runtime.engine.loader import load_engine
+
+from conftest import compile_tiny_plan
 
 TOL = 1e-4  # relative to the logits' scale, float32
 

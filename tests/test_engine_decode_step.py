@@ -128,8 +128,8 @@ def test_ostinato_run_decode_modes_give_the_same_reply(compiled, tiny_ckpt, caps
 
 def test_a_cpu_kernel_for_an_isa_this_cpu_lacks_is_refused(compiled, tiny_ckpt, monkeypatch):
     """Loading it would die with SIGILL; the loader names the ISA and what to do instead."""
-    from ostinato.runtime.engine import loader
     from ostinato.plan import KernelName, PlanError
+    from ostinato.runtime.engine import loader
 
     plan, work = compiled
     monkeypatch.setattr(loader, "supports", lambda isa: isa == "avx2")

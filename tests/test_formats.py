@@ -4,8 +4,15 @@ import pytest
 import torch
 
 from ostinato.checkpoint.formats import (
-    FP4_VALUES, dequantize_fp8, dequantize_mxfp4, e8m0_to_float, pack_fp4_codes, quantize_fp8, quantize_mxfp4,
-    unpack_fp4_codes)
+    FP4_VALUES,
+    dequantize_fp8,
+    dequantize_mxfp4,
+    e8m0_to_float,
+    pack_fp4_codes,
+    quantize_fp8,
+    quantize_mxfp4,
+    unpack_fp4_codes,
+)
 
 
 def _e8m0(values):

@@ -9,10 +9,15 @@ import pytest
 
 from ostinato.compiler.codegen.cxx import KernelCompileError, compile_shared
 from ostinato.compiler.codegen.isa import isa_flags
-from ostinato.isa import detect_isa
-from ostinato.compiler.codegen.kernels import (CPU_TEMPLATE, CpuExpertParams, TritonExpertParams, build_cpu_experts,
-                                               render_triton_experts)
+from ostinato.compiler.codegen.kernels import (
+    CPU_TEMPLATE,
+    CpuExpertParams,
+    TritonExpertParams,
+    build_cpu_experts,
+    render_triton_experts,
+)
 from ostinato.compiler.codegen.render import render, sha256, template_text
+from ostinato.isa import detect_isa
 
 
 def test_render_is_byte_identical_and_stamped(tmp_path):

@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ostinato.isa import detect_isa
-from ostinato.compiler.codegen.kernels import CpuExpertParams, build_cpu_experts
 from ostinato.checkpoint.formats import unpack_fp4_codes
+from ostinato.compiler.codegen.kernels import CpuExpertParams, build_cpu_experts
+from ostinato.isa import detect_isa
 from ostinato.runtime.kernels.cpu_experts import CpuExpertKernel
 from ostinato.runtime.kernels.reference import dequantize_expert, moe_experts_reference
 from ostinato.runtime.kernels.routes import GroupedRoutes, group_routes

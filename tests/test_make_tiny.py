@@ -7,10 +7,10 @@ import pytest
 import torch
 from tokenizers import Tokenizer
 
+from ostinato.checkpoint.reader import Checkpoint
 from ostinato.cli import make_tiny as cli
 from ostinato.tiny import write_tiny_checkpoint
 from ostinato.tiny import writer as writer_module
-from ostinato.checkpoint.reader import Checkpoint
 
 
 def _same_files(a, b):

@@ -1,11 +1,11 @@
-"""Ostinato's DeepSeek-V4 forward against transformers' DeepseekV4ForCausalLM, float32 (DSV4.md 3).
+"""Ostinato's DeepSeek-V4 forward against transformers' DeepseekV4ForCausalLM, float32 (docs/model.md 3).
 
 Each config's reference is one transformers forward over the whole sequence (computed once per
 module); every way of feeding the same tokens (one prefill, uneven chunks, token-by-token decode,
 truncate-then-continue, forks) must reproduce those logits within 1e-4 of their scale.
 Configs: "tiny" (sliding, CSA, HCA, CSA; 4 heads; 16 experts top-4; 1 hash layer) and "small"
 (sliding, HCA, CSA, HCA, CSA, CSA; 8 heads; 32 experts top-6; 2 hash layers) with index_topk raised
-to 128 so the indexer keeps every visible entry (tie hazard, DSV4.md 6). The indexer's real top-k
+to 128 so the indexer keeps every visible entry (tie hazard, docs/model.md 6). The indexer's real top-k
 selection is compared separately, tie-aware, on the unmodified "small" checkpoint.
 """
 

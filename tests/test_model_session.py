@@ -1,5 +1,5 @@
 """Sessions on our model alone: truncation cost and correctness with a new continuation, fork
-independence, and cache memory per token as DSV4.md section 4 sizes it."""
+independence, and cache memory per token as docs/model.md section 4 sizes it."""
 
 from __future__ import annotations
 

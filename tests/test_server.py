@@ -10,10 +10,11 @@ import pytest
 import uvicorn
 from tokenizers import Tokenizer
 
-from conftest import compile_tiny_plan
 from ostinato.runtime.engine.loader import load_engine
 from ostinato.runtime.server.app import create_app
 from ostinato.runtime.server.dsml import render_tool_calls
+
+from conftest import compile_tiny_plan
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}}}}}]

@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 
 from ostinato.compiler.cost_model import CostModel, LayerCostInputs
-from ostinato.hardware import parse_hardware
 from ostinato.compiler.simulator.ktransformers import KTransformers
 from ostinato.compiler.simulator.llamacpp import LayerPlacement, LruCache, layers_that_fit
 from ostinato.compiler.simulator.ostinato_policy import Ostinato
 from ostinato.compiler.simulator.replay import simulate, summarize
 from ostinato.compiler.simulator.trace import TraceSampler, at_coverage, counts_of
+from ostinato.hardware import parse_hardware
 from ostinato.workload import SessionShape, Turn
 
 EXPERT = 1000          # bytes per expert

@@ -1,10 +1,10 @@
-"""Exact byte sizes of the real DeepSeek-V4-Flash from config.json alone (DSV4.md section 4)."""
+"""Exact byte sizes of the real DeepSeek-V4-Flash from config.json alone (docs/model.md section 4)."""
 
 import json
 
-from ostinato.plans import plans_dir
 from ostinato.checkpoint import ModelConfig, model_sizes
 from ostinato.checkpoint.reader import Checkpoint
+from ostinato.plans import plans_dir
 
 FLASH = plans_dir() / "models" / "deepseek-v4-flash" / "config.json"
 

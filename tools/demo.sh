@@ -16,8 +16,8 @@ echo "== 1. a tiny random DeepSeek-V4 checkpoint in the official format (planted
 echo
 echo "== 2. routing profiles: 8 coding sessions to plan from, 8 others held out (shapes shrunk to fit 2 cores)"
 shrink=(--limit-turns 10 --scale 0.1 --max-generated 8 --quiet)
-"$bin/ostinato-profile" "$out/tiny" --sessions "$sessions" --limit-sessions 8 "${shrink[@]}" -o "$out/profile.safetensors"
-"$bin/ostinato-profile" "$out/tiny" --sessions "$sessions" --first-session 8 --limit-sessions 8 "${shrink[@]}" \
+"$bin/ostinato-record" "$out/tiny" --sessions "$sessions" --limit-sessions 8 "${shrink[@]}" -o "$out/profile.safetensors"
+"$bin/ostinato-record" "$out/tiny" --sessions "$sessions" --first-session 8 --limit-sessions 8 "${shrink[@]}" \
     -o "$out/holdout.safetensors"
 "$bin/ostinato-profile" report "$out/profile.safetensors" --holdout "$out/holdout.safetensors" --budget-experts 4 \
     --plot "$out/coverage.png" | sed -n '5,16p'

@@ -16,7 +16,6 @@ Usage: python tools/gpu_check.py [--peak-gbs 4800] [--build-root DIR]
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import sys
 
@@ -145,28 +144,23 @@ def _decode_step_graph(prompt: int = 100, tokens: int = 24) -> int:
     from pathlib import Path
 
     from ostinato.compiler.compile import CompileOptions, compile_plan
-    from ostinato.tiny import write_tiny_checkpoint
+    from ostinato.isa import detect_isa
     from ostinato.plans import plans_dir
     from ostinato.runtime import load_model
-    from ostinato.isa import detect_isa
     from ostinato.runtime.engine.loader import load_engine
+    from ostinato.tiny import write_tiny_checkpoint
 
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         ckpt = write_tiny_checkpoint(work / "tiny", "tiny", seed=0, progress=False)
-        here = Path.cwd()
-        os.chdir(work)  # kernel artifacts are written and found relative to the working directory
-        try:
-            # the h200-x1 preset, with the host ISA of this machine (the preset's may be one it lacks)
-            spec = re.sub(r"(?m)^  isa: \S+", f"  isa: {detect_isa()}",
-                          (plans_dir() / "hardware" / "h200-x1.yaml").read_text())
-            (work / "hardware.yaml").write_text(spec)
-            plan = compile_plan(CompileOptions(ckpt, work / "plan.yaml", str(work / "hardware.yaml"), context=4096,
-                                               max_hot_per_layer=6)).plan
-            graph = load_engine(plan, ckpt, decode_graphs=True)
-            eager = load_engine(plan, ckpt, decode_graphs=False)
-        finally:
-            os.chdir(here)
+        # the h200-x1 preset, with the host ISA of this machine (the preset's may be one it lacks)
+        spec = re.sub(r"(?m)^  isa: \S+", f"  isa: {detect_isa()}",
+                      (plans_dir() / "hardware" / "h200-x1.yaml").read_text())
+        (work / "hardware.yaml").write_text(spec)
+        plan = compile_plan(CompileOptions(ckpt, work / "plan.yaml", str(work / "hardware.yaml"), context=4096,
+                                           max_hot_per_layer=6, kernel_dir=work / "kernels")).plan
+        graph = load_engine(plan, ckpt, decode_graphs=True)
+        eager = load_engine(plan, ckpt, decode_graphs=False)
         reference = load_model(ckpt)
         ids = torch.randint(0, reference.config.vocab_size, (prompt,), generator=torch.Generator().manual_seed(0))
         sessions = [e.new_session() for e in (graph, eager)] + [reference.new_session()]

@@ -25,14 +25,13 @@ def _start_tiny():
     from tokenizers import Tokenizer
 
     from ostinato.compiler.compile import CompileOptions, compile_plan
-    from ostinato.tiny import write_tiny_checkpoint
     from ostinato.runtime.engine.loader import load_engine
     from ostinato.runtime.server.app import create_app
+    from ostinato.tiny import write_tiny_checkpoint
     work = tempfile.mkdtemp(prefix="ostinato-load-")
-    os.chdir(work)
     ckpt = write_tiny_checkpoint(os.path.join(work, "tiny"), "tiny", seed=0, progress=False)
-    compile_plan(CompileOptions(ckpt, os.path.join(work, "plan.yaml"), "cpu-only", context=1024)).plan.write(
-        os.path.join(work, "plan.yaml"))
+    compile_plan(CompileOptions(ckpt, os.path.join(work, "plan.yaml"), "cpu-only", context=1024,
+                                kernel_dir=os.path.join(work, "kernels"))).plan.write(os.path.join(work, "plan.yaml"))
     engine = load_engine(os.path.join(work, "plan.yaml"), ckpt, device="cpu")
     app = create_app(engine, Tokenizer.from_file(os.path.join(ckpt, "tokenizer.json")), "tiny", cache_sessions=8)
     s = socket.socket()

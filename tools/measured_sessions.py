@@ -19,9 +19,9 @@ from ostinato.compiler.compile import CompileOptions, compile_plan
 from ostinato.compiler.simulator.replay import simulate
 from ostinato.compiler.simulator.trace import TraceSampler
 from ostinato.compiler.simulator.world import build_world
-from ostinato.tiny import write_tiny_checkpoint
 from ostinato.runtime.engine.loader import load_engine
 from ostinato.runtime.engine.lru_executor import lru_cache_engine
+from ostinato.tiny import write_tiny_checkpoint
 from ostinato.workload import TokenSource, shrink_sessions
 
 

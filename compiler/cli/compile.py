@@ -28,7 +28,7 @@ def parse_args(argv: list[str] | None) -> tuple[CompileOptions, bool]:
     p.add_argument("plan", type=Path, help="where to write plan.yaml")
     p.add_argument("--hardware", required=True,
                    help=f"hardware spec: a YAML file or a preset ({', '.join(available_presets())})")
-    p.add_argument("--profile", help="routing profile (.safetensors from ostinato-profile), or 'synthetic:ALPHA' "
+    p.add_argument("--profile", help="routing profile (.safetensors from ostinato-record), or 'synthetic:ALPHA' "
                                      "for a documented Zipf profile; default: uniform routing (said in the plan)")
     p.add_argument("--context", type=int, default=65536, help="context tokens per session to reserve KV for (65536)")
     p.add_argument("--sessions", type=int, default=1, help="sessions whose KV cache stays resident (1)")

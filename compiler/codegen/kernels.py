@@ -8,9 +8,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .cxx import BASE_FLAGS, compile_shared
 from ostinato.isa import ISAS, detect_isa, kernel_variant
 
+from .cxx import BASE_FLAGS, compile_shared
 from .isa import isa_flags
 from .render import KernelRecord, render
 

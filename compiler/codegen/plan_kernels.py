@@ -11,7 +11,7 @@ from __future__ import annotations
 from ostinato.plan import KernelEntry, KernelName, relative_to_plan
 
 from .kernels import CpuExpertParams, TritonExpertParams, build_cpu_experts, render_triton_experts
-from .render import KernelRecord, template_text, sha256
+from .render import KernelRecord, sha256, template_text
 
 
 def _entry(name: KernelName, record: KernelRecord, plan_file) -> KernelEntry:

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from ostinato.workload import SessionShape
+
 from .replay import simulate, summarize
 from .trace import TraceSampler, at_coverage
 from .world import World

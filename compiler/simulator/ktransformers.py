@@ -1,4 +1,4 @@
-"""KTransformers-like (kt-kernel + its SGLang fork, as ANCHORS.md paraphrases its docs): attention, the
+"""KTransformers-like (kt-kernel + its SGLang fork, as docs/baselines.md summarises its docs): attention, the
 shared expert and the dense parts on the GPU, every routed expert on the CPU (`--kt-num-gpu-experts`
 0 here; N > 0 keeps N chosen experts per layer on the GPU); prefills above
 `--kt-gpu-prefill-token-threshold` switch to layerwise GPU prefill, streaming the whole layer's experts

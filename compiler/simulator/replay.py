@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ostinato.workload import SessionShape
+
 from .policy import Forward, Policy
 from .trace import TraceSampler
 

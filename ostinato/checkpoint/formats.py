@@ -1,6 +1,6 @@
 """DeepSeek-V4 weight formats: FP8 e4m3 with e8m0 128x128 block scales, and MXFP4 experts.
 
-Decoding is bit-exact with transformers' loader (DSV4.md 2.2): every product is a small-mantissa
+Decoding is bit-exact with transformers' loader (docs/model.md 2.2): every product is a small-mantissa
 value times a power of two, so float32 (and bfloat16) hold it exactly. Encoding follows the recipe
 used for test checkpoints (power-of-two scales, round to nearest code).
 

@@ -1,6 +1,6 @@
 """Configs of the tiny test models: the official V4-Flash key set with small values.
 
-Constraints from the format (DSV4.md section 6): every FP8 matrix dim a multiple of 128, expert
+Constraints from the format (docs/model.md section 6): every FP8 matrix dim a multiple of 128, expert
 input dims multiples of 32, compress ratios only 0/4/128, index_head_dim >= qk_rope_head_dim.
 """
 

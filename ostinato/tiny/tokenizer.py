@@ -18,7 +18,7 @@ from ostinato.plans import plans_dir
 CORPUS = plans_dir() / "workloads" / "corpus.txt"
 
 BOS, EOS, PAD = "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜▁pad▁｜>"
-# Chat/tool markers of DeepSeek-V4 (DSV4.md section 5); ids differ from the real tokenizer's.
+# Chat/tool markers of DeepSeek-V4 (docs/model.md section 5); ids differ from the real tokenizer's.
 CHAT_SPECIALS = ("<｜User｜>", "<｜Assistant｜>", "<think>", "</think>", "｜DSML｜", "<｜latest_reminder｜>")
 SPECIAL_TOKENS = (BOS, EOS, PAD) + CHAT_SPECIALS
 

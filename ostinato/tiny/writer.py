@@ -17,6 +17,7 @@ from tqdm import tqdm
 
 from ostinato.checkpoint.config import ModelConfig
 from ostinato.checkpoint.tensor_specs import global_specs, layer_specs
+
 from .presets import preset_config
 from .tokenizer import write_tokenizer
 from .weights import encode_tensors

@@ -49,6 +49,14 @@ def parse_args(argv):
     a = p.parse_args(argv)
     if a.scale <= 0:
         p.error(f"--scale must be positive, got {a.scale}")
+    for name in ("max_new", "cache_sessions", "limit_turns"):
+        v = getattr(a, name)
+        if v is not None and v <= 0:
+            p.error(f"--{name.replace('_', '-')} must be positive, got {v}")
+    if a.max_generated is not None and a.max_generated < 0:
+        p.error(f"--max-generated must be >= 0, got {a.max_generated}")
+    if not 0 <= a.port <= 65535:
+        p.error(f"--port must be in 0..65535, got {a.port}")
     return a
 
 
@@ -121,3 +129,7 @@ def _prompt(engine, model_dir: Path, text: str, max_new: int) -> None:
         nxt = int(session.decode(nxt).argmax())
         out.append(nxt)
     print(tok.decode(out))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -19,18 +19,19 @@ Legend: T tokens, k routes per token, R routes, E experts, D hidden.
 from __future__ import annotations
 
 import time
-from contextlib import nullcontext
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
 
 from ostinato.checkpoint.reader import PackedExpert
+
 from ..kernels.cold_task import ColdBridge
 from ..kernels.cpu_experts import CpuExpertKernel, ExpertTable
+from ..kernels.routes import group_flat_routes
 from ..kernels.triton_experts import HotPool
 from .counters import Counters
-from ..kernels.routes import group_flat_routes
 from .hot_compute import DensePool
 
 MODES = ("split", "upload", "decode")

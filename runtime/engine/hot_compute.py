@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from ostinato.checkpoint.formats import dequantize_mxfp4
+
 from ..kernels.routes import group_flat_routes
 from ..kernels.triton_experts import HotPool, decode_experts, prefill_experts
 from ..model.experts import swiglu

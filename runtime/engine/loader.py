@@ -19,11 +19,12 @@ import torch
 
 from ostinato.checkpoint.fingerprint import model_fingerprint
 from ostinato.checkpoint.reader import Checkpoint, PackedExpert
-from ..kernels.cpu_experts import CpuExpertKernel
 from ostinato.isa import detect_isa, supports
+from ostinato.plan import KernelName, Plan, PlanError, check_fingerprint, load_plan
+
+from ..kernels.cpu_experts import CpuExpertKernel
 from ..kernels.triton_experts import HotPool, load_triton_module
 from ..model.model import Model, load_model
-from ostinato.plan import KernelName, Plan, PlanError, check_fingerprint, load_plan
 from .decode_runner import DecodeRunner
 from .executor import LayerExperts, PlacementExecutor
 from .hot_compute import DensePool, TorchPoolCompute, TritonPoolCompute

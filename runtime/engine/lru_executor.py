@@ -3,7 +3,7 @@
 llama.cpp's `--moe-cache-mib` keeps recently used experts on the GPU: a batch of up to 32 tokens
 reads the cache and fills it (a miss is uploaded and inserted, evicting the least recently used
 expert); a batch of more than 32 tokens (its op-offload size, GGML_OP_OFFLOAD_MIN_BATCH) only
-reads it: misses are uploaded for that batch and not inserted (ANCHORS.md). Here the cache holds as
+reads it: misses are uploaded for that batch and not inserted (docs/baselines.md). Here the cache holds as
 many experts per layer as the plan's hot set (the same bytes) and starts with that set.
 Built from an all-cold engine, whose host copies of every expert feed the uploads.
 """

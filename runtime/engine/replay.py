@@ -16,6 +16,7 @@ import numpy as np
 
 from ostinato.plan import Plan
 from ostinato.workload import SessionShape, TokenSource
+
 from .loader import Engine
 
 

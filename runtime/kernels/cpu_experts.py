@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from ostinato.checkpoint.reader import PackedExpert
+
 from .routes import GroupedRoutes
 
 _ERRORS = {-1: "T < 0", -2: "too many experts for this build", -3: "route offsets do not start at 0 or decrease",

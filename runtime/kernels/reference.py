@@ -1,4 +1,4 @@
-"""Pure-torch float32 reference of the routed experts (DSV4.md 2.2 and 3, MoE step 4-5).
+"""Pure-torch float32 reference of the routed experts (docs/model.md 2.2 and 3, MoE step 4-5).
 
 Legend: T = tokens, D = hidden, I = expert intermediate, n = routes of one expert.
 """
@@ -9,11 +9,12 @@ import torch
 
 from ostinato.checkpoint.formats import dequantize_mxfp4
 from ostinato.checkpoint.reader import PackedExpert
+
 from .routes import GroupedRoutes
 
 
 def dequantize_expert(e: PackedExpert) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(w1 [I, D], w3 [I, D], w2 [D, I]) in float32: exact (DSV4.md 2.2)."""
+    """(w1 [I, D], w3 [I, D], w2 [D, I]) in float32: exact (docs/model.md 2.2)."""
     return (dequantize_mxfp4(e.w1, e.w1_scale), dequantize_mxfp4(e.w3, e.w3_scale),
             dequantize_mxfp4(e.w2, e.w2_scale))
 

@@ -17,6 +17,7 @@ from types import ModuleType
 import torch
 
 from ostinato.checkpoint.reader import PackedExpert
+
 from .routes import GroupedRoutes
 
 

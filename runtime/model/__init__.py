@@ -1,4 +1,4 @@
-"""The DeepSeek-V4 forward pass, written from DSV4.md section 3, with session KV caches.
+"""The DeepSeek-V4 forward pass, written from docs/model.md section 3, with session KV caches.
 
 Module map (one concept each):
     rope.py              interleaved RoPE; plain (sliding layers) and YaRN (compressed layers) tables

@@ -1,4 +1,4 @@
-"""DeepSeek-V4 attention for all three layer kinds, on top of a LayerCache (DSV4.md section 3).
+"""DeepSeek-V4 attention for all three layer kinds, on top of a LayerCache (docs/model.md section 3).
 
 One shared K=V head (MQA). Keys of query t: the sliding window (positions t-W < s <= t) plus, in
 CSA/HCA layers, compressed entries: all complete ones (HCA) or the indexer's picks (CSA). A per-head

@@ -1,4 +1,4 @@
-"""The KV compressor of CSA and HCA layers (and of the CSA indexer), incremental (DSV4.md section 3.4).
+"""The KV compressor of CSA and HCA layers (and of the CSA indexer), incremental (docs/model.md section 3.4).
 
 Every complete window of m tokens (window w = positions [w*m, (w+1)*m)) becomes one entry: a softmax
 over the window's tokens (per channel) of gates z = x Wg + ape[pos mod m] weights the values

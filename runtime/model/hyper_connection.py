@@ -1,4 +1,4 @@
-"""Manifold-constrained hyper-connections (mHC): the residual is N parallel streams (DSV4.md section 3).
+"""Manifold-constrained hyper-connections (mHC): the residual is N parallel streams (docs/model.md section 3).
 
 Before each sublayer, `hc_pre` mixes the streams into the sublayer input and yields the `post` and
 `comb` weights; after it, `hc_post` writes the output back: X'_k = post_k * y + sum_j comb[j, k] X_j.

@@ -1,4 +1,4 @@
-"""The lightning indexer of CSA layers: which compressed entries each query attends to (DSV4.md 3.5).
+"""The lightning indexer of CSA layers: which compressed entries each query attends to (docs/model.md 3.5).
 
 score(t, w) = sum_h weight_h(t) * relu(qI_h(t) . K_w) / sqrt(dI), weight_h = (x Wp)_h / sqrt(HI).
 Entries not yet complete at t ((w+1)*m > t+1) score -inf; the top min(index_topk, n) are kept and any

@@ -1,4 +1,4 @@
-"""Per-session KV state of DeepSeek-V4 (DSV4.md section 4), built for agent sessions.
+"""Per-session KV state of DeepSeek-V4 (docs/model.md section 4), built for agent sessions.
 
 Per layer:
 - window: the last W-1 key(=value) rows (sliding branch; constant size; the current token is the W-th);

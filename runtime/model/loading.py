@@ -16,6 +16,7 @@ import torch
 
 from ostinato.checkpoint.errors import CheckpointError
 from ostinato.checkpoint.reader import Checkpoint
+
 from .attention import AttentionWeights
 from .compressor import CompressorWeights
 from .hyper_connection import HcHeadWeights, HcWeights

@@ -16,6 +16,7 @@ import torch
 
 from ostinato.checkpoint.config import ModelConfig
 from ostinato.checkpoint.reader import Checkpoint
+
 from .attention import attention
 from .compressor import CompressorState
 from .experts import DenseExpertExecutor, ExpertExecutor

@@ -1,4 +1,4 @@
-"""Interleaved rotary position embedding on the trailing channels of a head (DSV4.md section 3).
+"""Interleaved rotary position embedding on the trailing channels of a head (docs/model.md section 3).
 
 Pairs (2i, 2i+1) of the last R channels rotate by pos * theta_i. Sliding-only layers use the plain
 base (rope_theta); layers with a compressor (CSA, HCA; their compressor and indexer too) use

@@ -1,4 +1,4 @@
-"""MoE routing: sqrt(softplus) scores, bias-corrected top-k or hash routing (DSV4.md section 3, MoE).
+"""MoE routing: sqrt(softplus) scores, bias-corrected top-k or hash routing (docs/model.md section 3, MoE).
 
 Score routing: experts = top-k(s + bias) where s = sqrt(softplus(x Wg)); the bias only selects.
 Hash routing (first num_hash_layers layers): experts = tid2eid[token]. Either way the weights are the

@@ -1,4 +1,4 @@
-"""DeepSeek-V4 chat encoding (DSV4.md section 5): OpenAI messages -> prompt text -> token ids.
+"""DeepSeek-V4 chat encoding (docs/model.md section 5): OpenAI messages -> prompt text -> token ids.
 
 The exact format (S = the literal special tokens; `｜DSML｜` included, see dsml.py):
 

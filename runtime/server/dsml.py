@@ -1,6 +1,6 @@
 """DeepSeek-V4 tool calls (DSML): parse the model's text into OpenAI tool_calls, render them back.
 
-The format (DSV4.md section 5; `｜DSML｜` is one token), preceded by "\\n\\n" in an assistant turn:
+The format (docs/model.md section 5; `｜DSML｜` is one token), preceded by "\\n\\n" in an assistant turn:
 
     <｜DSML｜tool_calls>
     <｜DSML｜invoke name="NAME">
