@@ -98,3 +98,18 @@ def test_runtime_imports_neither_jinja2_nor_the_compiler():
             "ostinato.runtime.kernels.reference; "
             "bad = [m for m in sys.modules if m == 'jinja2' or m.startswith('ostinato.compiler')]; print(bad)")
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "[]"
+
+
+def test_every_spec_isa_renders_a_kernel_variant_the_template_has(tmp_path):
+    """One ISA list (ostinato/isa.py): each spec ISA maps to a code path of the template with its flags."""
+    from ostinato.hardware import HostSpec
+    from ostinato.isa import ISAS, KERNEL_VARIANTS, kernel_variant
+
+    assert set(HostSpec.model_fields["isa"].annotation.__args__) == set(ISAS)  # what a spec may name
+    for isa in ISAS:
+        params = CpuExpertParams(D=256, I=128, isa=isa).template_params()
+        assert params["isa"] == kernel_variant(isa) in KERNEL_VARIANTS
+        text = open(render(CPU_TEMPLATE, params, isa_flags(isa), root=tmp_path).path).read()
+        assert f'#define OST_ISA "{params["isa"]}"' in text
+        assert ("#define OST_AVX512 1" in text) == (params["isa"] != "avx2")
+        assert ("#define OST_BF16DOT 1" in text) == (params["isa"] == "avx512_bf16")
