@@ -94,7 +94,7 @@ class LayerPlan(Record):
 class Policy(Record):
     context: Count
     sessions: Count
-    prefill_threshold: Count | None      # prefills of more tokens use upload-once; None: never
+    prefill_threshold: Index | None      # prefills of more tokens use upload-once (0: all do); None: none do
     prefill_chunk: Count
     upload_group: Count
     decode_graph_routes: Count           # fixed route slots per layer in the decode graph (= top_k)

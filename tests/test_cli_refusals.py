@@ -76,7 +76,7 @@ CASES = {
         r"field 'policy\.cpu_threads': Input should be a valid integer, got 'two'"),
     "plan with prefill_threshold: -5": (
         _run_plan(lambda d: d["policy"].update(prefill_threshold=-5)),
-        r"field 'policy\.prefill_threshold': Input should be greater than 0, got -5"),
+        r"field 'policy\.prefill_threshold': Input should be greater than or equal to 0, got -5"),
     "plan with a misspelled key": (
         _run_plan(lambda d: d["policy"].update(cpu_thread=2)),
         r"field 'policy\.cpu_thread' is not a known field \(known fields here: context, "),
