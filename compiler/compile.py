@@ -212,7 +212,6 @@ def plan(b: Build) -> None:
                     comps[k] += v
         comps["hot_experts"] = sum(len(pl.hot[l]) for l in range(cfg.n_layers) if pl.layer_gpu[l] == g) * expert
         comps.update(b.gpu_fixed[g])
-        total = sum(comps.values())
         memory_rows.append(_device_memory(f"gpu{g}", hw.gpus.usable_bytes, comps))
     memory_rows.append(_device_memory("host", hw.host.usable_bytes, _host_components(b, expert)))
     counts = b.profile.phase_counts(o.objective_phases)

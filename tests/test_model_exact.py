@@ -19,10 +19,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from hf_reference import load_reference
 from ostinato.runtime import load_model
 from ostinato.runtime.model.compressor import CompressorState, compress
 from ostinato.runtime.model.indexer import index_queries, index_scores, select
+
+from hf_reference import load_reference
 
 S = 320  # > 2 HCA windows (128), 80 CSA windows
 TOL = 1e-4

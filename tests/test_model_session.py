@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import assert_close_to_scale
 from ostinato.runtime import load_model
+
+from conftest import assert_close_to_scale
 
 TOL = 1e-4
 

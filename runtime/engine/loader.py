@@ -20,7 +20,7 @@ import torch
 from ostinato.checkpoint.fingerprint import model_fingerprint
 from ostinato.checkpoint.reader import Checkpoint, PackedExpert
 from ostinato.isa import detect_isa, supports
-from ostinato.plan import KernelName, Plan, PlanError, check_fingerprint, load_plan
+from ostinato.plan import KernelEntry, KernelName, Plan, PlanError, check_fingerprint, load_plan
 
 from ..kernels.cpu_experts import CpuExpertKernel
 from ..kernels.triton_experts import HotPool, load_triton_module
@@ -64,19 +64,18 @@ def plan_devices(plan: Plan, device: str | None) -> list[torch.device]:
     return [torch.device("cuda", g) for g in range(n)]
 
 
-def _artifact(plan: Plan, name: KernelName) -> Path:
-    entry = plan.kernel(name)
+def _artifact(plan: Plan, entry: KernelEntry) -> Path:
     path = plan.resolve(entry.path)
     if not path.is_file():
-        raise PlanError(f"kernel artifact {path} (field 'kernels[{name.value}].path', relative to the plan's folder "
-                        f"{plan.folder}) not found: run ostinato-compile again")
+        raise PlanError(f"kernel artifact {path} (field 'kernels[{entry.name.value}].path', relative to the plan's "
+                        f"folder {plan.folder}) not found: run ostinato-compile again")
     return path
 
 
 def _cpu_kernel_for_this_host(plan: Plan) -> Path:
     """The plan's CPU kernel library, after checking this CPU can run its ISA (else SIGILL on load)."""
-    path = _artifact(plan, KernelName.COLD_EXPERTS_CPU)
-    isa = plan.kernel(KernelName.COLD_EXPERTS_CPU).params["isa"]
+    entry = plan.kernel(KernelName.COLD_EXPERTS_CPU)
+    path, isa = _artifact(plan, entry), entry.params["isa"]
     if not supports(isa):
         raise PlanError(f"the plan's CPU kernel {path} was built for {isa} (its hardware spec's host.isa), but this "
                         f"CPU supports at most {detect_isa()}: compile the plan with a hardware spec whose host.isa "
@@ -135,8 +134,9 @@ def load_engine(plan: str | Path | Plan, model_dir: str | Path | None = None, de
     with Checkpoint.open(model_dir) as ckpt:
         cfg = ckpt.config
         if backend == "triton":
-            compute = TritonPoolCompute(load_triton_module(_artifact(plan, KernelName.HOT_EXPERTS_PREFILL)),
-                                        load_triton_module(_artifact(plan, KernelName.HOT_EXPERTS_DECODE)))
+            compute = TritonPoolCompute(
+                load_triton_module(_artifact(plan, plan.kernel(KernelName.HOT_EXPERTS_PREFILL))),
+                load_triton_module(_artifact(plan, plan.kernel(KernelName.HOT_EXPERTS_DECODE))))
         else:
             compute = TorchPoolCompute(cfg.swiglu_limit)
         E, D, I = cfg.n_routed_experts, cfg.hidden_size, cfg.moe_intermediate_size
