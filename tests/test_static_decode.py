@@ -241,3 +241,24 @@ def test_checker_catches_host_reads(model):
         with pytest.raises(GraphUnsafe):
             graph_safe_trace(bad)
     assert graph_safe_trace(lambda: x.index_select(0, x[:2]).topk(1))  # fixed shapes: recorded, no error
+
+
+def test_indexer_ties_go_to_the_earlier_entry_in_both_paths():
+    """An exact tie at the k-th place has one answer, the same in the dynamic and the static selection."""
+    from ostinato.runtime.model.indexer import select, top_k_earliest
+    from ostinato.runtime.model.static_decode.indexer import select_fixed
+
+    scores = torch.tensor([[0.0, 2.0, 1.0, 1.0, 0.0, 1.0, 3.0, 1.0]])
+    assert top_k_earliest(scores, 4).tolist() == [[6, 1, 2, 3]]      # 1.0 ties at 2, 3, 5, 7: 2 and 3 win
+    assert top_k_earliest(scores, 6).tolist() == [[6, 1, 2, 3, 5, 7]]
+    # through both selections: one query head of weight 1, keys chosen so relu(q . key) = the scores above
+    n, d = scores.shape[1], 4
+    keys = torch.zeros(n, d)
+    keys[:, 0] = scores[0] * d ** 0.5
+    q, weights = torch.zeros(1, 1, d), torch.ones(1, 1)
+    q[0, 0, 0] = 1.0
+    position = torch.tensor([4 * n - 1])  # every entry visible (ratio 4)
+    dynamic = select(q, weights, keys, position, ratio=4, topk=4)
+    fixed, keep = select_fixed(q, weights, torch.cat((keys, torch.zeros(3, d))), torch.arange(n + 3),
+                               torch.tensor([n]), topk=4)
+    assert dynamic.tolist() == fixed.tolist() == [[6, 1, 2, 3]] and keep.all()

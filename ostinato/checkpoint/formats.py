@@ -89,7 +89,8 @@ def quantize_mxfp4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     exponent = _pow2_exponent(groups.abs().amax(dim=-1), FP4_MAX)  # [N, K/G]
     x = groups / exponent.to(torch.float32).exp2()[..., None]
     magnitudes = torch.tensor(FP4_VALUES[:8], dtype=torch.float32)
-    # Nearest magnitude; argmin takes the smaller one on an exact tie, deterministically.
-    code = (x.abs()[..., None] - magnitudes).abs().argmin(dim=-1).to(torch.uint8)  # [N, K/G, G]
+    # Nearest magnitude, the smaller one on an exact tie (bucketize puts a midpoint in the lower bucket).
+    midpoints = (magnitudes[1:] + magnitudes[:-1]) / 2
+    code = torch.bucketize(x.abs(), midpoints).to(torch.uint8)  # [N, K/G, G]
     code = code | ((x < 0).to(torch.uint8) << 3)
     return pack_fp4_codes(code.reshape(n, k)), _e8m0_from_exponent(exponent)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ostinato.tiny.presets import PRESETS
+from ostinato.tiny.presets import FLASH, PRESET_NAMES
 
 from .common import refuse
 
@@ -17,8 +17,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     "(native names, FP8 + e8m0 scales, MXFP4 experts, shards + index, config.json, tokenizer). "
                     "The same arguments always give byte-identical files.")
     p.add_argument("directory", help="where to write the checkpoint (created; must be empty unless --force)")
-    p.add_argument("--preset", default="tiny", choices=sorted(PRESETS),
-                   help="model size: 'tiny' runs in seconds on 2 cores; 'small' is larger (default: tiny)")
+    p.add_argument("--preset", default="tiny", choices=PRESET_NAMES,
+                   help="model size: 'tiny' runs in seconds on 2 cores; 'small' is larger; 'flash' has "
+                        "DeepSeek-V4-Flash's exact dimensions and real tokenizer, cut with --layers/--experts "
+                        "(default: tiny)")
+    p.add_argument("--layers", type=int, help="flash: the first N layers of V4-Flash (1..43; default all)")
+    p.add_argument("--experts", type=int, help="flash: routed experts per layer (6..256; default 256)")
     p.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
     p.add_argument("--popularity", type=float, default=0.0, metavar="S",
                    help="plant a synthetic per-layer expert popularity of strength S through the gate bias "
@@ -28,6 +32,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.popularity < 0:
         p.error(f"--popularity must be >= 0, got {args.popularity}")
+    if args.preset != FLASH and (args.layers is not None or args.experts is not None):
+        p.error("--layers and --experts slice the flash preset (--preset flash)")
     return args
 
 
@@ -37,8 +43,8 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         out = write_tiny_checkpoint(args.directory, args.preset, args.seed, args.popularity, args.force,
-                                    progress=not args.quiet)
-    except (FileExistsError, NotADirectoryError) as e:
+                                    progress=not args.quiet, layers=args.layers, experts=args.experts)
+    except (FileExistsError, NotADirectoryError, ValueError) as e:
         return refuse("ostinato-make-tiny", e)
     print(f"wrote {args.preset} checkpoint (seed {args.seed}, planted popularity {args.popularity}) to {out}")
     return 0

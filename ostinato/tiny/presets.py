@@ -1,7 +1,10 @@
-"""Configs of the tiny test models: the official V4-Flash key set with small values.
+"""Configs of the test models: the official V4-Flash key set with small values, or its real values.
 
-Constraints from the format (docs/model.md section 6): every FP8 matrix dim a multiple of 128, expert
-input dims multiples of 32, compress ratios only 0/4/128, index_head_dim >= qk_rope_head_dim.
+`tiny` and `small` shrink every dimension (constraints from the format, docs/model.md section 6:
+every FP8 matrix dim a multiple of 128, expert input dims multiples of 32, compress ratios only
+0/4/128, index_head_dim >= qk_rope_head_dim). `flash` keeps every V4-Flash value and only cuts the
+model to its first N layers (their real attention kinds, hash layers first) and E routed experts:
+a slice of the real model that fits a small machine.
 """
 
 from __future__ import annotations
@@ -42,9 +45,33 @@ def official_flash_config() -> dict:
     return json.loads((plans_dir() / "models" / "deepseek-v4-flash" / "config.json").read_text())
 
 
-def preset_config(name: str) -> dict:
+FLASH = "flash"                  # V4-Flash's own values, sliced (flash_config)
+PRESET_NAMES = sorted(PRESETS) + [FLASH]
+
+
+def flash_config(layers: int, experts: int) -> dict:
+    """V4-Flash's config.json cut to its first `layers` layers and `experts` routed experts."""
+    cfg = official_flash_config()
+    top_k, n_layers = cfg["num_experts_per_tok"], cfg["num_hidden_layers"]
+    if not 1 <= layers <= n_layers:
+        raise ValueError(f"--layers must be in 1..{n_layers} (V4-Flash has {n_layers}), got {layers}")
+    if not top_k <= experts <= cfg["n_routed_experts"]:
+        raise ValueError(f"--experts must be in {top_k}..{cfg['n_routed_experts']} (at least top-k = {top_k}), "
+                         f"got {experts}")
+    cfg.update(num_hidden_layers=layers, n_routed_experts=experts, num_hash_layers=min(cfg["num_hash_layers"], layers),
+               compress_ratios=cfg["compress_ratios"][:layers] + [0], num_nextn_predict_layers=0)
+    return cfg
+
+
+def preset_config(name: str, layers: int | None = None, experts: int | None = None) -> dict:
+    """The config.json of a preset; `layers` / `experts` slice the flash preset (None: all of them)."""
+    if name == FLASH:
+        full = official_flash_config()
+        return flash_config(layers or full["num_hidden_layers"], experts or full["n_routed_experts"])
     if name not in PRESETS:
-        raise ValueError(f"unknown preset '{name}'; choose one of {sorted(PRESETS)}")
+        raise ValueError(f"unknown preset '{name}'; choose one of {PRESET_NAMES}")
+    if layers is not None or experts is not None:
+        raise ValueError(f"--layers and --experts slice the flash preset, not '{name}'")
     cfg = official_flash_config()
     cfg.update(copy.deepcopy(PRESETS[name]))
     cfg["num_nextn_predict_layers"] = 0  # tiny models carry no MTP block

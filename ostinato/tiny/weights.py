@@ -58,36 +58,47 @@ def _dense_value(spec: TensorSpec, g: torch.Generator) -> torch.Tensor:
     return torch.randn(shape, generator=g) / math.sqrt(shape[-1])
 
 
+# Tensors above this many elements (V4-Flash's embedding and head: 529M) are made a block of rows at
+# a time straight into their stored dtype, so the float32 draft of the whole tensor never exists.
+BLOCKED_ELEMENTS = 1 << 26
+_BLOCK_ROWS = 4096
+
+
+def _blocked_value(spec: TensorSpec, g: torch.Generator) -> torch.Tensor:
+    out = torch.empty(spec.shape, dtype=torch.bfloat16 if spec.dtype == "BF16" else torch.float32)
+    for start in range(0, spec.shape[0], _BLOCK_ROWS):
+        rows = min(_BLOCK_ROWS, spec.shape[0] - start)
+        block = TensorSpec(spec.name, (rows,) + spec.shape[1:], spec.dtype, spec.role, spec.layer)
+        out[start:start + rows] = _dense_value(block, g)
+    return out
+
+
 def _expert_weight(cfg: ModelConfig, spec: TensorSpec, g: torch.Generator) -> torch.Tensor:
     rows = spec.shape[0]
     cols = spec.shape[1] * 2  # packed: two codes per byte
     return torch.randn((rows, cols), generator=g) / math.sqrt(cols)
 
 
-def encode_tensors(cfg: ModelConfig, specs: list[TensorSpec], seed: int, popularity: float) -> dict[str, torch.Tensor]:
-    """Stored tensors for `specs` (weights with their `.scale` siblings), in the official dtypes."""
-    out: dict[str, torch.Tensor] = {}
-    for spec in specs:
-        if spec.is_scale or spec.name in out:
-            continue  # produced together with its weight
-        g = _generator(seed, spec.name)
-        if spec.role == "hash_table":
-            probs = popularity_logits(cfg, spec.layer, seed, popularity).softmax(0)
-            rows = torch.multinomial(probs.float().expand(spec.shape[0], -1), spec.shape[1], replacement=False,
-                                     generator=g)
-            out[spec.name] = rows.to(torch.int64)
-        elif spec.role == "routed_expert":
-            q, s = quantize_mxfp4(_expert_weight(cfg, spec, g))
-            out[spec.name], out[_scale(spec.name)] = q, s
-        elif spec.dtype == "F8_E4M3":
-            q, s = quantize_fp8(_dense_value(spec, g))
-            out[spec.name], out[_scale(spec.name)] = q, s
-        else:
-            value = _dense_value(spec, g)
-            if spec.name.endswith("gate.bias"):
-                value = value + popularity_logits(cfg, spec.layer, seed, popularity).float()
-            out[spec.name] = value.to(torch.bfloat16 if spec.dtype == "BF16" else torch.float32)
-    return out
+def encode_spec(cfg: ModelConfig, spec: TensorSpec, seed: int, popularity: float) -> dict[str, torch.Tensor]:
+    """The stored tensor(s) for `spec` in the official dtypes: a quantized weight comes with its `.scale`."""
+    g = _generator(seed, spec.name)
+    if spec.role == "hash_table":
+        probs = popularity_logits(cfg, spec.layer, seed, popularity).softmax(0)
+        rows = torch.multinomial(probs.float().expand(spec.shape[0], -1), spec.shape[1], replacement=False,
+                                 generator=g)
+        return {spec.name: rows.to(torch.int64)}
+    if spec.role == "routed_expert":
+        q, s = quantize_mxfp4(_expert_weight(cfg, spec, g))
+        return {spec.name: q, _scale(spec.name): s}
+    if spec.dtype == "F8_E4M3":
+        q, s = quantize_fp8(_dense_value(spec, g))
+        return {spec.name: q, _scale(spec.name): s}
+    if math.prod(spec.shape) > BLOCKED_ELEMENTS:
+        return {spec.name: _blocked_value(spec, g)}
+    value = _dense_value(spec, g)
+    if spec.name.endswith("gate.bias"):
+        value = value + popularity_logits(cfg, spec.layer, seed, popularity).float()
+    return {spec.name: value.to(torch.bfloat16 if spec.dtype == "BF16" else torch.float32)}
 
 
 def _scale(weight_name: str) -> str:

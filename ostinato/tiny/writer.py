@@ -1,8 +1,10 @@
 """Write a random DeepSeek-V4 checkpoint in exactly the official on-disk format.
 
 Layout follows the official shards: embed alone, one shard per decoder layer, then head + norm +
-hc_head; `model.safetensors.index.json` maps every name to its shard. The directory appears whole
-or not at all: everything is written to a temporary sibling that is renamed into place.
+hc_head; `model.safetensors.index.json` maps every name to its shard. Shards are written tensor by
+tensor (shard_writer), so memory stays bounded by one tensor even for a V4-Flash layer's 3.4 GB of
+experts. The directory appears whole or not at all: everything is written to a temporary sibling
+that is renamed into place.
 """
 
 from __future__ import annotations
@@ -12,15 +14,15 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from safetensors.torch import save_file
 from tqdm import tqdm
 
 from ostinato.checkpoint.config import ModelConfig
+from ostinato.checkpoint.shard_writer import write_shard
 from ostinato.checkpoint.tensor_specs import global_specs, layer_specs
 
-from .presets import preset_config
-from .tokenizer import write_tokenizer
-from .weights import encode_tensors
+from .presets import FLASH, preset_config
+from .tokenizer import copy_real_tokenizer, write_tokenizer
+from .weights import encode_spec
 
 PROVENANCE_FILE = "ostinato_tiny.json"
 
@@ -34,11 +36,15 @@ def shard_groups(cfg: ModelConfig) -> list[list]:
 
 
 def write_tiny_checkpoint(directory: str | Path, preset: str = "tiny", seed: int = 0, popularity: float = 0.0,
-                          force: bool = False, progress: bool = True) -> Path:
+                          force: bool = False, progress: bool = True, layers: int | None = None,
+                          experts: int | None = None) -> Path:
+    """Write a random checkpoint of `preset`; `layers` / `experts` slice the flash preset."""
     directory = Path(directory)
+    if directory.exists() and not directory.is_dir():
+        raise NotADirectoryError(f"{directory} exists and is not a directory")
     if directory.exists() and any(directory.iterdir()) and not force:
         raise FileExistsError(f"{directory} exists and is not empty (use --force to replace it)")
-    raw = preset_config(preset)
+    raw = preset_config(preset, layers, experts)
     cfg = ModelConfig.from_dict(raw, source=f"preset '{preset}'")
     directory.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
@@ -47,23 +53,33 @@ def write_tiny_checkpoint(directory: str | Path, preset: str = "tiny", seed: int
         n = len(groups)
         weight_map: dict[str, str] = {}
         total = 0
-        for i, specs in enumerate(tqdm(groups, desc=f"writing {preset} checkpoint", unit="shard", disable=not progress)):
-            file = f"model-{i + 1:05d}-of-{n:05d}.safetensors"
-            tensors = encode_tensors(cfg, specs, seed, popularity)
-            save_file(tensors, str(tmp / file), metadata={"format": "pt"})
-            for name, t in tensors.items():
-                weight_map[name] = file
-                total += t.numel() * t.element_size()
+        bar = tqdm(total=sum(s.nbytes for specs in groups for s in specs), unit="B", unit_scale=True,
+                   desc=f"writing {preset} checkpoint", disable=not progress)
+        with bar:
+            def produce(spec):
+                tensors = encode_spec(cfg, spec, seed, popularity)
+                bar.update(sum(t.numel() * t.element_size() for t in tensors.values()))
+                return tensors.items()
+
+            for i, specs in enumerate(groups):
+                file = f"model-{i + 1:05d}-of-{n:05d}.safetensors"
+                total += write_shard(tmp / file, specs, produce)
+                weight_map.update((s.name, file) for s in specs)
         index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
         (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
         (tmp / "config.json").write_text(json.dumps(raw, indent=2) + "\n")
-        write_tokenizer(tmp, cfg.vocab_size, cfg.max_position_embeddings)
+        if preset == FLASH:
+            copy_real_tokenizer(tmp, cfg.vocab_size)
+        else:
+            write_tokenizer(tmp, cfg.vocab_size, cfg.max_position_embeddings)
         provenance = {"generator": "ostinato-make-tiny", "preset": preset, "seed": seed,
                       "planted_popularity": popularity,
                       "note": "random weights; any expert popularity is planted (synthetic), not learned"}
+        if preset == FLASH:
+            provenance.update(layers=cfg.num_hidden_layers, experts=cfg.n_routed_experts)
         (tmp / PROVENANCE_FILE).write_text(json.dumps(provenance, indent=2) + "\n")
         for f in tmp.iterdir():
-            f.chmod(0o644)  # mkdtemp and safetensors create private files; a checkpoint is shared data
+            f.chmod(0o644)  # mkdtemp creates private files; a checkpoint is shared data
         tmp.chmod(0o755)
         if directory.exists():
             shutil.rmtree(directory)

@@ -3,7 +3,11 @@
 score(t, w) = sum_h weight_h(t) * relu(qI_h(t) . K_w) / sqrt(dI), weight_h = (x Wp)_h / sqrt(HI).
 Entries not yet complete at t ((w+1)*m > t+1) score -inf; the top min(index_topk, n) are kept and any
 pick that is not visible is dropped (-1). When index_topk >= n every visible entry is kept.
-Exact score ties (the relu makes many zeros) are broken by torch.topk, as in transformers.
+Exact score ties (the relu makes many zeros) are broken by one rule, here and in the static decode
+step: the earlier entry wins (`top_k_earliest`). transformers takes torch.topk, whose choice among
+equal scores is unspecified (it depends on the tensor's shape and the kernel), so at an exact tie at
+the k-th place the two may keep different, equally scored, rows; the exactness tests keep
+index_topk >= the visible entries where they compare logits, and check selection apart.
 
 Legend: T queries, HI indexer heads, dI index head dim, n compressed entries, k picks, ql q_lora_rank.
 """
@@ -46,6 +50,12 @@ def index_scores(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor) -> 
     return (s * weights.unsqueeze(-1)).sum(dim=1)  # [T, n]
 
 
+def top_k_earliest(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """scores [..., n] -> indices [..., k] of the k largest, by descending score; among equal scores
+    the lower index first (a stable sort keeps their order), so ties have one defined answer."""
+    return scores.sort(dim=-1, descending=True, stable=True).indices[..., :k]
+
+
 def select(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor, positions: torch.Tensor, ratio: int,
            topk: int) -> torch.Tensor:
     """Top-k visible entries per query -> indices [T, k] int64, -1 where the pick is not visible."""
@@ -58,6 +68,6 @@ def select(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor, positions
     for s in range(0, t, block):
         scores = index_scores(q[s:s + block], weights[s:s + block], keys)  # [Tb, n]
         future = torch.arange(n, device=keys.device) >= visible[s:s + block, None]  # [Tb, n]
-        idx = scores.masked_fill(future, float("-inf")).topk(k, dim=-1).indices  # [Tb, k]
+        idx = top_k_earliest(scores.masked_fill(future, float("-inf")), k)  # [Tb, k]
         picks.append(torch.where(idx >= visible[s:s + block, None], -1, idx))
     return torch.cat(picks)  # [T, k]

@@ -4,8 +4,8 @@ The dynamic path keeps the top min(index_topk, n) of the n entries so far; here 
 index-key buffer are scored, rows not yet visible are masked to -inf, and a fixed k =
 min(index_topk, R) are taken; picks that are not visible are dropped (keep = False). While fewer
 than k entries are visible every visible one is kept, as in the dynamic path; beyond, the same
-top-k set is chosen up to exact score ties at the k-th place, which torch.topk may break differently
-for a different row count.
+top-k set is chosen, exact ties included: both paths break them by the same rule (the earlier
+entry wins, `top_k_earliest`), and the masked rows sort after every visible one.
 
 Legend: HI indexer heads, dI index head dim, R rows capacity, k picks.
 """
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from ..indexer import index_scores
+from ..indexer import index_scores, top_k_earliest
 
 
 def select_fixed(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor, row_ids: torch.Tensor,
@@ -24,5 +24,5 @@ def select_fixed(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor, row
     k = min(topk, keys.shape[0])
     scores = index_scores(q, weights, keys)  # [1, R]
     future = row_ids >= visible[:, None]  # [1, R]
-    picks = scores.masked_fill(future, float("-inf")).topk(k, dim=-1).indices  # [1, k]
+    picks = top_k_earliest(scores.masked_fill(future, float("-inf")), k)  # [1, k]
     return picks, picks < visible[:, None]
