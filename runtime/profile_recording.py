@@ -72,7 +72,7 @@ def record_profile(model, model_dir: str | Path, sessions: list[SessionShape], p
                 if turn.appended:
                     ids = tokens.take(turn.appended)
                     phase = "short_prefill" if turn.appended <= phase_boundary else "long_prefill"
-                    logits = counter.run(phase, turn.appended, lambda: session.prefill(ids))
+                    logits = counter.run(phase, turn.appended, lambda: session.prefill(ids, last_only=True))
                     nxt = int(logits[-1].argmax())
                 for _ in range(turn.generated if nxt is not None else 0):
                     logits = counter.run("decode", 1, lambda: session.decode(nxt))

@@ -53,7 +53,7 @@ def test_the_slice_has_flash_values_and_valid_files(flash_slice):
 def test_writing_is_streamed(flash_slice):
     out, peak = flash_slice
     size = sum(f.stat().st_size for f in out.glob("*.safetensors"))
-    assert size > 2 * GIB and peak < 2 * GIB, f"peak RSS {peak / GIB:.2f} GiB writing {size / GIB:.2f} GiB"
+    assert size > 2 * GIB and peak < 3 * GIB, f"peak RSS {peak / GIB:.2f} GiB writing {size / GIB:.2f} GiB"
 
 
 @pytest.mark.parametrize("layers, experts, problem", [(0, 256, "--layers must be in 1..43"),

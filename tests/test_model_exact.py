@@ -137,6 +137,28 @@ def test_csa_gather_path(case, monkeypatch):
     assert_close(torch.cat(got), case.ref, f"{case.name}: CSA with gathered picks")
 
 
+@pytest.mark.parametrize("gather", [False, True])
+def test_queries_attend_in_small_blocks(case, monkeypatch, gather):
+    # Long chunks attend a block of queries at a time: blocks of one to a few queries give the same logits.
+    from ostinato.runtime.model import attention
+
+    monkeypatch.setattr(attention, "ATTENTION_BLOCK_ELEMENTS", 1)  # every block is one query
+    if gather:
+        monkeypatch.setattr(attention, "CSA_DENSE_MAX_RATIO", 0.0)
+    session = case.model.new_session()
+    got = torch.cat([session.prefill(case.ids[:150]), session.prefill(case.ids[150:])])
+    assert_close(got, case.ref, f"{case.name}: one query per attention block")
+
+
+def test_last_only_prefill_gives_the_last_logits(case, monkeypatch):
+    monkeypatch.setattr(case.model, "prefill_chunk", 100)  # several chunks, only the last one's last row
+    session = case.model.new_session()
+    last = session.prefill(case.ids[:S - 1], last_only=True)
+    assert last.shape == (1, case.ref.shape[1])
+    assert_close(last, case.ref[S - 2:S - 1], f"{case.name}: last_only prefill")
+    assert_close(session.decode(case.ids[S - 1])[None], case.ref[S - 1:], f"{case.name}: decode after it")
+
+
 def test_fork_is_independent(case):
     base = case.model.new_session()
     base.prefill(case.ids[:200])

@@ -34,9 +34,9 @@ class _Recorder:
         inner, fed = self.model.new_session(), self.fed
 
         class S:
-            def prefill(self, ids):
+            def prefill(self, ids, last_only=False):
                 fed.extend(ids.tolist())
-                return inner.prefill(ids)
+                return inner.prefill(ids, last_only)
 
             def decode(self, token):
                 fed.append(int(token))

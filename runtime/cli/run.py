@@ -74,15 +74,17 @@ def main(argv: list[str] | None = None) -> int:
 
     from ..engine.loader import load_engine
     from ..engine.replay import HEADER, format_turn, replay, summary
+    from ..engine.resident import resident, resident_line
 
     try:
         dtype = torch.float32 if a.dtype == "float32" else torch.bfloat16
         engine = load_engine(a.plan, a.model, a.device, dtype, a.hot_backend, static_decode=a.decode != "dynamic",
-                             decode_graphs=a.decode == "graph")
+                             decode_graphs=a.decode == "graph", progress=None)  # a bar on a terminal's stderr
         model_dir = engine.model_dir
         print(f"plan {a.plan}: {engine.plan.model.layers} layers on {engine.plan.hardware.name} "
               f"(devices: {', '.join(sorted({str(d) for d in engine.devices}))}), "
               f"prefill threshold {engine.plan.policy.prefill_threshold}, decode: {_decode_label(a.decode, engine)}")
+        print(resident_line(resident(), engine.plan, engine.devices), flush=True)
         if a.serve:
             _serve(engine, model_dir, a)
         elif a.session:
@@ -121,7 +123,7 @@ def _prompt(engine, model_dir: Path, text: str, max_new: int) -> None:
     tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
     ids = [engine.model.config.bos_token_id] + tok.encode(text).ids
     session = engine.new_session()
-    nxt = int(session.prefill(ids)[-1].argmax())
+    nxt = int(session.prefill(ids, last_only=True)[-1].argmax())
     out = [nxt]
     for _ in range(max_new - 1):
         if nxt == engine.model.config.eos_token_id:

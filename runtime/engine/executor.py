@@ -32,7 +32,6 @@ from ..kernels.cpu_experts import CpuExpertKernel, ExpertTable
 from ..kernels.routes import group_flat_routes
 from ..kernels.triton_experts import HotPool
 from .counters import Counters
-from .hot_compute import DensePool
 
 MODES = ("split", "upload", "decode")
 
@@ -43,11 +42,12 @@ class LayerExperts:
     device: torch.device
     slot_of: torch.Tensor          # [E] int64 on device: hot pool slot, or -1
     cold_of: torch.Tensor          # [E] int64 on CPU: index into the cold table, or -1
-    hot_pool: HotPool              # packed hot experts on the device
-    hot_dense: DensePool | None    # dequantized hot pool (torch backend)
-    cold: list[PackedExpert]       # host copies of the cold experts (pinned with a GPU)
+    hot_pool: HotPool              # packed hot experts on the device (the only copy: no dequantized one)
+    cold: list[PackedExpert]       # the cold experts in host memory: views of the checkpoint's mmap
+                                   # (pinned copies when a GPU is used)
     cold_table: ExpertTable | None # their pointers for the CPU kernel
-    staging: list[HotPool]         # two upload buffers of `upload_group` experts each, on the device
+    staging: list[HotPool]         # two upload buffers of `upload_group` experts each, on the device,
+                                   # shared by every layer on that device (layers run one at a time)
 
 
 class PlacementExecutor:
@@ -87,14 +87,14 @@ class PlacementExecutor:
         c.distinct_cold += int(cold_ids.unique().numel())
         out = torch.zeros(t, x.shape[1], dtype=torch.float32, device=le.device)  # [T, D]
         if self.mode == "upload":
-            self._hot(le.hot_pool, le.hot_dense, x, token[hot], slot[hot], w[hot], out)
+            self._hot(le.hot_pool, x, token[hot], slot[hot], w[hot], out)
             self._upload_and_compute(le, x, token[~hot], cold_ids, w[~hot], out)
             return out.to(x.dtype)
         pending = self._submit_cold(le, x, token[~hot], cold_ids, w[~hot]) if cold_ids.numel() else None
         if self.mode == "decode":
             self._hot_decode(le, x, token, slot, w, out)
         else:
-            self._hot(le.hot_pool, le.hot_dense, x, token[hot], slot[hot], w[hot], out)
+            self._hot(le.hot_pool, x, token[hot], slot[hot], w[hot], out)
         if pending is not None:
             out += pending.result().to(le.device)
         return out.to(x.dtype)
@@ -109,7 +109,7 @@ class PlacementExecutor:
             bridge.start(x, ids, w)
         out = torch.zeros(1, x.shape[1], dtype=torch.float32, device=le.device)  # [1, D]
         if le.hot_pool.w1.shape[0]:
-            self.compute.decode(le.hot_pool, le.hot_dense, x, le.slot_of[ids], self._route_token[le.device], w, out)
+            self.compute.decode(le.hot_pool, x, le.slot_of[ids], self._route_token[le.device], w, out)
         if bridge is not None:
             out = out + bridge.finish()
         return out.to(x.dtype)
@@ -130,16 +130,16 @@ class PlacementExecutor:
         c.decode_step_s += seconds
 
     # ----- device side ------------------------------------------------------------------------
-    def _hot(self, pool: HotPool, dense: DensePool | None, x, token, slot, weight, out) -> None:
+    def _hot(self, pool: HotPool, x, token, slot, weight, out) -> None:
         start = time.perf_counter()
-        self.compute.prefill(pool, dense, x, token, slot, weight, out)
+        self.compute.prefill(pool, x, token, slot, weight, out)
         self.counters.hot_s += time.perf_counter() - start
 
     def _hot_decode(self, le: LayerExperts, x, token, slot, weight, out) -> None:
         """Fixed shapes: all k route slots are launched; cold ones are padding (slot -1, weight masked)."""
         start = time.perf_counter()
         if le.hot_pool.w1.shape[0]:
-            self.compute.decode(le.hot_pool, le.hot_dense, x, slot, token, weight, out)
+            self.compute.decode(le.hot_pool, x, slot, token, weight, out)
         self.counters.hot_s += time.perf_counter() - start
 
     def _upload_and_compute(self, le: LayerExperts, x, token, expert, weight, out) -> None:
@@ -164,13 +164,14 @@ class PlacementExecutor:
             local = torch.full((le.slot_of.numel(),), -1, dtype=torch.int64, device=expert.device)
             local[group] = torch.arange(group.numel(), device=expert.device)
             mine = local[expert] >= 0
-            dense = DensePool.from_packed(pool, group.numel(), self.dtype) if self.compute.name == "torch" else None
-            self._hot(pool, dense, x, token[mine], local[expert[mine]], weight[mine], out)
+            self._hot(pool, x, token[mine], local[expert[mine]], weight[mine], out)
         self.counters.experts_uploaded += distinct.numel()
         self.counters.bytes_uploaded += distinct.numel() * self.expert_bytes
 
     def _copy_group(self, le: LayerExperts, group: torch.Tensor, pool: HotPool, stream):
         start = time.perf_counter()
+        if stream is not None:  # the buffer's last reader (compute two groups back, or a previous layer's: the
+            stream.wait_stream(torch.cuda.current_stream(le.device))  # buffers are shared) must be done with it
         ctx = torch.cuda.stream(stream) if stream is not None else nullcontext()
         with ctx:
             for j, e in enumerate(group.tolist()):

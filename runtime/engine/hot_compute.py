@@ -3,37 +3,23 @@
 Two backends compute the same function:
 - `triton`: the generated Triton kernels (MXFP4 dequantized in-kernel); the GPU path, and on a
   CPU-only machine the same kernels under TRITON_INTERPRET=1 (slow: tests use small inputs);
-- `torch`: the pool dequantized once to the compute dtype and grouped matmuls; what a plan runs
-  on `--device cpu` by default, where the "GPU" is the CPU itself.
+- `torch`: what a plan runs on `--device cpu` by default, where the "GPU" is the CPU itself. It
+  holds nothing but the packed pool: a call dequantizes only the experts it is about to use, one
+  expert at a time and one matrix at a time (its gate|up rows [2I, D], then its down matrix
+  [D, I]), each dropped as soon as its matmul is done; so besides the pool it holds one matrix of
+  one expert in the compute dtype, whatever the pool's size.
 Routes are flat arrays: token [R], slot [R] (index into the pool), weight [R] float32.
-Legend: R routes, P pool slots, D hidden, I expert intermediate.
+Legend: R routes, K decode route slots, P pool slots, D hidden, I expert intermediate.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-from ostinato.checkpoint.formats import dequantize_mxfp4
-
+from ..kernels.mxfp4 import Mxfp4Table, dequantize
 from ..kernels.routes import group_flat_routes
 from ..kernels.triton_experts import HotPool, decode_experts, prefill_experts
 from ..model.experts import swiglu
-
-
-@dataclass
-class DensePool:
-    """A pool dequantized for the torch backend: w13 [P, 2I, D] (gate rows, then up), w2 [P, D, I]."""
-    w13: torch.Tensor
-    w2: torch.Tensor
-
-    @classmethod
-    def from_packed(cls, pool: HotPool, n: int, dtype: torch.dtype) -> "DensePool":
-        w1 = dequantize_mxfp4(pool.w1[:n], pool.w1_scale[:n], dtype)  # [n, I, D]
-        w3 = dequantize_mxfp4(pool.w3[:n], pool.w3_scale[:n], dtype)
-        w2 = dequantize_mxfp4(pool.w2[:n], pool.w2_scale[:n], dtype)  # [n, D, I]
-        return cls(torch.cat((w1, w3), dim=1), w2)
 
 
 class TorchPoolCompute:
@@ -41,32 +27,57 @@ class TorchPoolCompute:
 
     def __init__(self, limit: float):
         self.limit = limit
+        self._tables: dict[tuple[torch.device, torch.dtype], Mxfp4Table] = {}
 
-    def prefill(self, pool: HotPool, dense: DensePool | None, x: torch.Tensor, token: torch.Tensor,
-                slot: torch.Tensor, weight: torch.Tensor, out: torch.Tensor) -> None:
-        """out [T, D] float32 += routes' weighted expert outputs."""
+    def prepare(self, device: torch.device | str, dtype: torch.dtype) -> None:
+        """Make the dequantization table for `device` and compute `dtype` (before any graph capture)."""
+        self.table(torch.device(device), dtype)
+
+    def table(self, device: torch.device, dtype: torch.dtype) -> Mxfp4Table:
+        key = (device, dtype)
+        if key not in self._tables:
+            self._tables[key] = Mxfp4Table.make(device, dtype)
+        return self._tables[key]
+
+    def _expert(self, pool: HotPool, e: int | torch.Tensor, x: torch.Tensor, y: torch.Tensor,
+                table: Mxfp4Table) -> None:
+        """y [n, D] = the expert at pool slot e (an int, or a [1] index tensor on the pool's device)
+        applied to x [n, D], in the compute dtype; its matrices dequantized one at a time."""
+        w13 = dequantize(torch.cat((pool.w1[e], pool.w3[e]), dim=-2),
+                         torch.cat((pool.w1_scale[e], pool.w3_scale[e]), dim=-2), table)  # [2I, D]
+        h = swiglu(x @ w13.T, self.limit)  # [n, I]
+        del w13
+        w2 = dequantize(pool.w2[e], pool.w2_scale[e], table)  # [D, I]
+        torch.mm(h, w2.T, out=y)
+
+    def prefill(self, pool: HotPool, x: torch.Tensor, token: torch.Tensor, slot: torch.Tensor,
+                weight: torch.Tensor, out: torch.Tensor) -> None:
+        """out [T, D] float32 += routes' weighted expert outputs; only the slots with routes are dequantized."""
         if token.numel() == 0:
             return
+        table = self.table(x.device, x.dtype)
         order = slot.argsort(stable=True)
         token, slot, weight = token[order], slot[order], weight[order]
-        counts = torch.bincount(slot, minlength=dense.w13.shape[0]).tolist()
-        xs = x[token]  # [R, D]
-        start = 0
-        for s, c in enumerate(counts):
-            if c:
-                h = swiglu(xs[start:start + c] @ dense.w13[s].T, self.limit)  # [c, I]
-                y = (h @ dense.w2[s].T).float() * weight[start:start + c, None]  # [c, D]
-                out.index_add_(0, token[start:start + c], y)
-                start += c
+        counts = torch.bincount(slot, minlength=pool.w1.shape[0]).tolist()
+        used = [(s, c) for s, c in enumerate(counts) if c]
+        xs = x[token]  # [R, D] grouped by slot
+        ys = torch.empty_like(xs)  # [R, D]
+        sizes = [c for _, c in used]
+        for (s, _), xe, ye in zip(used, xs.split(sizes), ys.split(sizes)):
+            self._expert(pool, s, xe, ye, table)
+        out.index_add_(0, token, ys.float() * weight[:, None])
 
-    def decode(self, pool: HotPool, dense: DensePool, x: torch.Tensor, slot: torch.Tensor, token: torch.Tensor,
+    def decode(self, pool: HotPool, x: torch.Tensor, slot: torch.Tensor, token: torch.Tensor,
                weight: torch.Tensor, out: torch.Tensor) -> None:
-        """Fixed shapes: slot/token/weight [K], slot -1 = padding (contributes nothing)."""
-        valid = slot >= 0
-        s = slot.clamp(min=0)
-        h = swiglu(torch.einsum("kd,kid->ki", x[token], dense.w13[s]), self.limit)  # [K, I]
-        y = torch.einsum("ki,kdi->kd", h, dense.w2[s]).float()  # [K, D]
-        out.index_add_(0, token, y * (weight * valid)[:, None])
+        """Fixed shapes: slot/token/weight [K], slot -1 = padding (contributes nothing). All K route slots
+        run, one expert at a time (padding as slot 0 with weight 0): the same ops and shapes whatever the
+        routes are and no host reads, so the step stays capturable (on the CPU it runs eagerly)."""
+        table = self.table(x.device, x.dtype)
+        xs = x.index_select(0, token)  # [K, D]
+        ys = torch.empty_like(xs)  # [K, D]
+        for e, xe, ye in zip(slot.clamp(min=0).split(1), xs.split(1), ys.split(1)):  # K of each: fixed
+            self._expert(pool, e, xe, ye, table)
+        out.index_add_(0, token, ys.float() * (weight * (slot >= 0))[:, None])
 
 
 class TritonPoolCompute:
@@ -75,15 +86,18 @@ class TritonPoolCompute:
     def __init__(self, prefill_module, decode_module):
         self.prefill_mod, self.decode_mod = prefill_module, decode_module
 
-    def prefill(self, pool: HotPool, dense: DensePool | None, x: torch.Tensor, token: torch.Tensor,
-                slot: torch.Tensor, weight: torch.Tensor, out: torch.Tensor) -> None:
+    def prepare(self, device: torch.device | str, dtype: torch.dtype) -> None:
+        pass
+
+    def prefill(self, pool: HotPool, x: torch.Tensor, token: torch.Tensor, slot: torch.Tensor,
+                weight: torch.Tensor, out: torch.Tensor) -> None:
         if token.numel() == 0:
             return
         routes = group_flat_routes(token, slot, weight, pool.w1.shape[0])
         prefill_experts(self.prefill_mod, x.float().contiguous(), routes, pool, out)
 
-    def decode(self, pool: HotPool, dense: DensePool | None, x: torch.Tensor, slot: torch.Tensor,
-               token: torch.Tensor, weight: torch.Tensor, out: torch.Tensor) -> None:
+    def decode(self, pool: HotPool, x: torch.Tensor, slot: torch.Tensor, token: torch.Tensor,
+               weight: torch.Tensor, out: torch.Tensor) -> None:
         n = self.decode_mod.MAX_ROUTES
         h = torch.empty(n, self.decode_mod.I, dtype=torch.float32, device=x.device)
         decode_experts(self.decode_mod, x.float().contiguous(), slot.int(), token.int(), weight.float(), pool, out, h)

@@ -4,18 +4,23 @@
     session = engine.new_session()       # prefill picks split-route or upload-once by the plan's threshold
 
 The plan is checked against the checkpoint first (fingerprints; a mismatch names the field). Each
-layer's hot experts go to its planned device, packed (and dequantized for the torch backend); its
-cold experts stay in host memory (pinned when a GPU is used) behind the generated CPU kernel.
-With device="cpu" every planned GPU maps to the CPU, which is how tests and CI run all of it.
+layer's hot experts go to its planned device, packed as stored (both hot backends compute from the
+packed pool); its cold experts stay where the checkpoint is, memory-mapped (views of the safetensors
+files, no copies; pinned copies only when a GPU is used) behind the generated CPU kernel. Each
+device has two upload staging buffers, shared by its layers. So the runtime holds what the plan's
+memory rows count for experts. With device="cpu" every planned GPU maps to the CPU, which is how
+tests and CI run all of it.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from tqdm import tqdm
 
 from ostinato.checkpoint.fingerprint import model_fingerprint
 from ostinato.checkpoint.reader import Checkpoint, PackedExpert
@@ -27,7 +32,7 @@ from ..kernels.triton_experts import HotPool, load_triton_module
 from ..model.model import Model, load_model
 from .decode_runner import DecodeRunner
 from .executor import LayerExperts, PlacementExecutor
-from .hot_compute import DensePool, TorchPoolCompute, TritonPoolCompute
+from .hot_compute import TorchPoolCompute, TritonPoolCompute
 from .session import EngineSession
 
 
@@ -96,6 +101,8 @@ def model_directory(plan: Plan, model_dir: str | Path | None) -> Path:
 
 
 def _packed(ckpt: Checkpoint, layer: int, experts: list[int], pin: bool) -> list[PackedExpert]:
+    """The experts as stored: views of the checkpoint's memory-mapped files (scales viewed as uint8; the
+    stored tensors are contiguous, so `.contiguous()` copies nothing), or pinned host copies (`pin`)."""
     out = []
     for e in experts:
         p = ckpt.expert_packed(layer, e)
@@ -108,15 +115,17 @@ def _packed(ckpt: Checkpoint, layer: int, experts: list[int], pin: bool) -> list
 def _staging(n: int, D: int, I: int, device: torch.device) -> HotPool:
     def z(rows, cols, dtype):
         return torch.zeros(n, rows, cols, dtype=dtype, device=device)
-    return HotPool(z(I, D // 2, torch.int8), z(I, D // 32, torch.uint8), z(I, D // 2, torch.int8),
-                   z(I, D // 32, torch.uint8), z(D, I // 2, torch.int8), z(D, I // 32, torch.uint8))
+    return HotPool(*(z(rows, cols, torch.uint8) for rows, cols in ((I, D // 2), (I, D // 32), (I, D // 2),
+                                                                     (I, D // 32), (D, I // 2), (D, I // 32))))
 
 
 def load_engine(plan: str | Path | Plan, model_dir: str | Path | None = None, device: str | None = None,
                 dtype: torch.dtype = torch.float32, hot_backend: str | None = None, static_decode: bool = True,
-                decode_graphs: bool = True) -> Engine:
+                decode_graphs: bool = True, progress: bool | None = False) -> Engine:
     """The plan's engine. `static_decode`: decode through the fixed-shape step sized for the plan's
-    context (else the dynamic model); `decode_graphs`: capture that step as CUDA graphs on GPUs."""
+    context (else the dynamic model); `decode_graphs`: capture that step as CUDA graphs on GPUs.
+    `progress`: bars over the layers on stderr while weights are placed (routed experts, then the
+    rest of each layer); None: only when stderr is a terminal."""
     if not isinstance(plan, Plan):
         plan = load_plan(plan)
     model_dir = model_directory(plan, model_dir)
@@ -131,7 +140,9 @@ def load_engine(plan: str | Path | Plan, model_dir: str | Path | None = None, de
         raise PlanError("the triton hot backend on the CPU needs TRITON_INTERPRET=1 (or use the torch backend)")
     cpu_kernel = CpuExpertKernel(_cpu_kernel_for_this_host(plan))
     layers = []
-    with Checkpoint.open(model_dir) as ckpt:
+    disable = None if progress is None else not progress  # tqdm: None = only on a terminal
+    with Checkpoint.open(model_dir) as ckpt, tqdm(total=len(plan.layers), desc="placing experts", unit="layer",
+                                                 file=sys.stderr, disable=disable) as bar:
         cfg = ckpt.config
         if backend == "triton":
             compute = TritonPoolCompute(
@@ -140,8 +151,12 @@ def load_engine(plan: str | Path | Plan, model_dir: str | Path | None = None, de
         else:
             compute = TorchPoolCompute(cfg.swiglu_limit)
         E, D, I = cfg.n_routed_experts, cfg.hidden_size, cfg.moe_intermediate_size
+        staging = {}  # device -> its two upload buffers, shared by its layers (the plan counts one pair per GPU)
         for lp in plan.layers:
             dev = devices[lp.gpu]
+            compute.prepare(dev, dtype)
+            if dev not in staging:
+                staging[dev] = [_staging(plan.policy.upload_group, D, I, dev) for _ in range(2)]
             hot = list(lp.hot_experts)
             cold = sorted(set(range(E)) - set(hot))
             slot_of = torch.full((E,), -1, dtype=torch.int64)
@@ -149,15 +164,16 @@ def load_engine(plan: str | Path | Plan, model_dir: str | Path | None = None, de
             cold_of = torch.full((E,), -1, dtype=torch.int64)
             cold_of[cold] = torch.arange(len(cold))
             pool = HotPool.stack(_packed(ckpt, lp.layer, hot, False), dev) if hot else _staging(0, D, I, dev)
-            dense = DensePool.from_packed(pool, len(hot), dtype) if backend == "torch" else None
             cold_packed = _packed(ckpt, lp.layer, cold, pin=cuda)
-            layers.append(LayerExperts(dev, slot_of.to(dev), cold_of, pool, dense, cold_packed,
-                                       cpu_kernel.table(cold_packed) if cold else None,
-                                       [_staging(plan.policy.upload_group, D, I, dev) for _ in range(2)]))
+            layers.append(LayerExperts(dev, slot_of.to(dev), cold_of, pool, cold_packed,
+                                       cpu_kernel.table(cold_packed) if cold else None, staging[dev]))
+            bar.update()
     executor = PlacementExecutor(layers, compute, cpu_kernel, plan.policy.cpu_threads, plan.policy.upload_group,
                                  plan.model.expert_bytes, dtype, cfg.num_experts_per_tok)
-    model = load_model(model_dir, dtype=dtype, device=devices[0], executor=executor,
-                       prefill_chunk=plan.policy.prefill_chunk, layer_devices=[devices[lp.gpu] for lp in plan.layers])
+    with tqdm(total=len(plan.layers), desc="loading layers", unit="layer", file=sys.stderr, disable=disable) as bar:
+        model = load_model(model_dir, dtype=dtype, device=devices[0], executor=executor,
+                           prefill_chunk=plan.policy.prefill_chunk,
+                           layer_devices=[devices[lp.gpu] for lp in plan.layers], on_layer=lambda layer: bar.update())
     runner = DecodeRunner(model, executor, plan.policy.context, decode_graphs) if static_decode else None
     return Engine(plan, model_dir, model, executor, devices, runner)
 

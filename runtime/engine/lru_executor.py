@@ -15,7 +15,6 @@ from collections import OrderedDict
 import torch
 
 from .executor import PlacementExecutor
-from .hot_compute import DensePool
 from .loader import Engine, _staging
 
 FILL_MAX_TOKENS = 32  # llama.cpp: batches above this only read the cache
@@ -28,30 +27,25 @@ class LruCacheExecutor(PlacementExecutor):
         self.cache: list[OrderedDict] = []
         self.pools = []
         for le, hot, cap in zip(self.layers, warm, capacity):
-            pool = _staging(cap, D, I, le.device)
-            dense = DensePool.from_packed(pool, cap, self.dtype) if self.compute.name == "torch" else None
-            self.pools.append((pool, dense))
+            self.pools.append(_staging(cap, D, I, le.device))
             self.cache.append(OrderedDict())
             for e in hot[:cap]:
                 self._insert(len(self.pools) - 1, e, count=False)
 
     def _insert(self, layer: int, expert: int, count: bool = True) -> None:
-        le, cache, (pool, dense) = self.layers[layer], self.cache[layer], self.pools[layer]
+        le, cache, pool = self.layers[layer], self.cache[layer], self.pools[layer]
         if len(cache) < pool.w1.shape[0]:
             slot = len(cache)
         else:
             _, slot = cache.popitem(last=False)  # least recently used
         self._copy_group(le, torch.tensor([expert]), _SlotView(pool, slot), None)
-        if dense is not None:
-            one = DensePool.from_packed(_SlotView(pool, slot), 1, self.dtype)
-            dense.w13[slot], dense.w2[slot] = one.w13[0], one.w2[0]
         cache[expert] = slot
         if count:
             self.counters.experts_uploaded += 1
             self.counters.bytes_uploaded += self.expert_bytes
 
     def __call__(self, layer: int, x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        le, cache, (pool, dense) = self.layers[layer], self.cache[layer], self.pools[layer]
+        le, cache, pool = self.layers[layer], self.cache[layer], self.pools[layer]
         t, k = expert_ids.shape
         token = torch.arange(t, device=expert_ids.device).repeat_interleave(k)  # [R]
         ids, w = expert_ids.reshape(-1), weights.reshape(-1).float()
@@ -71,13 +65,13 @@ class LruCacheExecutor(PlacementExecutor):
         c.routes_cold += int((~hit).sum())
         c.distinct_cold += int(ids[~hit].unique().numel())
         out = torch.zeros(t, x.shape[1], dtype=torch.float32, device=le.device)  # [T, D]
-        self._hot(pool, dense, x, token[hit], slot[hit], w[hit], out)
+        self._hot(pool, x, token[hit], slot[hit], w[hit], out)
         self._upload_and_compute(le, x, token[~hit], ids[~hit], w[~hit], out)  # bypass: not inserted
         return out.to(x.dtype)
 
 
 class _SlotView:
-    """One slot of a pool, shaped like a one-expert pool (for the copy and dequantize helpers)."""
+    """One slot of a pool, shaped like a one-expert pool (for the copy helper)."""
 
     def __init__(self, pool, slot: int):
         for name in ("w1", "w1_scale", "w3", "w3_scale", "w2", "w2_scale"):

@@ -53,7 +53,7 @@ def replay(engine: Engine, shape: SessionShape, tokens: TokenSource, on_turn=Non
         mode = "none"
         if turn.appended:
             mode = session.prefill_mode(turn.appended)
-            logits = session.prefill(tokens.take(turn.appended))
+            logits = session.prefill(tokens.take(turn.appended), last_only=True)
             nxt = int(logits[-1].argmax())
         prefill = counters.minus(before)
         wait, speed = 0.0, None

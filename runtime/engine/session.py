@@ -27,11 +27,11 @@ class EngineSession:
     def prefill_mode(self, n: int) -> str:
         return "upload" if self.threshold is not None and n > self.threshold else "split"
 
-    def prefill(self, token_ids) -> torch.Tensor:
+    def prefill(self, token_ids, last_only: bool = False) -> torch.Tensor:
         ids = torch.as_tensor(token_ids, dtype=torch.long).reshape(-1)
         self._release()
         self.executor.set_mode(self.prefill_mode(ids.numel()))
-        return self.session.prefill(ids)
+        return self.session.prefill(ids, last_only)
 
     def decode(self, token_id) -> torch.Tensor:
         if self.runner is not None:

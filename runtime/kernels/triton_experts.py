@@ -33,20 +33,20 @@ def load_triton_module(path: str | Path) -> ModuleType:
 
 @dataclass(frozen=True)
 class HotPool:
-    """P experts stacked for the GPU kernel; scales as raw e8m0 bytes (uint8)."""
+    """P experts stacked for the expert kernels, every byte as stored, held as uint8: MXFP4 pairs
+    (the checkpoint's int8; the kernels read them as unsigned bytes) and raw e8m0 scales."""
 
-    w1: torch.Tensor  # [P, I, D/2] int8
+    w1: torch.Tensor  # [P, I, D/2] uint8
     w1_scale: torch.Tensor  # [P, I, D/32] uint8
     w3: torch.Tensor
     w3_scale: torch.Tensor
-    w2: torch.Tensor  # [P, D, I/2] int8
+    w2: torch.Tensor  # [P, D, I/2] uint8
     w2_scale: torch.Tensor  # [P, D, I/32] uint8
 
     @classmethod
     def stack(cls, experts: list[PackedExpert], device: str | torch.device = "cpu") -> "HotPool":
         def st(name):
-            return torch.stack([getattr(e, name).view(torch.uint8) if "scale" in name else getattr(e, name)
-                                for e in experts]).to(device).contiguous()
+            return torch.stack([getattr(e, name).view(torch.uint8) for e in experts]).to(device).contiguous()
         return cls(*(st(n) for n in ("w1", "w1_scale", "w3", "w3_scale", "w2", "w2_scale")))
 
 

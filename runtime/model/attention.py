@@ -5,8 +5,11 @@ CSA/HCA layers, compressed entries: all complete ones (HCA) or the indexer's pic
 sink logit joins the softmax denominator only. The output's rope channels are rotated back by -t
 (values carry rope too), then heads go through the grouped low-rank output projection.
 
-Memory per call is linear in the context: window logits T x H x W (banded), HCA logits T x H x n,
-CSA logits T x H x min(n, k*hd/H) (scored densely while that is smaller than gathering T x k keys). Long prefills are chunked by the session, which keeps T bounded.
+Memory per call is bounded whatever the context: the cache updates (window, compressor rows, index
+keys) take the whole chunk, then queries attend in blocks whose logits (H x keys per query) and
+gathered CSA values (k x hd per query) stay under ATTENTION_BLOCK_ELEMENTS: at V4-Flash's 64 heads x
+512 dims a 4,096-token chunk would otherwise hold gigabytes. Keys per query: the window W, plus n
+(HCA, and CSA while scoring every entry densely is cheaper than gathering k) or k (CSA, gathered).
 
 Legend: T new tokens, H heads, hd head_dim, ql q_lora_rank, G o_groups, ol o_lora_rank,
 W sliding_window, n compressed entries, k CSA picks, D hidden.
@@ -27,6 +30,8 @@ from .rope import Rope, apply_rope
 # CSA scores every compressed entry and masks the unpicked ones while that costs no more than
 # gathering each query's k picked rows (n * H <= ratio * k * hd); beyond, it gathers.
 CSA_DENSE_MAX_RATIO = 1.0
+# Elements (logits, gathered values) one block of queries may materialize at once.
+ATTENTION_BLOCK_ELEMENTS = 1 << 24
 
 
 @dataclass(frozen=True)
@@ -53,8 +58,19 @@ def attention(w: AttentionWeights, x: torch.Tensor, positions: torch.Tensor, cac
     cos, sin = rope.cos_sin(positions)  # [T, R/2] each
     qr, q, kv = project_qkv(w, x, cos, sin, eps)
     lw, vw = _window(w, q, kv, cache)  # [T, H, W], [T, W, hd]
-    lc, vc = _compressed(w, q, qr, x, positions, cache, rope, cos, sin, eps) if w.compressor else (None, None)
-    return attend_and_project(w, lw, vw, lc, vc, cos, sin)
+    rows, picks = _extend_compressed(w, qr, x, positions, cache, rope, cos, sin, eps)  # [n, hd], [T, k]
+    per_query = w.n_heads * (w.window + 1)
+    if rows is not None:
+        gathered = picks is not None and not _csa_dense(w, rows.shape[0], picks.shape[1])
+        per_query += w.n_heads * picks.shape[1] + picks.shape[1] * w.head_dim if gathered else \
+            w.n_heads * rows.shape[0]
+    block = max(1, ATTENTION_BLOCK_ELEMENTS // per_query)
+    out = []
+    for s in range(0, x.shape[0], block):
+        e = s + block
+        lc, vc = _compressed_logits(w, q[s:e], positions[s:e], rows, None if picks is None else picks[s:e])
+        out.append(attend_and_project(w, lw[s:e], vw[s:e], lc, vc, cos[s:e], sin[s:e]))  # [Tb, D]
+    return torch.cat(out)  # [T, D]
 
 
 def project_qkv(w: AttentionWeights, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, eps: float
@@ -106,33 +122,47 @@ def _window(w: AttentionWeights, q: torch.Tensor, kv: torch.Tensor, cache: Layer
     return logits.masked_fill(~valid[:, None, :], float("-inf")), band.transpose(1, 2)
 
 
-def _compressed(w: AttentionWeights, q: torch.Tensor, qr: torch.Tensor, x: torch.Tensor, positions: torch.Tensor,
-                cache: LayerCache, rope: Rope, cos: torch.Tensor, sin: torch.Tensor, eps: float
-                ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """Compressed branch: extend the rows (and CSA index keys), then the logits over the entries each
-    query may use -> (logits [T, H, n|k] float32, values [n, hd] or [T, k, hd]), or (None, None)."""
-    t, H, hd = q.shape
-    scale = hd ** -0.5
+def _extend_compressed(w: AttentionWeights, qr: torch.Tensor, x: torch.Tensor, positions: torch.Tensor,
+                       cache: LayerCache, rope: Rope, cos: torch.Tensor, sin: torch.Tensor, eps: float
+                       ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """Compressed branch, whole chunk: extend the rows (and CSA index keys), pick each query's entries
+    -> (rows [n, hd], CSA picks [T, k] or None for HCA), or (None, None) with no compressed entry yet."""
     c, ix = w.compressor, w.indexer
+    if c is None:
+        return None, None
     entries, cache.comp = compress(c, x, cache.comp, cache.rows.n, rope, eps)
     cache.rows.append(entries)
     if ix is not None:
         ientries, cache.index_comp = compress(ix.compressor, x, cache.index_comp, cache.index_rows.n, rope, eps)
         cache.index_rows.append(ientries)
     rows = cache.rows.view()  # [n, hd]
-    n = rows.shape[0]
-    if n == 0:
+    if rows.shape[0] == 0:
         return None, None
-    if ix is None:  # HCA: every complete entry
-        future = torch.arange(n, device=x.device) >= ((positions + 1) // c.ratio)[:, None]  # [T, n]
-        return ((q @ rows.T).float() * scale).masked_fill(future[:, None, :], float("-inf")), rows  # [T, H, n]
+    if ix is None:
+        return rows, None
     qi, hw = index_queries(ix, qr, x, cos, sin)
-    picks = select(qi, hw, cache.index_rows.view(), positions, c.ratio, ix.topk)  # [T, k]
-    if n * H <= CSA_DENSE_MAX_RATIO * picks.shape[1] * hd:
-        # Few entries: score them all and mask the unpicked (cheaper than gathering T x k rows).
-        chosen = torch.zeros(t, n + 1, dtype=torch.bool, device=x.device)  # [T, n+1], column n: dropped picks
+    return rows, select(qi, hw, cache.index_rows.view(), positions, c.ratio, ix.topk)  # [T, k]
+
+
+def _csa_dense(w: AttentionWeights, n: int, k: int) -> bool:
+    return n * w.n_heads <= CSA_DENSE_MAX_RATIO * k * w.head_dim
+
+
+def _compressed_logits(w: AttentionWeights, q: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor | None,
+                       picks: torch.Tensor | None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """Logits of queries q [Tb, H, hd] over the compressed entries each may use -> (logits [Tb, H, n|k]
+    float32, values [n, hd] or [Tb, k, hd]), or (None, None)."""
+    if rows is None:
+        return None, None
+    t, n, scale = q.shape[0], rows.shape[0], w.head_dim ** -0.5
+    if picks is None:  # HCA: every complete entry
+        future = torch.arange(n, device=q.device) >= ((positions + 1) // w.compressor.ratio)[:, None]  # [Tb, n]
+        return ((q @ rows.T).float() * scale).masked_fill(future[:, None, :], float("-inf")), rows  # [Tb, H, n]
+    if _csa_dense(w, n, picks.shape[1]):
+        # Few entries: score them all and mask the unpicked (cheaper than gathering Tb x k rows).
+        chosen = torch.zeros(t, n + 1, dtype=torch.bool, device=q.device)  # [Tb, n+1], column n: dropped picks
         chosen.scatter_(1, torch.where(picks < 0, n, picks), True)
-        return ((q @ rows.T).float() * scale).masked_fill(~chosen[:, None, :n], float("-inf")), rows  # [T, H, n]
-    picked = rows[picks.clamp(min=0)]  # [T, k, hd]
-    logits = torch.bmm(q, picked.transpose(1, 2)).float() * scale  # [T, H, k]
+        return ((q @ rows.T).float() * scale).masked_fill(~chosen[:, None, :n], float("-inf")), rows  # [Tb, H, n]
+    picked = rows[picks.clamp(min=0)]  # [Tb, k, hd]
+    logits = torch.bmm(q, picked.transpose(1, 2)).float() * scale  # [Tb, H, k]
     return logits.masked_fill((picks < 0)[:, None, :], float("-inf")), picked

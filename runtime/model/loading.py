@@ -11,6 +11,7 @@ Legend: V vocab, D hidden.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -111,9 +112,11 @@ def _layer(c: Claims, layer: int, dtype: torch.dtype) -> LayerWeights:
                         c.get(f"{p}.ffn_norm.weight", F32), _hc(c, f"{p}.hc_attn"), _hc(c, f"{p}.hc_ffn"), attn, moe)
 
 
-def load_weights(c: Claims, dtype: torch.dtype, layer_devices: list | None = None) -> ModelWeights:
+def load_weights(c: Claims, dtype: torch.dtype, layer_devices: list | None = None,
+                 on_layer: Callable[[int], None] | None = None) -> ModelWeights:
     """Every non-expert weight of the model (the caller checks the claims once the executor has loaded).
-    Layer i's weights go to layer_devices[i] (default: the claims' device), the head to the last one's."""
+    Layer i's weights go to layer_devices[i] (default: the claims' device), the head to the last one's.
+    `on_layer(i)` is called after layer i's weights are loaded (progress)."""
     n = c.ckpt.config.num_hidden_layers
     first = c.device
     devices = list(layer_devices or [first] * n)
@@ -122,6 +125,8 @@ def load_weights(c: Claims, dtype: torch.dtype, layer_devices: list | None = Non
     for layer in range(n):
         c.device = devices[layer]
         layers.append(_layer(c, layer, dtype))
+        if on_layer is not None:
+            on_layer(layer)
     head = (c.get("head.weight", F32), c.get("norm.weight", F32),
             HcHeadWeights(c.get("hc_head_fn", F32), c.get("hc_head_base", F32), c.get("hc_head_scale", F32)))
     c.device = first

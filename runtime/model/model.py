@@ -70,8 +70,10 @@ class Model:
         return Session(self)
 
     @torch.no_grad()
-    def forward(self, token_ids: torch.Tensor, cache: KvCache) -> torch.Tensor:
-        """token_ids [T] following cache.position -> logits [T, V] float32; advances the cache."""
+    def forward(self, token_ids: torch.Tensor, cache: KvCache, last_only: bool = False) -> torch.Tensor:
+        """token_ids [T] following cache.position -> logits [T, V] float32 ([1, V]: the last position's,
+        with last_only: a long prompt's logits at V4-Flash's vocabulary are 0.5 MB per token); advances
+        the cache."""
         cfg, w = self.config, self.weights
         eps, t = cfg.rms_norm_eps, token_ids.shape[0]
         positions = torch.arange(t, device=self.device) + cache.position  # [T]
@@ -87,7 +89,7 @@ class Model:
                                     lambda x: attention(lw.attn, x, positions, lc, rope, eps),
                                     lambda x: moe(lw.moe, lw.index, x, token_ids, self.executor, self.observer))
         cache.position += t
-        return self.head(streams.to(self.layer_devices[-1]))
+        return self.head((streams[-1:] if last_only else streams).to(self.layer_devices[-1]))
 
     def head(self, streams: torch.Tensor) -> torch.Tensor:
         """Residual streams [T, N, D] on the last layer's device -> logits [T, V] float32."""
@@ -109,14 +111,15 @@ def decoder_block(lw: LayerWeights, streams: torch.Tensor, hc: tuple, attn: Call
 
 def load_model(ckpt_dir: str | Path, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
                executor: ExpertExecutor | None = None, prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
-               layer_devices: list | None = None) -> Model:
+               layer_devices: list | None = None, on_layer: Callable[[int], None] | None = None) -> Model:
     """The model of an official-format checkpoint. Without `executor`, every routed expert is
     dequantized into a DenseExpertExecutor; with one, routed experts are left to it.
     `layer_devices` places each layer's dense weights and cache on its device (a plan's pipeline);
-    the embedding stays on `device`, the head goes with the last layer."""
+    the embedding stays on `device`, the head goes with the last layer. `on_layer(i)` is called as each
+    layer's weights are loaded (progress)."""
     with Checkpoint.open(ckpt_dir) as ckpt:
         claims = Claims(ckpt, device)
-        weights = load_weights(claims, dtype, layer_devices)
+        weights = load_weights(claims, dtype, layer_devices, on_layer)
         if executor is None:
             executor = DenseExpertExecutor.from_checkpoint(ckpt, dtype, device, claims)
             claims.check()

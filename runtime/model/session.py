@@ -2,6 +2,7 @@
 
     session = model.new_session()
     logits = session.prefill(ids)     # [len, V] float32; any length, on top of what is cached
+    logits = session.prefill(ids, last_only=True)   # [1, V]: what a reply needs, at any length
     logits = session.decode(tok)      # [V]
     session.truncate(n)               # back to the first n tokens (an agent's context edit)
     other = session.fork()            # independent copy
@@ -39,16 +40,19 @@ class Session:
     def __len__(self) -> int:
         return len(self.tokens)
 
-    def prefill(self, token_ids) -> torch.Tensor:
-        """token_ids: 1-D ints -> logits [len, V] float32. Long inputs run in chunks of model.prefill_chunk."""
+    def prefill(self, token_ids, last_only: bool = False) -> torch.Tensor:
+        """token_ids: 1-D ints -> logits [len, V] float32 ([1, V], the last token's, with last_only).
+        Long inputs run in chunks of model.prefill_chunk."""
         ids = torch.as_tensor(token_ids, dtype=torch.long).reshape(-1).to(self.model.device)  # [T]
-        chunk = self.model.prefill_chunk
-        out = [self.model.forward(ids[s:s + chunk], self.cache) for s in range(0, ids.shape[0], chunk)]
+        chunk, n = self.model.prefill_chunk, ids.shape[0]
+        out = [self.model.forward(ids[s:s + chunk], self.cache, last_only) for s in range(0, n, chunk)]
+        if last_only:
+            out = out[-1:]
         self.tokens.extend(ids.tolist())
         self.snapshot()
         if not out:
             return torch.zeros(0, self.model.config.vocab_size)
-        return torch.cat(out)  # [T, V]
+        return torch.cat(out)  # [T, V] or [1, V]
 
     def decode(self, token_id) -> torch.Tensor:
         """One token -> its logits [V] float32."""

@@ -78,7 +78,7 @@ class Worker:
         sampler = None
         if job.temperature > 0:
             sampler = torch.Generator().manual_seed(job.seed if job.seed is not None else torch.seed() % 2**63)
-        logits = entry.session.prefill(job.ids[reused:])[-1]  # raises -> entry dropped, never cached half-done
+        logits = entry.session.prefill(job.ids[reused:], last_only=True)[-1]  # raises -> entry dropped, never cached half-done
         entry.tokens = list(job.ids)
         gen, reason = [], "length"
         try:
