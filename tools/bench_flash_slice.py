@@ -2,6 +2,9 @@
 
     python tools/bench_flash_slice.py [--layers 2] [--experts 256] [--work build/flash-slice] [--context 8192]
 
+The plan is cpu-only (its 4 GiB "device" is host memory) with 1,024-token prefill chunks, which
+leaves room for a hot set at real shapes (4,096-token chunks' workspace leaves none).
+
 1. writes the slice (`ostinato-make-tiny --preset flash --layers N --experts E --popularity 1`) unless
    it is there, and reports the writer's time and peak RSS;
 2. compiles a cpu-only plan (ostinato-compile) with a synthetic Zipf routing profile: recording one
@@ -57,7 +60,7 @@ def prepare(a) -> dict:
     facts["checkpoint_bytes"] = sum(f.stat().st_size for f in ckpt.glob("*.safetensors"))
     plan = work / "plan.yaml"
     _run([str(BIN / "ostinato-compile"), str(ckpt), str(plan), "--hardware", "cpu-only", "--profile", "synthetic:1.0",
-          "--context", str(a.context), "--kernel-dir", str(work / "kernels")])
+          "--context", str(a.context), "--prefill-chunk", "1024", "--kernel-dir", str(work / "kernels")])
     facts.update(ckpt=str(ckpt), plan=str(plan))
     return facts
 

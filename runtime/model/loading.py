@@ -42,7 +42,7 @@ class LayerWeights:
 
 @dataclass(frozen=True)
 class ModelWeights:
-    embed: torch.Tensor  # [V, D] float32 (rows seed the float32 residual streams)
+    embed: torch.Tensor  # [V, D] as stored (bf16): rows are upcast to seed the float32 residual streams
     head: torch.Tensor   # [V, D] float32
     norm: torch.Tensor   # [D] float32
     hc_head: HcHeadWeights
@@ -120,7 +120,7 @@ def load_weights(c: Claims, dtype: torch.dtype, layer_devices: list | None = Non
     n = c.ckpt.config.num_hidden_layers
     first = c.device
     devices = list(layer_devices or [first] * n)
-    embed = c.get("embed.weight", F32)
+    embed = c.get("embed.weight", None)  # as stored: float32 would double V4-Flash's 1 GB table
     layers = []
     for layer in range(n):
         c.device = devices[layer]

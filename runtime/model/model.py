@@ -77,7 +77,7 @@ class Model:
         cfg, w = self.config, self.weights
         eps, t = cfg.rms_norm_eps, token_ids.shape[0]
         positions = torch.arange(t, device=self.device) + cache.position  # [T]
-        x = w.embed[token_ids]  # [T, D]
+        x = w.embed[token_ids].float()  # [T, D]: stored bf16 rows, exact in float32
         streams = x.unsqueeze(1).expand(t, cfg.hc_mult, -1).contiguous()  # [T, N, D] float32 residual
         hc = (cfg.hc_sinkhorn_iters, cfg.hc_eps, eps, self.dtype)
         for lw, lc, dev in zip(w.layers, cache.layers, self.layer_devices):

@@ -122,7 +122,7 @@ class StaticDecodeStep:
         if i > 0:
             return self.streams_in[i], self.token_in[i]
         cfg = self.model.config
-        x = self.model.weights.embed.index_select(0, self.token)  # [1, D]
+        x = self.model.weights.embed.index_select(0, self.token).float()  # [1, D]
         streams = x.unsqueeze(1).expand(1, cfg.hc_mult, -1).contiguous()  # [1, N, D] float32 residual
         if self.token.device == self.streams_in[0].device:  # tensor devices: "cuda" is "cuda:0"
             return streams, self.token
