@@ -34,6 +34,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 GIB = 1024**3
+CONTEXT = 1000  # tokens prefilled before the timed tool output
 
 
 def _run(cmd: list[str]) -> float:
@@ -81,6 +82,7 @@ def child(plan_path: str, context_tokens: int, tool_tokens: int, decode_tokens: 
     session = engine.new_session()
     nxt = int(session.prefill(torch.randint(0, vocab, (context_tokens,), generator=gen), last_only=True)[-1].argmax())
     session.decode(nxt)
+    peak_context = resident().peak
     t0 = time.perf_counter()
     nxt = int(session.prefill(torch.randint(0, vocab, (tool_tokens,), generator=gen), last_only=True)[-1].argmax())
     nxt = int(session.decode(nxt).argmax())
@@ -91,7 +93,8 @@ def child(plan_path: str, context_tokens: int, tool_tokens: int, decode_tokens: 
     decode_tps = decode_tokens / (time.perf_counter() - t0)
     p = engine.plan
     print(json.dumps(dict(
-        load_s=load_s, rss_after_load=after_load.rss, peak_rss=resident().peak,
+        load_s=load_s, rss_after_load=after_load.rss, peak_load=after_load.peak, peak_context=peak_context,
+        peak_rss=resident().peak, file_rss=resident().file,
         planned_bytes=sum(d.total_bytes for d in p.memory), wait_s=wait_s, decode_tps=decode_tps,
         predicted_wait_s=p.predictions.wait_after_tool_output_120_tokens_ms / 1e3,
         predicted_decode_tps=p.predictions.decode_tokens_per_s, mode=session.prefill_mode(tool_tokens))))
@@ -148,7 +151,7 @@ def main() -> int:
     ap.add_argument("--serve-check", nargs=2, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
-        child(a.child, 1000, 120, 16, a.dtype)
+        child(a.child, CONTEXT, 120, 16, a.dtype)
         return 0
     if a.serve_check:
         print(json.dumps(serve_check(*a.serve_check)))
@@ -174,7 +177,9 @@ def main() -> int:
             f"| load time | {m['load_s']:.1f} s | | |",
             f"| RSS after load | {m['rss_after_load'] / GIB:.2f} GiB | {m['planned_bytes'] / GIB:.2f} GiB planned "
             f"(host + gpu0) | {m['rss_after_load'] / m['planned_bytes']:.2f}x |",
-            f"| peak RSS of the run | {m['peak_rss'] / GIB:.2f} GiB | 1.5 x checkpoint + 2 GiB = "
+            f"| peak RSS: after load / the {CONTEXT}-token context / the run | {m['peak_load'] / GIB:.2f} / "
+            f"{m['peak_context'] / GIB:.2f} / {m['peak_rss'] / GIB:.2f} GiB (of it mapped checkpoint pages at the end: "
+            f"{m['file_rss'] / GIB:.2f} GiB) | 1.5 x checkpoint + 2 GiB = "
             f"{(1.5 * facts['checkpoint_bytes'] + 2 * GIB) / GIB:.2f} GiB | "
             f"{m['peak_rss'] / (1.5 * facts['checkpoint_bytes'] + 2 * GIB):.2f}x |",
             f"| wait after a 120-token tool output ({m['mode']}) | {m['wait_s'] * 1e3:.0f} ms | "

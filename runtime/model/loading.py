@@ -43,7 +43,7 @@ class LayerWeights:
 @dataclass(frozen=True)
 class ModelWeights:
     embed: torch.Tensor  # [V, D] as stored (bf16): rows are upcast to seed the float32 residual streams
-    head: torch.Tensor   # [V, D] float32
+    head: torch.Tensor   # [V, D] as stored (bf16); the logits are computed in float32 a block of rows at a time
     norm: torch.Tensor   # [D] float32
     hc_head: HcHeadWeights
     layers: tuple[LayerWeights, ...]
@@ -127,7 +127,7 @@ def load_weights(c: Claims, dtype: torch.dtype, layer_devices: list | None = Non
         layers.append(_layer(c, layer, dtype))
         if on_layer is not None:
             on_layer(layer)
-    head = (c.get("head.weight", F32), c.get("norm.weight", F32),
+    head = (c.get("head.weight", None), c.get("norm.weight", F32),
             HcHeadWeights(c.get("hc_head_fn", F32), c.get("hc_head_base", F32), c.get("hc_head_scale", F32)))
     c.device = first
     return ModelWeights(embed, *head, tuple(layers))

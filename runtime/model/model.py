@@ -29,6 +29,7 @@ from .rope import rope_tables
 
 # Tokens per forward when prefilling: bounds activation memory (window logits grow with T^2).
 DEFAULT_PREFILL_CHUNK = 512
+HEAD_BLOCK_ROWS = 16384  # vocabulary rows per float32 block of the head (256 MB at V4-Flash's D)
 
 
 class Model:
@@ -95,7 +96,13 @@ class Model:
         """Residual streams [T, N, D] on the last layer's device -> logits [T, V] float32."""
         cfg, w = self.config, self.weights
         h = rms_norm(hc_head(streams, w.hc_head, cfg.hc_eps, cfg.rms_norm_eps), w.norm, cfg.rms_norm_eps)  # [T, D]
-        return h @ w.head.T  # [T, V]
+        # The head stays as stored (bf16: 1 GB for V4-Flash, 2 GB in float32); float32 logits from float32
+        # copies of HEAD_BLOCK_ROWS rows at a time, exact since bf16 values are float32 values.
+        V = w.head.shape[0]
+        logits = torch.empty(h.shape[0], V, dtype=torch.float32, device=h.device)  # [T, V]
+        for r in range(0, V, HEAD_BLOCK_ROWS):
+            logits[:, r:r + HEAD_BLOCK_ROWS] = h @ w.head[r:r + HEAD_BLOCK_ROWS].float().T
+        return logits
 
 
 def decoder_block(lw: LayerWeights, streams: torch.Tensor, hc: tuple, attn: Callable[[torch.Tensor], torch.Tensor],
