@@ -46,3 +46,19 @@ def assert_close_to_scale(ours: torch.Tensor, ref: torch.Tensor, tol: float, wha
     scale = ref.abs().max().item()
     diff = (ours - ref).abs().max().item()
     assert diff <= tol * scale, f"{what}: max |diff| {diff:.3g} > {tol} x logit scale {scale:.3g}"
+
+
+def teacher_forced_picks(reference, other, prompt, steps: int) -> tuple[list[int], list[int], list[float]]:
+    """Prefill `prompt` into both sessions, then decode `steps` tokens, both fed the reference's greedy
+    tokens -> per step (the reference's pick, the other's pick, the reference's top-2 margin over its
+    logit scale): where the margin is tiny a lower-precision run may pick the other token."""
+    lr, lo = reference.prefill(prompt)[-1], other.prefill(prompt)[-1]
+    assert lo.dtype == torch.float32
+    tokens, picks, margins = [], [], []
+    for _ in range(steps):
+        top = lr.topk(2).values
+        margins.append(((top[0] - top[1]) / lr.abs().max()).item())
+        tokens.append(int(lr.argmax()))
+        picks.append(int(lo.argmax()))
+        lr, lo = reference.decode(tokens[-1]), other.decode(tokens[-1])
+    return tokens, picks, margins

@@ -13,6 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from conftest import teacher_forced_picks
 from test_engine import IDS, _engine, compiled  # noqa: F401  (fixtures)
 
 STEPS = 24
@@ -26,16 +27,7 @@ def test_bf16_engine_greedy_matches_the_float32_engine(compiled, tiny_ckpt, mode
     b16 = _engine(compiled, tiny_ckpt, "mixed", threshold=threshold, dtype=torch.bfloat16)
     assert b16.model.weights.layers[0].attn.wq_a.dtype == torch.bfloat16 and b16.decode_runner is not None
     prompt = IDS[:40]
-    sf, sb = f32.new_session(), b16.new_session()
-    lf, lb = sf.prefill(prompt)[-1], sb.prefill(prompt)[-1]
-    assert lb.dtype == torch.float32
-    tokens, margins, picks = [], [], []
-    for _ in range(STEPS):
-        top = lf.topk(2).values
-        margins.append(((top[0] - top[1]) / lf.abs().max()).item())
-        tokens.append(int(lf.argmax()))
-        picks.append(int(lb.argmax()))
-        lf, lb = sf.decode(tokens[-1]), sb.decode(tokens[-1])  # bf16 follows float32's tokens
+    tokens, picks, margins = teacher_forced_picks(f32.new_session(), b16.new_session(), prompt, STEPS)
 
     flips = [i for i in range(STEPS) if tokens[i] != picks[i]]
     for i in flips:

@@ -13,6 +13,8 @@ import torch
 
 from ostinato.runtime import load_model
 
+from conftest import teacher_forced_picks
+
 STEPS = 64
 NEAR_TIE = 0.01  # of the logit scale
 
@@ -23,16 +25,7 @@ def test_bf16_greedy_matches_float32(tiny_ckpt):
     assert b16.weights.layers[0].attn.wq_a.dtype == torch.bfloat16
     prompt = torch.randint(0, f32.config.vocab_size, (32,), generator=torch.Generator().manual_seed(5))
 
-    sf, sb = f32.new_session(), b16.new_session()
-    lf, lb = sf.prefill(prompt)[-1], sb.prefill(prompt)[-1]
-    assert lb.dtype == torch.float32
-    tokens, margins, picks_b = [], [], []
-    for _ in range(STEPS):
-        top = lf.topk(2).values
-        margins.append(((top[0] - top[1]) / lf.abs().max()).item())
-        tokens.append(int(lf.argmax()))
-        picks_b.append(int(lb.argmax()))
-        lf, lb = sf.decode(tokens[-1]), sb.decode(tokens[-1])  # bf16 follows float32's tokens
+    tokens, picks_b, margins = teacher_forced_picks(f32.new_session(), b16.new_session(), prompt, STEPS)
 
     flips = [i for i in range(STEPS) if tokens[i] != picks_b[i]]
     for i in flips:
