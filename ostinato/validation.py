@@ -11,7 +11,6 @@ file and the dotted field. Records are frozen: a plan read from disk is not edit
 from __future__ import annotations
 
 import typing
-from enum import Enum
 from typing import Annotated, Any, TypeVar
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, ValidationError
@@ -114,7 +113,3 @@ def _record_type(annotation: Any) -> Any:
         if found is not None:
             return found
     return None
-
-
-def enum_values(enum: type[Enum]) -> list[str]:
-    return [m.value for m in enum]

@@ -74,13 +74,3 @@ def resident_line(mem: Resident | None, plan, devices) -> str:
     else:  # the GPU rows are on the GPUs, not in this process's RSS
         line += f"; plan: host {size(next(m.total_bytes for m in plan.memory if m.device == 'host'))}"
     return line
-
-
-def reset_peak() -> bool:
-    """Start the peak (VmHWM) over from the current RSS (Linux: /proc/self/clear_refs), so a later
-    `resident().peak` is the peak of what ran in between; False where that is not possible."""
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-        return True
-    except OSError:
-        return False
