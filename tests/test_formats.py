@@ -88,3 +88,15 @@ def test_mxfp4_picks_the_nearest_code():
     assert e8m0_to_float(scale).item() == 1.0
     d = dequantize_mxfp4(packed, scale)[0, :12]
     assert d.tolist() == [0.0, 0.5, 0.5, 1.0, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -6.0, -0.0]
+
+
+def test_codecs_work_on_the_inputs_device():
+    """The meta device stands in for CUDA here: a lookup table or constant made on the CPU and combined
+    with the input (`--hot-backend torch` on a GPU dequantizes CUDA codes) raises a device mismatch."""
+    packed = torch.zeros(4, 16, dtype=torch.int8, device="meta")
+    scale = torch.zeros(4, 1, dtype=torch.uint8, device="meta").view(torch.float8_e8m0fnu)
+    assert dequantize_mxfp4(packed, scale).device.type == "meta"
+    q, s = quantize_mxfp4(torch.zeros(4, 32, device="meta"))
+    assert q.device.type == "meta" and s.device.type == "meta"
+    q8 = torch.zeros(128, 128, device="meta").to(torch.float8_e4m3fn)
+    assert dequantize_fp8(q8, torch.zeros(1, 1, dtype=torch.uint8, device="meta")).device.type == "meta"

@@ -74,7 +74,7 @@ def pack_fp4_codes(codes: torch.Tensor) -> torch.Tensor:
 
 def dequantize_mxfp4(packed: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """packed [N, K/2] int8, scale [N, K/G] e8m0 -> W [N, K] in dtype."""
-    lut = torch.tensor(FP4_VALUES, dtype=torch.float32)
+    lut = torch.tensor(FP4_VALUES, dtype=torch.float32, device=packed.device)  # CUDA codes cannot index a CPU table
     values = lut[unpack_fp4_codes(packed).long()]  # [N, K]
     s = e8m0_to_float(scale).repeat_interleave(MXFP4_GROUP, dim=-1)  # [N, K]
     return (values * s).to(dtype)
@@ -88,7 +88,7 @@ def quantize_mxfp4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     groups = w.float().reshape(n, k // MXFP4_GROUP, MXFP4_GROUP)  # [N, K/G, G]
     exponent = _pow2_exponent(groups.abs().amax(dim=-1), FP4_MAX)  # [N, K/G]
     x = groups / exponent.to(torch.float32).exp2()[..., None]
-    magnitudes = torch.tensor(FP4_VALUES[:8], dtype=torch.float32)
+    magnitudes = torch.tensor(FP4_VALUES[:8], dtype=torch.float32, device=w.device)
     # Nearest magnitude, the smaller one on an exact tie (bucketize puts a midpoint in the lower bucket).
     midpoints = (magnitudes[1:] + magnitudes[:-1]) / 2
     code = torch.bucketize(x.abs(), midpoints).to(torch.uint8)  # [N, K/G, G]

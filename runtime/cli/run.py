@@ -39,7 +39,8 @@ def parse_args(argv):
                                               "plan's model.path, relative to the plan file)")
     p.add_argument("--device", choices=("cpu", "cuda"), help="cpu maps every planned GPU to the CPU; cuda requires "
                                                              "CUDA (default: cuda when available, else cpu)")
-    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"),
+                   help="compute dtype (default: the plan's model.dense_format); another one only with --device cpu")
     p.add_argument("--hot-backend", choices=("torch", "triton"),
                    help="hot-expert compute: triton (default on GPUs) or torch (default on the CPU)")
     p.add_argument("--decode", choices=("graph", "eager", "dynamic"), default="graph",
@@ -77,13 +78,14 @@ def main(argv: list[str] | None = None) -> int:
     from ..engine.resident import resident, resident_line
 
     try:
-        dtype = torch.float32 if a.dtype == "float32" else torch.bfloat16
+        dtype = {None: None, "float32": torch.float32, "bfloat16": torch.bfloat16}[a.dtype]
         engine = load_engine(a.plan, a.model, a.device, dtype, a.hot_backend, static_decode=a.decode != "dynamic",
                              decode_graphs=a.decode == "graph", progress=None)  # a bar on a terminal's stderr
         model_dir = engine.model_dir
         print(f"plan {a.plan}: {engine.plan.model.layers} layers on {engine.plan.hardware.name} "
               f"(devices: {', '.join(sorted({str(d) for d in engine.devices}))}), "
-              f"prefill threshold {engine.plan.policy.prefill_threshold}, decode: {_decode_label(a.decode, engine)}")
+              f"prefill threshold {engine.plan.policy.prefill_threshold}, decode: {_decode_label(a.decode, engine)}, "
+              f"{engine.cpu_threads.describe()}")
         print(resident_line(resident(), engine.plan, engine.devices), flush=True)
         if a.serve:
             _serve(engine, model_dir, a)

@@ -85,5 +85,6 @@ def lru_cache_engine(all_cold: Engine, hot_sets: list[list[int]]) -> Engine:
     lru = LruCacheExecutor(all_cold.executor, hot_sets, [len(h) for h in hot_sets], cfg.hidden_size,
                            cfg.moe_intermediate_size)
     all_cold.model.set_executor(lru)
-    return Engine(all_cold.plan, all_cold.model_dir, all_cold.model, lru, all_cold.devices, None)  # decodes through the dynamic model
+    return Engine(all_cold.plan, all_cold.model_dir, all_cold.model, lru, all_cold.devices,
+                  None, all_cold.cpu_threads)  # no decode runner: decodes through the dynamic model
 

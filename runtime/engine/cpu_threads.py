@@ -1,0 +1,43 @@
+"""How many threads the cold-expert CPU kernel gets on this machine: the plan's, clamped to what is here.
+
+A plan's `policy.cpu_threads` is its hardware spec's core count (96 for an H200 box), but the plan may
+run on a smaller machine, and with a GPU two threads must stay free: the one launching the device
+work (or replaying graphs) and the CUDA driver's host-function thread that runs the decode graph's
+cold-expert nodes. An oversubscribed kernel stalls both, so each waits for a time slice.
+On the CPU-only path the launching thread computes the "device" half itself, but it only waits
+for the cold half after its own part is done, so no core is held back there.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import NamedTuple
+
+GPU_RESERVED = 2  # the launching thread + the CUDA host-function thread
+
+
+class CpuThreads(NamedTuple):
+    threads: int   # what the kernel gets
+    planned: int   # the plan's policy.cpu_threads
+    cores: int     # cores this process may run on
+    reserved: int  # cores kept free for the launching and host-function threads
+
+    def describe(self) -> str:
+        if self.threads == self.planned:
+            return f"cpu threads {self.threads}"
+        kept = f" less {self.reserved} for the launching and CUDA host-function threads" if self.reserved else ""
+        return f"cpu threads {self.threads} (plan: {self.planned}; clamped to this machine's {self.cores} cores{kept})"
+
+
+def usable_cores() -> int:
+    """Cores this process may run on (its affinity mask, e.g. under taskset or a container's cpuset)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def cpu_threads(planned: int, cuda: bool, cores: int | None = None) -> CpuThreads:
+    cores = usable_cores() if cores is None else cores
+    reserved = GPU_RESERVED if cuda else 0
+    return CpuThreads(max(1, min(planned, cores - reserved)), planned, cores, reserved)
