@@ -10,7 +10,12 @@ from __future__ import annotations
 
 from ostinato.plan import KernelEntry, KernelName, relative_to_plan
 
-from .kernels import CpuExpertParams, TritonExpertParams, build_cpu_experts, render_triton_experts
+from .kernels import (
+    CpuExpertParams,
+    TritonExpertParams,
+    build_cpu_experts,
+    render_triton_experts,
+)
 from .render import KernelRecord, sha256, template_text
 
 
@@ -20,6 +25,12 @@ def _entry(name: KernelName, record: KernelRecord, plan_file) -> KernelEntry:
                        content_sha256=record.content_hash, path=relative_to_plan(record.path, plan_file))
 
 
+def triton_expert_params(D: int, I: int, top_k: int, swiglu_limit: float) -> tuple[TritonExpertParams, ...]:
+    """(prefill, decode) parameters of a model's hot expert kernels; decode has top_k route slots."""
+    return (TritonExpertParams(D=D, I=I, variant="prefill", swiglu_limit=swiglu_limit),
+            TritonExpertParams(D=D, I=I, variant="decode", max_routes=top_k, swiglu_limit=swiglu_limit))
+
+
 def build_plan_kernels(b) -> tuple[list[KernelEntry], dict]:
     """(kernels section, {template: sha256}) for the Build `b` of ostinato-compile."""
     cfg, hw = b.config, b.hardware
@@ -27,9 +38,8 @@ def build_plan_kernels(b) -> tuple[list[KernelEntry], dict]:
     root = b.options.kernel_dir
     cpu = build_cpu_experts(CpuExpertParams(D=D, I=I, isa=hw.host.isa, max_experts=cfg.n_routed_experts,
                                             swiglu_limit=limit), root)
-    prefill = render_triton_experts(TritonExpertParams(D=D, I=I, variant="prefill", swiglu_limit=limit), root)
-    decode = render_triton_experts(TritonExpertParams(D=D, I=I, variant="decode", max_routes=cfg.num_experts_per_tok,
-                                                      swiglu_limit=limit), root)
+    prefill, decode = (render_triton_experts(p, root)
+                       for p in triton_expert_params(D, I, cfg.num_experts_per_tok, limit))
     records = [(KernelName.COLD_EXPERTS_CPU, cpu), (KernelName.HOT_EXPERTS_PREFILL, prefill),
                (KernelName.HOT_EXPERTS_DECODE, decode)]
     templates = {r.template: r.template_hash for _, r in records}

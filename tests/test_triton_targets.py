@@ -1,0 +1,119 @@
+"""Every generated Triton kernel compiles with real Triton for NVIDIA GPUs that are not here (sm_90, sm_89).
+
+The other Triton tests run the kernels in Triton's interpreter, which accepts code the real compiler
+refuses (a plain int global read inside @triton.jit, for one). Here both kernels of both variants,
+rendered as ostinato-compile renders them for the tiny preset and for DeepSeek-V4-Flash, go through
+triton.compile to PTX and a cubin on the CPU (tools/triton_compile_check.py), with the .venv's Triton
+and with the pinned Triton of the team's GPU machine (build/triton-3.6, tools/setup_triton_pin.sh).
+The argument types are the ones the engine's launch path passes (a stub module records them).
+Legend: D = hidden, I = expert intermediate, k = routes per token (decode's MAX_ROUTES).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from ostinato.compiler.codegen.kernels import render_triton_experts
+from ostinato.compiler.codegen.plan_kernels import triton_expert_params
+from ostinato.runtime.engine.hot_compute import TritonPoolCompute
+from ostinato.runtime.kernels.testing import random_packed_expert
+from ostinato.runtime.kernels.triton_experts import HotPool
+from ostinato.tiny.presets import official_flash_config, preset_config
+
+ROOT = Path(__file__).resolve().parents[1]
+CHECK = ROOT / "tools" / "triton_compile_check.py"
+PINNED_VERSION = "3.6.0"
+PINNED_PYTHON = ROOT / "build" / "triton-3.6" / "bin" / "python"
+ARCHS = (90, 89)  # H200 / H100, RTX 4090
+KERNELS = ("gate_up_kernel", "down_kernel")
+TRITON_DTYPE = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.uint8: "u8",
+                torch.int8: "i8", torch.int32: "i32", torch.int64: "i64"}
+
+
+class _Recorder:
+    """Stands in for a jitted kernel: kernel[grid](*args) keeps each argument's Triton type."""
+
+    types: list[str] | None = None
+
+    def __getitem__(self, grid):
+        return self
+
+    def __call__(self, *args):
+        if not all(isinstance(a, torch.Tensor) for a in args):
+            raise TypeError("the kernels take only tensors (a scalar would be specialized by value)")
+        self.types = ["*" + TRITON_DTYPE[a.dtype] for a in args]
+
+
+def launcher_signatures() -> dict[str, dict[str, list[str]]]:
+    """{variant: {kernel: argument types}} as TritonPoolCompute launches them; dtypes do not depend on shapes."""
+    D, I, k = 64, 64, 2
+    stubs = {v: SimpleNamespace(VARIANT=v, D=D, I=I, BLOCK_M=16, BLOCK_N=32, BLOCK_K=32, MAX_ROUTES=k,
+                                gate_up_kernel=_Recorder(), down_kernel=_Recorder()) for v in ("prefill", "decode")}
+    compute = TritonPoolCompute(stubs["prefill"], stubs["decode"])
+    pool = HotPool.stack([random_packed_expert(D, I, torch.Generator().manual_seed(0))])
+    x = torch.randn(1, D, dtype=torch.bfloat16)  # the launch path makes activations float32
+    token, slot, weight = torch.zeros(k, dtype=torch.int64), torch.zeros(k, dtype=torch.int64), torch.full((k,), 0.5)
+    compute.prefill(pool, x, token, slot, weight, torch.zeros(1, D))
+    compute.decode(pool, x, slot, token, weight, torch.zeros(1, D))
+    return {v: {name: getattr(s, name).types for name in KERNELS} for v, s in stubs.items()}
+
+
+def compile_jobs(signatures: dict, root: Path) -> list[dict]:
+    """One job per (shape, variant, kernel, arch), the kernels rendered with the compiler's own parameters."""
+    jobs = []
+    for shape, cfg in (("tiny", preset_config("tiny")), ("flash", official_flash_config())):
+        D, I, k = cfg["hidden_size"], cfg["moe_intermediate_size"], cfg["num_experts_per_tok"]
+        for params in triton_expert_params(D, I, k, float(cfg["swiglu_limit"])):
+            path = render_triton_experts(params, root).path
+            jobs += [{"label": f"{shape} D={D} I={I} {params.variant}", "path": path, "kernel": kernel,
+                      "signature": signatures[params.variant][kernel], "arch": arch}
+                     for kernel in KERNELS for arch in ARCHS]
+    return jobs
+
+
+def run_compile_check(python: str | Path, jobs: list[dict], home: Path) -> list[dict]:
+    """Run the check in a subprocess with no TRITON_* variable (conftest sets TRITON_INTERPRET, and
+    TRITON_ALLOW_NON_CONSTEXPR_GLOBALS would hide what this test looks for); caches go under `home`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRITON_")} | {"TRITON_HOME": str(home)}
+    run = subprocess.run([str(python), str(CHECK)], input=json.dumps(jobs), capture_output=True, text=True, env=env,
+                         timeout=600, check=False)
+    assert run.returncode == 0, run.stderr[-4000:]
+    return json.loads(run.stdout)
+
+
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory):
+    return compile_jobs(launcher_signatures(), tmp_path_factory.mktemp("rendered"))
+
+
+def test_launcher_passes_the_planned_types():
+    sig = launcher_signatures()
+    pool = ["*u8"] * 4  # w1, s1, w3, s3 (down: w2, s2): MXFP4 bytes and e8m0 scales, as stored
+    assert sig["prefill"] == {"gate_up_kernel": ["*fp32", *pool, "*fp32", "*i64", "*i32", "*i32", "*i32"],
+                              "down_kernel": ["*fp32", *pool[:2], "*fp32", "*i64", "*fp32", "*i32", "*i32", "*i32"]}
+    assert sig["decode"] == {"gate_up_kernel": ["*fp32", *pool, "*fp32", "*i32", "*i32"],
+                             "down_kernel": ["*fp32", *pool[:2], "*fp32", "*i32", "*i32", "*fp32"]}
+
+
+@pytest.mark.parametrize("which", ["venv", "pinned"])
+def test_kernels_compile_for_gpu_targets(jobs, which, tmp_path):
+    python = sys.executable if which == "venv" else PINNED_PYTHON
+    if not Path(python).exists():
+        pytest.skip(f"no pinned Triton {PINNED_VERSION} at {PINNED_PYTHON}: run bash tools/setup_triton_pin.sh")
+    results = run_compile_check(python, jobs, tmp_path)
+    if which == "pinned":
+        assert {r["triton"] for r in results} == {PINNED_VERSION}
+    bad = [f"{j['label']} {j['kernel']} sm_{j['arch']} (triton {r['triton']}): "
+           + (r["error"] or f"ptx entry {r['ptx_entry']}, target {r['ptx_target']}, cubin {r['cubin_bytes']} bytes")
+           for j, r in zip(jobs, results, strict=True)
+           if r["error"] or not r["ptx_entry"] or not str(r["ptx_target"]).startswith(f"sm_{j['arch']}")
+           or not r["cubin_bytes"]]  # ptxas ships in Triton's wheel, so every compile has a cubin
+    assert not bad, "\n".join(bad)
