@@ -13,15 +13,24 @@ its arguments and results (tensors as shape/dtype/device type, other arguments b
 Two runs of a fixed-shape step at different positions must give equal traces: equal ops, shapes and
 non-tensor arguments (a position-dependent Python value would be frozen into a graph as well).
 
+Each segment of a decode step is captured on its own GPU, so an op in segment i's graph must not
+touch a tensor of another segment (a cross-device copy: not capturable, no peer access on RTX 4090s).
+With `owners` (storage address -> segment, `segment_owners(step)`: every static buffer of the step)
+the mode raises on any op reading or writing another segment's buffer. Storages, not devices: on the
+CPU all segments share one device, and this is how a CPU run sees what a GPU run would.
+
     trace = graph_safe_trace(step.run_segment, 0)
+    trace = graph_safe_trace(step.run_segment, 1, owners=segment_owners(step), segment=1)
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 aten = torch.ops.aten
 
@@ -84,27 +93,57 @@ def _copies_to_host(func, args: tuple, kwargs: dict) -> bool:
     return False
 
 
+def storage_of(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr()
+
+
+def segment_owners(step) -> dict[int, int]:
+    """A StaticDecodeStep's static buffers -> storage address: the segment that owns it (its layers'
+    state, its position tensor, its token / streams in and out, its routes; the logits: the last)."""
+    owners = {}
+    for i, seg in enumerate(step.segments):
+        own = [step.state.positions[i], step.token_in[i], step.streams_in[i], step.streams_out[i],
+               step.expert_ids[i], step.expert_weights[i]]
+        own += [step.logits] if i == len(step.segments) - 1 else []
+        for ls in step.state.layers[seg.first_layer:seg.end_layer]:
+            own += [ls.window, ls.window_pos, ls.window_offsets]
+            own += [t for c in (ls.comp, ls.index) if c is not None
+                    for t in (c.kv, c.gate, c.prev_kv, c.prev_gate, c.rows, c.row_ids)]
+        owners.update((storage_of(t), i) for t in own if t is not None and t.numel())
+    return owners
+
+
 class GraphSafetyMode(TorchDispatchMode):
     """Records every aten op (see the module docstring) and raises GraphUnsafe on uncapturable ones."""
 
-    def __init__(self):
+    def __init__(self, owners: dict[int, int] | None = None, segment: int | None = None):
         super().__init__()
         self.trace: list[OpRecord] = []
+        self.owners, self.segment = owners or {}, segment
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        reason = unsafe_reason(func, args, kwargs)
+        reason = unsafe_reason(func, args, kwargs) or self._foreign(args, kwargs)
         if reason is not None:
             raise GraphUnsafe(f"{func}: {reason}")
         out = func(*args, **kwargs)
         self.trace.append(OpRecord(str(func), describe((args, kwargs)), describe(out)))
         return out
 
+    def _foreign(self, args, kwargs) -> str | None:
+        for t in tree_leaves((args, kwargs)):
+            if isinstance(t, torch.Tensor) and self.owners.get(storage_of(t), self.segment) != self.segment:
+                return (f"touches a buffer of segment {self.owners[storage_of(t)]} {describe(t)} inside segment "
+                        f"{self.segment} (another device: hand off between segments on the host)")
+        return None
 
-def graph_safe_trace(fn: Callable, *args, **kwargs) -> list[OpRecord]:
-    """Run fn under GraphSafetyMode -> its op trace; raises GraphUnsafe at the first uncapturable op."""
-    with GraphSafetyMode() as mode:
-        fn(*args, **kwargs)
+
+def graph_safe_trace(fn: Callable, *args, owners: dict[int, int] | None = None,
+                     segment: int | None = None) -> list[OpRecord]:
+    """Run fn(*args) under GraphSafetyMode -> its op trace; raises GraphUnsafe at the first uncapturable op
+    (with `owners`: also at the first op touching a buffer owned by another segment than `segment`)."""
+    with GraphSafetyMode(owners, segment) as mode:
+        fn(*args)
     return mode.trace
 
 

@@ -10,8 +10,25 @@ import ctypes
 import pytest
 import torch
 
-from graph_safety import first_difference, graph_safe_trace
-from test_engine import IDS, _close, _engine, compiled, reference  # noqa: F401  (fixtures)
+from graph_safety import first_difference, graph_safe_trace, segment_owners
+from ostinato.runtime.engine.loader import load_engine
+from test_engine import IDS, _close, _engine, _variant, compiled, reference  # noqa: F401  (fixtures)
+
+
+def on_gpus(plan, gpus: int):
+    """The plan with its layers split in order over `gpus` planned GPUs (all the CPU here)."""
+    if gpus == 1:
+        return plan
+    hardware = plan.hardware.replace(gpus=plan.hardware.gpus.replace(count=gpus))
+    per = -(-len(plan.layers) // gpus)
+    layers = [lp.replace(gpu=i // per) for i, lp in enumerate(plan.layers)]
+    memory = [plan.memory[0].replace(device=f"gpu{g}") for g in range(gpus)] + [plan.memory[-1]]
+    return plan.replace(hardware=hardware, layers=layers, memory=memory)
+
+
+def pipeline_engine(compiled, tiny_ckpt, placement: str, gpus: int, threshold=None):
+    plan, _ = compiled
+    return load_engine(on_gpus(_variant(plan, placement, threshold), gpus), tiny_ckpt, device="cpu")
 
 
 @pytest.mark.parametrize("placement", ["all-hot", "all-cold", "mixed", "random"])
@@ -52,19 +69,26 @@ def test_dynamic_decode_is_still_available(compiled, tiny_ckpt, reference):
     engine.close()
 
 
-def test_the_step_is_graph_safe_with_the_placement_executor(compiled, tiny_ckpt):
-    """Hot launch + cold host task + attention at two positions: no host reads, equal op traces."""
-    engine = _engine(compiled, tiny_ckpt, "random")
-    session = engine.new_session()
-    session.prefill(IDS[:127])
+@pytest.mark.parametrize("gpus", [1, 2])
+def test_the_step_is_graph_safe_with_the_placement_executor(compiled, tiny_ckpt, reference, gpus):
+    """Hot launch + cold host task + attention at two positions: no host reads, equal op traces; with
+    two planned GPUs (both the CPU) two segments, each touching only its own buffers, still exact."""
+    engine = pipeline_engine(compiled, tiny_ckpt, "random", gpus)
+    session, ref = engine.new_session(), reference.new_session()
+    session.prefill(IDS[:127]), ref.prefill(IDS[:127])
     runner = engine.decode_runner
     runner.bind(session.session)
-    step, traces = runner.step, []
+    step, traces, owners = runner.step, [], segment_owners(runner.step)
+    assert [(s.first_layer, s.end_layer) for s in step.segments] == {1: [(0, 4)], 2: [(0, 2), (2, 4)]}[gpus]
     for t in IDS[127:129]:
         step.set_token(int(t))
         step.check_room()
-        traces.append([graph_safe_trace(step.run_segment, i) for i in range(len(step.segments))])
+        traces.append([])
+        for i in range(len(step.segments)):
+            traces[-1].append(graph_safe_trace(step.run_segment, i, owners=owners, segment=i))
+            step.hand_off(i)
         step.note_step()
+        _close(step.logits, ref.decode(t))
     for a, b in zip(*traces):
         assert a and first_difference(a, b) is None, first_difference(a, b)
     engine.close()

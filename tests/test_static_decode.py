@@ -4,7 +4,8 @@ Exactness: after a dynamic prefill, static steps give the logits of Session.deco
 and HCA (128) window boundaries and, on "small" (index_topk 64), with the indexer really selecting
 (> 256 tokens). Round trips: store() hands the cache back so dynamic prefill continues exactly;
 load + store alone change nothing. Graph safety: every segment's ops and shapes are the same at
-every position and none reads device data on the host (tests/graph_safety.py). max_context errors.
+every position, none reads device data on the host or touches another segment's buffers
+(tests/graph_safety.py). max_context errors.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import pytest
 import torch
 
 from conftest import assert_close_to_scale
-from graph_safety import GraphUnsafe, first_difference, graph_safe_trace
+from graph_safety import GraphUnsafe, first_difference, graph_safe_trace, segment_owners
 from ostinato.runtime import load_model
 from ostinato.runtime.model.experts import swiglu
 from ostinato.runtime.model.static_decode import StaticDecodeStep
@@ -217,11 +218,14 @@ def test_segments_are_graph_safe_with_fixed_shapes(pipelined):
     step = StaticDecodeStep(pipelined, MAX_CONTEXT)
     assert [tuple(s) for s in step.segments] == [(torch.device("cpu"), 0, 2), (torch.device("cpu", 0), 2, 4)]
     step.load(session.cache)
-    traces = []
+    owners, traces = segment_owners(step), []
     for t in ids[127:129]:  # position 127 completes a CSA and the first HCA window; 128 opens new ones
         step.set_token(int(t))
         step.check_room()
-        traces.append([graph_safe_trace(step.run_segment, i) for i in range(len(step.segments))])
+        traces.append([])
+        for i in range(len(step.segments)):  # each touching only its own segment's buffers
+            traces[-1].append(graph_safe_trace(step.run_segment, i, owners=owners, segment=i))
+            step.hand_off(i)
         step.note_step()
         assert_close(step.logits, session.decode(t), "two segments, gathered experts")
     for i in range(len(step.segments)):

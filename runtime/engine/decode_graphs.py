@@ -1,14 +1,17 @@
 """CUDA graphs of the fixed-shape decode step: one graph per GPU segment of the pipeline, captured once.
 
-`StaticDecodeStep.run_segment(i)` has fixed shapes and no host reads (tested on the CPU by the graph
-safety checker), so each GPU segment is captured once and replayed every token: attention, routing,
-the hot experts' launch, the shared expert, and the cold routes' memcpy / host-function / memcpy
-nodes (kernels/cold_task.py). Segments on the CPU run eagerly. Segments follow each other in layer
-order; across GPUs the next device's stream waits for the previous one.
+`StaticDecodeStep.run_segment(i)` has fixed shapes, no host reads and touches only its segment's
+buffers (tested on the CPU by the graph safety checker), so each GPU segment is captured once and
+replayed every token: attention, routing, the hot experts' launch, the shared expert, and the cold
+routes' memcpy / host-function / memcpy nodes (kernels/cold_task.py). Between segments the host
+hands the residual on (`step.hand_off(i)`, a copy across GPUs that no graph could hold).
 
-Capturing needs warm-up runs of each segment (allocator pools, Triton compilation, library handles),
-and those runs move the step's state on; `capture()` therefore expects the caller to load the state
-again afterwards (the runner does). Everything here needs CUDA; without it `capture()` captures nothing.
+Each device gets its own capture stream (torch's default one is made once, on the first device),
+which also runs the warm-up (allocator pools, Triton compilation, library handles). The warm-up and
+capture runs move the state on, so they run from position 0 (`step.rewind()`: a session at
+max_context - 1 would write past the buffers) and the caller loads the state afterwards (the
+runner does). Ordering goes through engine/streams.py, so on the CPU `capture()` runs the same
+warm-up and capture runs eagerly, captures nothing, and records the stream log tests check.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import torch
 
 from ..model.static_decode.step import StaticDecodeStep
+from .streams import streams_for
 
 WARMUP_RUNS = 2
 
@@ -30,42 +34,44 @@ class SegmentGraphs:
         return bool(self.graphs)
 
     def capture(self) -> None:
-        """Warm up and capture every CUDA segment (host side; leaves the step's state advanced)."""
-        for i, seg in enumerate(self.step.segments):
-            if seg.device.type != "cuda":
-                continue
-            with torch.cuda.device(seg.device):
-                side = torch.cuda.Stream(seg.device)
-                side.wait_stream(torch.cuda.current_stream(seg.device))
-                with torch.cuda.stream(side):
-                    for _ in range(WARMUP_RUNS):
-                        self.step.run_segment(i)
-                torch.cuda.current_stream(seg.device).wait_stream(side)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph):
-                    self.step.run_segment(i)
+        """Warm up and capture every segment (host side; leaves the state to be loaded again)."""
+        step = self.step
+        step.rewind()
+        step.check_room(WARMUP_RUNS + 1)
+        capture_streams = {}  # device -> its capture stream
+        for i, seg in enumerate(step.segments):
+            s = streams_for(seg.device)
+            if seg.device not in capture_streams:
+                capture_streams[seg.device] = s.new(seg.device)
+            stream = capture_streams[seg.device]
+            s.wait_stream(stream, s.current(seg.device))  # after the buffers' set-up and the previous hand-off
+            with s.on(stream):
+                for _ in range(WARMUP_RUNS):
+                    step.run_segment(i)
+            with s.capture(stream) as graph:
+                step.run_segment(i)
+            s.wait_stream(s.current(seg.device), stream)
+            step.hand_off(i)  # the next segment warms up on a real residual, as in a step
+            if graph is not None:
                 self.graphs[i] = graph
-        for seg in self.step.segments:
-            if seg.device.type == "cuda":
-                torch.cuda.synchronize(seg.device)
+        for device in capture_streams:
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
 
     def run(self) -> torch.Tensor:
-        """One decode token: replay (or run) every segment in order -> the step's logits buffer [V]."""
+        """One decode token: replay (or run) every segment in order, each followed by its hand-off ->
+        the step's logits buffer [V]."""
         step = self.step
         step.check_room()
-        previous = None
         for i, seg in enumerate(step.segments):
-            if previous is not None and previous != seg.device and previous.type == "cuda":
-                if seg.device.type == "cuda":  # the next GPU's stream waits for the previous GPU's work
-                    torch.cuda.current_stream(seg.device).wait_stream(torch.cuda.current_stream(previous))
-                else:
-                    torch.cuda.synchronize(previous)
             if i in self.graphs:
-                self.graphs[i].replay()
+                with torch.cuda.device(seg.device):  # replays on that device's current stream
+                    self.graphs[i].replay()
             else:
                 step.run_segment(i)
-            previous = seg.device
-        if previous.type == "cuda":
-            torch.cuda.synchronize(previous)
+            step.hand_off(i)
+        last = step.segments[-1].device
+        if last.type == "cuda":
+            torch.cuda.synchronize(last)
         step.note_step()
         return step.logits

@@ -24,8 +24,10 @@ from .executor import PlacementExecutor
 
 
 class DecodeRunner:
-    def __init__(self, model, executor: PlacementExecutor, max_context: int, graphs: bool = True):
-        self.step = StaticDecodeStep(model, max_context)
+    def __init__(self, model, executor: PlacementExecutor, max_context: int, graphs: bool = True,
+                 layer_gpus: list[int] | None = None):
+        """`layer_gpus`: the plan's GPU of each layer (the step's segments, see StaticDecodeStep)."""
+        self.step = StaticDecodeStep(model, max_context, layer_gpus)
         self.executor = executor
         self.owner: Session | None = None
         self.use_graphs = graphs and any(s.device.type == "cuda" for s in self.step.segments)
@@ -36,10 +38,9 @@ class DecodeRunner:
         if self.owner is session:
             return
         self.release()
-        self.step.load(session.cache)
         if self.use_graphs and not self.graphs.captured:
-            self.graphs.capture()             # warm-up runs move the state on:
-            self.step.load(session.cache)     # load again (same buffers, so the graphs stay valid)
+            self.graphs.capture()  # its runs leave stale state: the load replaces it (same buffers: graphs stay valid)
+        self.step.load(session.cache)
         self.owner = session
 
     def release(self, session: Session | None = None) -> None:

@@ -7,7 +7,7 @@ Modes (set per forward by the engine session, from the plan's policy):
   CPU's result only when it needs the layer's output.
 - `upload` (longer prefills): the layer's distinct cold experts are copied once into two staging
   buffers of `upload_group` experts (the next group's copy overlapping this group's compute on a
-  side stream when the device is a GPU) and every route runs on the device.
+  side stream, engine/streams.py; in order on the CPU) and every route runs on the device.
 - `decode` (one token through the dynamic model): fixed-shape hot launch (top_k route slots,
   padding masked), cold routes on the CPU worker.
 `decode_step` is the expert part of the fixed-shape decode step (model/static_decode) that a CUDA
@@ -32,6 +32,7 @@ from ..kernels.cpu_experts import CpuExpertKernel, ExpertTable
 from ..kernels.routes import group_flat_routes
 from ..kernels.triton_experts import HotPool
 from .counters import Counters
+from .streams import streams_for
 
 MODES = ("split", "upload", "decode")
 
@@ -60,6 +61,7 @@ class PlacementExecutor:
         self.counters = Counters()
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ostinato-cold")
         self._copy_streams: dict = {}  # one upload stream per GPU, made once (not per layer-forward)
+        self._read_done: dict = {}     # id(staging buffer) -> event after the last compute that read it
         # Decode-step buffers, made before any graph capture (pinned memory and streams cannot be made in one).
         self.bridges = [ColdBridge(cpu_kernel, le.cold_table, le.cold_of, top_k, compute_dtype, le.device, cpu_threads)
                         if le.cold_table is not None else None for le in layers]
@@ -143,46 +145,48 @@ class PlacementExecutor:
         self.counters.hot_s += time.perf_counter() - start
 
     def _upload_and_compute(self, le: LayerExperts, x, token, expert, weight, out) -> None:
+        """The layer's distinct cold experts in groups through the two staging buffers: group i+1's copy
+        (on the device's copy stream) overlaps group i's compute (on the current stream). A compute
+        waits for its group's copy; a copy into a buffer waits for the last compute that read it (this
+        layer's group i-1, or an earlier layer's: the buffers are shared)."""
         distinct = expert.unique()  # sorted cold expert ids touched by this layer
         if distinct.numel() == 0:
             return
-        g = self.upload_group
-        cuda = le.device.type == "cuda"
-        copy_stream = None
-        if cuda:
-            if le.device not in self._copy_streams:
-                self._copy_streams[le.device] = torch.cuda.Stream(le.device)
-            copy_stream = self._copy_streams[le.device]
+        g, s = self.upload_group, streams_for(le.device)
+        main = s.current(le.device)
+        if le.device not in self._copy_streams:
+            self._copy_streams[le.device] = s.new(le.device)
+        copy = self._copy_streams[le.device]
         groups = [distinct[i:i + g] for i in range(0, distinct.numel(), g)]
-        ready = [self._copy_group(le, groups[0], le.staging[0], copy_stream)]
+        ready = [self._copy_group(le, groups[0], le.staging[0], copy)]
         for i, group in enumerate(groups):
             if i + 1 < len(groups):  # double buffering: start the next group's copy before computing this one
-                ready.append(self._copy_group(le, groups[i + 1], le.staging[(i + 1) % 2], copy_stream))
-            if cuda:
-                torch.cuda.current_stream(le.device).wait_event(ready[i])
+                ready.append(self._copy_group(le, groups[i + 1], le.staging[(i + 1) % 2], copy))
             pool = le.staging[i % 2]
+            s.wait_event(main, ready[i])
             local = torch.full((le.slot_of.numel(),), -1, dtype=torch.int64, device=expert.device)
             local[group] = torch.arange(group.numel(), device=expert.device)
             mine = local[expert] >= 0
             self._hot(pool, x, token[mine], local[expert[mine]], weight[mine], out)
+            self._read_done[id(pool)] = s.record(main)
         self.counters.experts_uploaded += distinct.numel()
         self.counters.bytes_uploaded += distinct.numel() * self.expert_bytes
 
     def _copy_group(self, le: LayerExperts, group: torch.Tensor, pool: HotPool, stream):
+        """Copy `group`'s experts into `pool`: on `stream` once the pool's last reader is done -> an event
+        after the copy; with stream None on the current stream, in order -> None."""
         start = time.perf_counter()
-        if stream is not None:  # the buffer's last reader (compute two groups back, or a previous layer's: the
-            stream.wait_stream(torch.cuda.current_stream(le.device))  # buffers are shared) must be done with it
-        ctx = torch.cuda.stream(stream) if stream is not None else nullcontext()
-        with ctx:
-            for j, e in enumerate(group.tolist()):
+        s = streams_for(le.device)
+        experts = group.tolist()  # here: `group` is the current stream's, which the copy stream does not wait for
+        if stream is not None and id(pool) in self._read_done:
+            s.wait_event(stream, self._read_done[id(pool)])
+        with s.on(stream) if stream is not None else nullcontext():
+            for j, e in enumerate(experts):
                 src = le.cold[int(le.cold_of[e])]
                 for name in ("w1", "w1_scale", "w3", "w3_scale", "w2", "w2_scale"):
                     getattr(pool, name)[j].copy_(getattr(src, name).view(getattr(pool, name).dtype),
                                                  non_blocking=stream is not None)
-            event = None
-            if stream is not None:
-                event = torch.cuda.Event()
-                event.record(stream)
+        event = s.record(stream) if stream is not None else None
         self.counters.upload_s += time.perf_counter() - start
         return event
 

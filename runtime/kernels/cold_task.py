@@ -5,10 +5,12 @@ GPU) host buffers for the step's activations and routes, the CPU kernel's result
 struct pointing at them and at the layer's cold expert table. The step copies x and the routes into
 those buffers, runs the generated `ost_cold_task_run(task)` (templates/cpu/moe_experts.cpp.j2) and
 copies the result back:
-- on a GPU the three stages are enqueued on a side stream, the middle one as a host function
-  (cuLaunchHostFunc), so a CUDA graph captures them as memcpy / host / memcpy nodes and the hot
-  experts run on the main stream meanwhile; the graph joins the side stream before the add;
-- on the CPU the same buffers and the same C function are used, called directly (eager twin).
+- the three stages go on a side stream forked from the current one (start) and joined back before
+  the add (finish), through engine/streams.py;
+- on a GPU the middle one is a host function (cuLaunchHostFunc), so a CUDA graph captures the
+  stages as memcpy / host / memcpy nodes and the hot experts run on the main stream meanwhile;
+- on the CPU the same buffers, streams calls and C function are used, the function called
+  directly when its turn comes (the twin, whose stream log tests check).
 A host node cannot report an error, so the task leaves a status code that `check()` reads after
 the step.
 Legend: D hidden, k routes per token, E experts of the model.
@@ -21,6 +23,7 @@ import functools
 
 import torch
 
+from ..engine.streams import streams_for
 from .cpu_experts import CpuExpertKernel, ExpertTable, kernel_error
 
 HOST_FN_ERRORS = {-7: "an expert id is out of range", -8: "cold_of points past the cold table"}
@@ -67,29 +70,23 @@ class ColdBridge:
                              self.weights.data_ptr(), self.cold_of.data_ptr(), self.cold_of.numel(), table.n_experts,
                              ctypes.cast(table.ptrs, ctypes.c_void_p), self.out.data_ptr(), n_threads, 0)
         self.fn = ctypes.cast(kernel.lib.ost_cold_task_run, ctypes.c_void_p)
-        self.out_device = torch.zeros(1, kernel.D, device=self.device) if cuda else self.out  # [1, D] float32
-        self.side = torch.cuda.Stream(self.device) if cuda else None
+        self.out_device = torch.zeros(1, kernel.D, device=self.device)  # [1, D] float32
+        self.streams = streams_for(self.device)
+        self.side = self.streams.new(self.device)  # made here: a capture cannot make streams
         self.libcuda = _libcuda() if cuda else None
 
     def start(self, x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor) -> None:
         """Begin the cold routes of x [1, D] with expert_ids / weights [1, k] (capturable on a GPU)."""
-        if self.side is None:
+        s = self.streams
+        s.wait_stream(self.side, s.current(self.device))  # fork: x and the routes are ready
+        with s.on(self.side):
             self._stage(x, expert_ids, weights)
-            self.kernel.lib.ost_cold_task_run(ctypes.byref(self.task))
-            return
-        self.side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(self.side):
-            self._stage(x, expert_ids, weights)
-            rc = self.libcuda.cuLaunchHostFunc(ctypes.c_void_p(self.side.cuda_stream), self.fn,
-                                              ctypes.c_void_p(ctypes.addressof(self.task)))
-            if rc != 0:
-                raise RuntimeError(f"cuLaunchHostFunc failed with CUresult {rc}")
+            self._run_task()
             self.out_device.copy_(self.out, non_blocking=True)
 
     def finish(self) -> torch.Tensor:
         """The cold routes' sum [1, D] float32 on the layer's device, ordered after start()'s work."""
-        if self.side is not None:
-            torch.cuda.current_stream(self.device).wait_stream(self.side)
+        self.streams.wait_stream(self.streams.current(self.device), self.side)  # join
         return self.out_device
 
     def check(self) -> None:
@@ -99,7 +96,17 @@ class ColdBridge:
             raise ValueError(f"cold expert task failed: {HOST_FN_ERRORS.get(status) or kernel_error(status)}")
 
     def _stage(self, x, expert_ids, weights) -> None:
-        blocking = self.side is None
-        self.x.copy_(x.reshape(1, -1), non_blocking=not blocking)
-        self.ids.copy_(expert_ids.reshape(1, -1), non_blocking=not blocking)
-        self.weights.copy_(weights.reshape(1, -1), non_blocking=not blocking)
+        self.x.copy_(x.reshape(1, -1), non_blocking=True)
+        self.ids.copy_(expert_ids.reshape(1, -1), non_blocking=True)
+        self.weights.copy_(weights.reshape(1, -1), non_blocking=True)
+
+    def _run_task(self) -> None:
+        """The CPU kernel over the staged buffers: a host function on the side stream with a GPU, a call
+        now on the CPU (where the copies before it are already done)."""
+        if self.libcuda is None:
+            self.kernel.lib.ost_cold_task_run(ctypes.byref(self.task))
+            return
+        rc = self.libcuda.cuLaunchHostFunc(ctypes.c_void_p(self.side.cuda_stream), self.fn,
+                                          ctypes.c_void_p(ctypes.addressof(self.task)))
+        if rc != 0:
+            raise RuntimeError(f"cuLaunchHostFunc failed with CUresult {rc}")

@@ -7,14 +7,16 @@
 
 Every tensor shape is independent of the position and `run_segment(i)` reads no device data on the
 host, so a CUDA graph can capture each segment once and replay it every token. Segments are the runs
-of consecutive layers on one device (`model.layer_devices`); each reads its static input buffers
-(residual streams, token id), writes the next segment's (copy_ across devices), advances its own
-position tensor by 1 in place; the last one also writes the logits buffer. Segment 0 starts with the
-embedding of the `token` buffer (on model.device; for graphs it should be the first layer's device).
-The routes of every layer land in per-segment buffers (`routes()` reads them on the host).
+of consecutive layers on one planned GPU (segments.py); `run_segment(i)` touches only segment i's
+buffers (one device: a capture records one device's work, and RTX 4090s have no peer access): it
+reads its input buffers (segment 0: the `token` buffer and the embedding, which must live on the
+first layer's device), advances its own position tensor by 1 in place and writes its output buffer
+(the last one: the logits buffer). `hand_off(i)`, on the host between segments, copies segment i's
+output and token into segment i+1's inputs. The routes of every layer land in per-segment buffers
+(`routes()` reads them on the host).
 
-On the CPU `run()` runs the segments eagerly; a graph runner would instead call `check_room()`,
-replay the segments' graphs and `note_step()`.
+`run()` runs segments and hand-offs eagerly; a graph runner (engine/decode_graphs.py) instead calls
+`check_room()`, replays each segment's graph followed by its hand-off, and `note_step()`.
 
 Legend: N hc_mult streams, D hidden, V vocab, k experts per token, L layers.
 """
@@ -33,22 +35,31 @@ from .state import DecodeState, check_context
 class StaticDecodeStep:
     """One model's fixed-shape decode step for contexts up to max_context tokens (buffers sized for it)."""
 
-    def __init__(self, model: Model, max_context: int):
+    def __init__(self, model: Model, max_context: int, layer_gpus: list[int] | None = None):
+        """`layer_gpus`: the plan's GPU of each layer, for the segments (default: by torch device)."""
         cfg = model.config
         self.model = model
-        self.segments: list[Segment] = pipeline_segments(model.layer_devices)
+        self.segments: list[Segment] = pipeline_segments(model.layer_devices, layer_gpus)
+        first, last = self.segments[0].device, self.segments[-1].device
+        embed = model.weights.embed.device
+        if (embed.type, embed.index or 0) != (first.type, first.index or 0):
+            raise ValueError(f"static decode: the embedding is on {embed}, the first layer on {first}; load the "
+                             f"model with device={first} (segment 0's graph cannot read another device)")
         self.state = DecodeState(model.weights.layers, self.segments, max_context, model.dtype)
         self.loaded_at = 0  # host: position of the last load()
         N, D, k = cfg.hc_mult, cfg.hidden_size, cfg.num_experts_per_tok
-        self.token = torch.zeros(1, dtype=torch.long, device=model.device)  # [1] input
-        # Per segment: input buffers (segment 0's only used when the embedding lives elsewhere), routes.
-        self.streams_in = [torch.zeros(1, N, D, device=s.device) for s in self.segments]  # [1, N, D] float32
-        self.token_in = [torch.zeros(1, dtype=torch.long, device=s.device) for s in self.segments]  # [1]
+        self.token = torch.zeros(1, dtype=torch.long, device=first)  # [1] input
+        # Per segment: token id and residual streams in (segment 0: `token` and the embedding), streams
+        # out (the last one: `logits`), routes of its layers.
+        self.token_in = [self.token] + [torch.zeros(1, dtype=torch.long, device=s.device)
+                                        for s in self.segments[1:]]  # [1] each
+        self.streams_in = [None] + [torch.zeros(1, N, D, device=s.device) for s in self.segments[1:]]  # [1, N, D]
+        self.streams_out = [torch.zeros(1, N, D, device=s.device) for s in self.segments[:-1]] + [None]  # float32
         self.expert_ids = [torch.zeros(s.end_layer - s.first_layer, k, dtype=torch.long, device=s.device)
                            for s in self.segments]  # [layers of the segment, k]
         self.expert_weights = [torch.zeros(s.end_layer - s.first_layer, k, device=s.device)
                                for s in self.segments]
-        self.logits = torch.zeros(cfg.vocab_size, device=self.segments[-1].device)  # [V] float32 output
+        self.logits = torch.zeros(cfg.vocab_size, device=last)  # [V] float32 output
         self._hc = (cfg.hc_sinkhorn_iters, cfg.hc_eps, cfg.rms_norm_eps, model.dtype)
 
     # Host side.
@@ -79,9 +90,18 @@ class StaticDecodeStep:
     def set_token(self, token_id: int) -> None:
         self.token.fill_(token_id)
 
-    def check_room(self) -> None:
-        """Raise before a step that would go beyond max_context."""
-        check_context(self.state.position + 1, self.max_context, f"decode step at position {self.state.position}")
+    def check_room(self, steps: int = 1) -> None:
+        """Raise before `steps` steps that would go beyond max_context."""
+        check_context(self.state.position + steps, self.max_context,
+                      f"{steps} decode step(s) at position {self.state.position}")
+
+    def rewind(self) -> None:
+        """Position 0 without a cache, for warm-up runs (engine/decode_graphs.py): they write stale rows
+        and slots, which the load() that must follow replaces or masks; store() refuses until then."""
+        for pos in self.state.positions:
+            pos.zero_()
+        self.state.position = self.loaded_at = 0
+        self.state.synced = None
 
     def note_step(self) -> None:
         """Host bookkeeping after all segments ran once."""
@@ -92,8 +112,17 @@ class StaticDecodeStep:
         self.check_room()
         for i in range(len(self.segments)):
             self.run_segment(i)
+            self.hand_off(i)
         self.note_step()
         return self.logits
+
+    def hand_off(self, i: int) -> None:
+        """Host side, after segment i: copy its output streams and token into segment i+1's input
+        buffers (nothing after the last). Not part of a graph; across GPUs copy_ orders itself after
+        both devices' current streams (and goes through the host without peer access)."""
+        if i + 1 < len(self.segments):
+            self.streams_in[i + 1].copy_(self.streams_out[i])
+            self.token_in[i + 1].copy_(self.token_in[i])
 
     def route_ids(self) -> torch.Tensor:
         """The last step's expert ids, on the CPU: [L, k] int64 (what counters need every token)."""
@@ -107,28 +136,20 @@ class StaticDecodeStep:
 
     @torch.no_grad()
     def run_segment(self, i: int) -> None:
-        seg = self.segments[i]
-        streams, token = self._segment_input(i)  # [1, N, D], [1]
+        seg, token = self.segments[i], self.token_in[i]  # [1]
+        streams = self._embed() if i == 0 else self.streams_in[i]  # [1, N, D] float32
         for layer in range(seg.first_layer, seg.end_layer):
             streams = self._layer(layer, streams, token, i)
-        if i + 1 < len(self.segments):  # hand on to the next device
-            self.streams_in[i + 1].copy_(streams)
-            self.token_in[i + 1].copy_(token)
+        if i + 1 < len(self.segments):
+            self.streams_out[i].copy_(streams)
         else:
             self.logits.copy_(self.model.head(streams)[0])
         self.state.positions[i].add_(1)
 
-    def _segment_input(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        if i > 0:
-            return self.streams_in[i], self.token_in[i]
-        cfg = self.model.config
+    def _embed(self) -> torch.Tensor:
+        """The `token` buffer's embedding -> residual streams [1, N, D] float32."""
         x = self.model.weights.embed.index_select(0, self.token).float()  # [1, D]
-        streams = x.unsqueeze(1).expand(1, cfg.hc_mult, -1).contiguous()  # [1, N, D] float32 residual
-        if self.token.device == self.streams_in[0].device:  # tensor devices: "cuda" is "cuda:0"
-            return streams, self.token
-        self.streams_in[0].copy_(streams)
-        self.token_in[0].copy_(self.token)
-        return self.streams_in[0], self.token_in[0]
+        return x.unsqueeze(1).expand(1, self.model.config.hc_mult, -1).contiguous()  # [1, N, D]
 
     def _layer(self, layer: int, streams: torch.Tensor, token: torch.Tensor, seg: int) -> torch.Tensor:
         m, lw, ls = self.model, self.model.weights.layers[layer], self.state.layers[layer]

@@ -1,0 +1,121 @@
+"""Stream ordering of the CUDA paths, checked on the CPU through the stream twin's log.
+
+No GPU has run these paths; on the CPU their work runs in program order, so a missing wait is
+invisible unless the orderings are checked (tests/stream_order.py):
+- the checkers themselves, on hand-made logs: an unordered write after a read on another stream, a
+  stream not forked into a capture, a fork not joined back;
+- upload prefill (executor.py): every copy into a staging buffer happens after the last compute that
+  read it, every compute after the copy it reads (3+ groups per layer, so each buffer is reused);
+- capture (decode_graphs.py) of a 2-GPU plan's two segments: warm-up on the device's capture stream
+  (one device on the CPU, so one stream), inside each capture only that stream and the cold routes'
+  side streams forked from it and joined back; afterwards the session decodes exactly;
+- the warm-up of a session at max_context - 1 stays within the buffers and the step then decodes
+  that last position exactly.
+"""
+
+import pytest
+import torch
+
+from graph_safety import storage_of
+from ostinato.runtime.engine.decode_graphs import WARMUP_RUNS, SegmentGraphs
+from ostinato.runtime.engine.streams import CPU_STREAMS, CpuStreams, TwinStream
+from ostinato.runtime.model.static_decode import StaticDecodeStep
+from stream_order import StreamWork, capture_problems, races
+from test_engine import IDS, _close, compiled, reference  # noqa: F401  (fixtures)
+from test_engine_decode_step import pipeline_engine
+
+
+@pytest.fixture(scope="module")
+def engine(compiled, tiny_ckpt):
+    """Tiny on two planned GPUs (both the CPU), mixed placement, prefills above 16 tokens upload."""
+    e = pipeline_engine(compiled, tiny_ckpt, "mixed", gpus=2, threshold=16)
+    yield e
+    e.close()
+
+
+def test_the_checkers_catch_a_missing_wait_fork_or_join():
+    s = CpuStreams()
+    buf = torch.zeros(4)
+    main, side = s.current(), s.new()
+    with s.recording() as log, StreamWork(s, {storage_of(buf)}):
+        buf.sum()                      # read on main
+        with s.on(side):
+            buf.fill_(1.0)             # write on side: may run before the read
+    assert len(races(log)) == 1
+    with s.recording() as log, StreamWork(s, {storage_of(buf)}):
+        buf.sum()
+        s.wait_event(side, s.record(main))
+        with s.on(side):
+            buf.fill_(1.0)
+        s.wait_stream(main, side)
+        buf.sum()
+    found = races(log)
+    assert not found, f"{len(found)} unordered pairs, first: {found[0]}"
+
+    cap, other = s.new(), s.new()
+    with s.recording() as log, StreamWork(s), s.capture(cap):
+        buf.sum()
+        with s.on(other):          # not forked from the capture stream
+            buf.sum()
+        s.wait_stream(side, cap)   # forked, never joined
+        with s.on(side):
+            buf.sum()
+    problems = capture_problems(log)
+    assert len(problems) == 2 and "not forked" in problems[0] and "not joined" in problems[1], problems
+
+
+def test_upload_copies_and_computes_are_ordered_per_staging_buffer(engine, reference):
+    staging = {storage_of(t) for le in engine.executor.layers for pool in le.staging for t in vars(pool).values()}
+    before = engine.executor.counters.copy()
+    with CPU_STREAMS.recording() as log, StreamWork(CPU_STREAMS, staging):
+        _close(engine.new_session().prefill(IDS[:100]), reference.new_session().prefill(IDS[:100]))
+    c = engine.executor.counters.minus(before)
+    assert c.experts_uploaded > 2 * engine.plan.policy.upload_group * c.forwards  # 3+ groups in some layer
+    writers = {e.stream for e in log if e.op == "write"}
+    readers = {e.stream for e in log if e.op == "read"}
+    assert len(writers) == 1 and readers == {TwinStream(0)} and writers != readers  # copy stream, main stream
+    found = races(log)
+    assert not found, f"{len(found)} unordered pairs, first: {found[0]}"
+
+
+def test_capture_warms_up_on_its_stream_and_joins_what_it_forks(engine, reference):
+    session, ref = engine.new_session(), reference.new_session()
+    _close(session.prefill(IDS[:40]), ref.prefill(IDS[:40]))
+    graphs = SegmentGraphs(engine.decode_runner.step)
+    with CPU_STREAMS.recording() as log, StreamWork(CPU_STREAMS):
+        graphs.capture()
+    assert not graphs.captured  # nothing to capture on the CPU
+    begins = [n for n, e in enumerate(log) if e.op == "capture_begin"]
+    assert len(begins) == len(engine.decode_runner.step.segments) == 2
+    for begin in begins:
+        stream = log[begin].stream
+        assert stream != TwinStream(0) and (stream, "new", None) in log[:begin]
+        warm_up = [e for e in log[:begin] if e.op == "run" and e.stream == stream]
+        assert warm_up, "no warm-up on the capture stream"
+        forks = [e for e in log[begin:] if e.op == "wait_stream" and e.what == stream]
+        assert forks, "no side stream forked (the cold routes' host task)"
+    problems = capture_problems(log)
+    assert not problems, f"{len(problems)} problems, first: {problems[0]}"
+    token = int(IDS[40])
+    for _ in range(3):  # the runner loads the session again after the capture's runs
+        a, b = session.decode(token), ref.decode(token)
+        _close(a, b)
+        token = int(b.argmax())
+
+
+def test_warm_up_from_a_session_at_max_context_minus_one(engine, reference):
+    max_context = 128  # a multiple of every compressor ratio (4, 128): position 128 has no row
+    session, ref = engine.new_session(), reference.new_session()
+    session.prefill(IDS[:max_context - 1]), ref.prefill(IDS[:max_context - 1])
+    step = StaticDecodeStep(engine.model, max_context, [lp.gpu for lp in engine.plan.layers])
+    step.load(session.session.cache)
+    graphs = SegmentGraphs(step)
+    graphs.capture()  # WARMUP_RUNS + 1 runs of each segment
+    step.load(session.session.cache)
+    step.set_token(int(IDS[max_context - 1]))
+    _close(graphs.run(), ref.decode(int(IDS[max_context - 1])))
+    with pytest.raises(ValueError, match=f"max_context={max_context}"):
+        graphs.run()
+    small = StaticDecodeStep(engine.model, WARMUP_RUNS, [lp.gpu for lp in engine.plan.layers])
+    with pytest.raises(ValueError, match="beyond max_context"):
+        SegmentGraphs(small).capture()
