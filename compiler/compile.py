@@ -36,7 +36,7 @@ from ostinato.plan import (
 
 from .codegen.plan_kernels import build_plan_kernels
 from .cost_model import CostModel, LayerCostInputs
-from .memory_model import MemoryPolicy, global_bytes, gpu_fixed_bytes, layer_resident_bytes, workspace_bytes
+from .memory_model import MemoryPolicy, gpu_fixed_bytes, layer_resident_bytes, workspace_bytes
 from .placement import DoesNotFit, Placement, PlacementProblem, place
 from .profile import PHASES, RoutingProfile, load_profile, synthetic_profile, uniform_profile
 
@@ -59,7 +59,8 @@ class CompileOptions:
     sessions: int = 1
     prefill_chunk: int = 4096
     upload_group: int = 16
-    dense_format: str = "stored"
+    snapshots: int = 64                      # turn-boundary snapshots a session keeps
+    dense_format: str | None = None          # bf16 | float32; None: float32 on cpu-only hardware, else bf16
     max_hot_per_layer: int | None = None
     objective_phases: tuple[str, ...] = ("decode", "short_prefill")
     build_kernels: bool = True
@@ -119,14 +120,23 @@ def read_hardware(b: Build) -> None:
     b.hardware = load_hardware(b.options.hardware)
 
 
+def dense_format(o: CompileOptions, hw: HardwareSpec) -> str:
+    """The compute dtype the plan is sized for. A CPU computes the exact float32 path (it has no bf16
+    matmul worth the rounding on most hosts); GPUs take bf16, half the bytes per decode token."""
+    if o.dense_format is not None:
+        return o.dense_format
+    return "float32" if hw.cpu_only else "bf16"
+
+
 def memory(b: Build) -> None:
     o, cfg, hw = b.options, b.config, b.hardware
     b.policy = MemoryPolicy(context=o.context, sessions=o.sessions, prefill_chunk=o.prefill_chunk,
-                            upload_group=o.upload_group, dense_format=o.dense_format)
+                            upload_group=o.upload_group, snapshots=o.snapshots, dense_format=dense_format(o, hw))
     expert = model_sizes(cfg).expert_bytes
     b.layer_bytes = [layer_resident_bytes(cfg, l, b.policy) for l in range(cfg.n_layers)]
     G = hw.gpus.count
-    b.gpu_fixed = [gpu_fixed_bytes(cfg, b.policy, hw.gpus.usable_bytes, expert, last=(g == G - 1)) for g in range(G)]
+    b.gpu_fixed = [gpu_fixed_bytes(cfg, b.policy, hw.gpus.usable_bytes, expert, first=g == 0, last=g == G - 1)
+                   for g in range(G)]
 
 
 def placement(b: Build) -> None:
@@ -158,16 +168,16 @@ def _check_host(b: Build, expert: int) -> None:
     need = sum(host.values())
     if need > b.hardware.host.usable_bytes:
         raise CompileError(f"does not fit: host memory is short by {need - b.hardware.host.usable_bytes:,d} bytes "
-                           f"(cold experts {host['cold_experts']:,d} B + staging + embedding). "
+                           f"(cold experts {host['cold_experts']:,d} B + workspace). "
                            "Use a machine with more memory or more GPUs (more hot experts).")
 
 
 def _host_components(b: Build, expert: int) -> dict[str, int]:
     cfg = b.config
     n_cold = sum(cfg.n_routed_experts - len(h) for h in b.placement.hot)
+    # Cold experts: the checkpoint's mapped pages on a CPU run, pinned copies (the upload and host-task
+    # source) with GPUs; either way held once.
     return {"cold_experts": n_cold * expert,
-            "embedding": global_bytes(cfg, "embed", b.policy.dense_format),
-            "pinned_staging": b.hardware.gpus.count * 2 * b.policy.upload_group * expert,
             "cpu_workspace": workspace_bytes(cfg, b.policy.prefill_chunk)}
 
 
@@ -205,7 +215,7 @@ def plan(b: Build) -> None:
     expert = model_sizes(cfg).expert_bytes
     memory_rows = []
     for g in range(hw.gpus.count):
-        comps = {"dense_weights": 0, "kv_cache": 0, "decode_graph": 0}
+        comps = {"dense_weights": 0, "kv_cache": 0, "kv_snapshots": 0, "decode_state": 0, "decode_graph": 0}
         for l in range(cfg.n_layers):
             if pl.layer_gpu[l] == g:
                 for k, v in b.layer_bytes[l].items():
@@ -231,13 +241,13 @@ def plan(b: Build) -> None:
         model=ModelSummary(path=relative_to_plan(o.model, o.output), layers=cfg.n_layers,
                            routed_experts=cfg.n_routed_experts, top_k=cfg.num_experts_per_tok,
                            hidden_size=cfg.hidden_size, expert_format="mxfp4", expert_bytes=expert,
-                           dense_format=o.dense_format, attention=[cfg.attention_kind(l) for l in range(cfg.n_layers)],
+                           dense_format=b.policy.dense_format, attention=[cfg.attention_kind(l) for l in range(cfg.n_layers)],
                            hash_layers=cfg.num_hash_layers),
         hardware=hw,
         memory=memory_rows,
         layers=layer_rows,
         policy=Policy(context=o.context, sessions=o.sessions, prefill_threshold=b.threshold,
-                      prefill_chunk=o.prefill_chunk, upload_group=o.upload_group,
+                      prefill_chunk=o.prefill_chunk, upload_group=o.upload_group, snapshots=o.snapshots,
                       decode_graph_routes=cfg.num_experts_per_tok, cpu_threads=hw.host.cores,
                       objective_phases=list(o.objective_phases)),
         kernels=b.kernels,

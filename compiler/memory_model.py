@@ -1,10 +1,13 @@
 """Exact memory model: the bytes every device holds under a placement, by kind.
 
 Every formula is written out here so that a plan's numbers can be re-derived by hand:
-- dense weights as the kernels hold them (`stored`: FP8 + scales as in the checkpoint; `bf16`:
-  FP8 matrices dequantized to 2 B per element, scales dropped); BF16/F32/int tensors as stored;
+- dense weights as the runtime holds them (runtime/model/loading.py; the allocation test checks the
+  two agree): FP8 matrices dequantized to the plan's dense format (`bf16`: 2 B per element, `float32`:
+  4 B; the block scales folded in), the embedding and the LM head as stored (bf16), integer tables
+  as int64, everything else (norms, mHC, sinks, compressors, router) in float32, as the reference
+  computes them;
 - routed experts at MXFP4 bytes including scales (13,369,344 B each for V4-Flash);
-- KV cache per session (docs/model.md section 4), bf16 rows: every layer a sliding ring of
+- KV cache per session (docs/model.md section 4), rows in the dense format's dtype: every layer a sliding ring of
   `sliding_window` rows of head_dim; compressed layers one row per `ratio` tokens; CSA also
   indexer keys (index_head_dim per 4 tokens); plus the compressors' fp32 partial-window state;
 - decode-graph buffers (1-token workspace plus one context of static KV state), upload staging,
@@ -20,21 +23,24 @@ from dataclasses import dataclass
 from ostinato.checkpoint.config import ModelConfig
 from ostinato.checkpoint.tensor_specs import TensorSpec, global_specs, layer_specs
 
-KV_BYTES = 2          # bf16 cache rows
+DENSE_FORMATS = {"bf16": 2, "float32": 4}  # the compute dtype: dense matrices, activations and KV rows, B/element
 STATE_BYTES = 4       # fp32 compressor state (kv and gate logits of the incomplete windows)
 ACT_BYTES = 4         # fp32 activations in the workspace bound (conservative)
 ATTENTION_QUERY_BLOCK = 512   # prefill attention is computed in query blocks of this many tokens
 
 
 def held_bytes(spec: TensorSpec, dense_format: str) -> int:
-    """Bytes a device holds for one tensor (routed experts are always packed MXFP4)."""
-    if spec.role == "routed_expert" or dense_format == "stored":
+    """Bytes a device holds for one checkpoint tensor (routed experts are always packed MXFP4)."""
+    elements = math.prod(spec.shape)
+    if spec.role in ("routed_expert", "embed", "head"):
         return spec.nbytes
     if spec.dtype == "F8_E4M3":
-        return math.prod(spec.shape) * 2
+        return elements * DENSE_FORMATS[dense_format]
     if spec.dtype == "F8_E8M0":
-        return 0  # folded into the dequantized bf16 matrix
-    return spec.nbytes
+        return 0  # folded into the dequantized matrix
+    if spec.dtype.startswith(("I", "U")):
+        return elements * 8  # index tables are held as int64
+    return elements * 4
 
 
 def layer_dense_bytes(cfg: ModelConfig, layer: int, dense_format: str) -> int:
@@ -45,21 +51,45 @@ def global_bytes(cfg: ModelConfig, role: str, dense_format: str) -> int:
     return sum(held_bytes(s, dense_format) for s in global_specs(cfg) if s.role == role)
 
 
-def kv_cache_bytes(cfg: ModelConfig, layer: int, context: int) -> int:
-    """One session's cache for `layer` at `context` tokens."""
-    hd = cfg.head_dim
-    total = cfg.sliding_window * hd * KV_BYTES                         # constant ring
+def _compressor_bytes(rows: int, row_width: int, ratio: int, width: int, buffered: int, fmt: str,
+                      row_ids: bool) -> int:
+    """One compressor's entries (`rows` of `row_width`, plus an int64 id each in the decode state) and
+    its float32 state: `buffered` projections [C = width x (2 if overlapped)] of kv and gate, and for
+    CSA (ratio 4, overlapped) the previous window's first halves [ratio, width] of kv and gate."""
+    overlap = ratio == 4
+    state = buffered * (2 if overlap else 1) * width * 2 + (ratio * width * 2 if overlap else 0)
+    return rows * (row_width * DENSE_FORMATS[fmt] + (8 if row_ids else 0)) + state * STATE_BYTES
+
+
+def _layer_cache_bytes(cfg: ModelConfig, layer: int, context: int, fmt: str, static: bool) -> int:
+    hd, W = cfg.head_dim, cfg.sliding_window
+    # the ring: the dynamic cache keeps W-1 rows (the current token is the W-th); the static one W rows
+    # plus two int64 position vectors and its position
+    total = (W * hd * DENSE_FORMATS[fmt] + 2 * W * 8 + 8) if static else (W - 1) * hd * DENSE_FORMATS[fmt]
     ratio = cfg.compress_ratio(layer)
     if ratio:
-        total += math.ceil(context / ratio) * hd * KV_BYTES            # compressed rows
-        width = cfg.compressor_width(layer)
-        buffered = 2 * ratio if ratio == 4 else ratio                  # CSA overlaps the previous window
-        total += buffered * width * STATE_BYTES * 2                    # kv + gate logits
-    if ratio == 4:
-        ihd = cfg.index_head_dim
-        total += math.ceil(context / 4) * ihd * KV_BYTES               # indexer keys
-        total += 2 * 4 * (2 * ihd) * STATE_BYTES * 2                   # indexer compressor state
+        rows = math.ceil(context / ratio)
+        buffered = ratio if static else ratio - 1  # a full window slot ring, or the incomplete window's rows
+        total += _compressor_bytes(rows, hd, ratio, hd, buffered, fmt, static)
+        if ratio == 4:  # CSA: the indexer's keys, by its own compressor
+            total += _compressor_bytes(rows, cfg.index_head_dim, ratio, cfg.index_head_dim, buffered, fmt, static)
     return total
+
+
+def kv_cache_bytes(cfg: ModelConfig, layer: int, context: int, dense_format: str) -> int:
+    """One session's cache for `layer` filled to `context` tokens (runtime/model/kv_cache.py)."""
+    return _layer_cache_bytes(cfg, layer, context, dense_format, static=False)
+
+
+def snapshot_bytes(cfg: ModelConfig, layer: int, dense_format: str) -> int:
+    """What one session snapshot (turn boundary, for truncate; runtime/model/session.py) keeps of
+    `layer`: the ring and the compressors' incomplete windows, whatever the context."""
+    return _layer_cache_bytes(cfg, layer, 0, dense_format, static=False)
+
+
+def decode_state_bytes(cfg: ModelConfig, layer: int, context: int, dense_format: str) -> int:
+    """The decode step's static copy of one context's state for `layer` (runtime/model/static_decode/state.py)."""
+    return _layer_cache_bytes(cfg, layer, context, dense_format, static=True)
 
 
 def workspace_bytes(cfg: ModelConfig, tokens: int) -> int:
@@ -84,15 +114,16 @@ class MemoryPolicy:
     sessions: int = 1            # sessions whose KV cache stays resident
     prefill_chunk: int = 4096    # largest prefill chunk (tokens) the workspace is sized for
     upload_group: int = 16       # experts per upload staging buffer (two buffers: double buffering)
+    snapshots: int = 64          # turn-boundary snapshots a session keeps (the oldest are dropped)
     headroom_fraction: float = 0.05  # allocator fragmentation reserve, of usable bytes
-    dense_format: str = "stored"
+    dense_format: str = "bf16"
 
     def __post_init__(self) -> None:
-        for name in ("context", "sessions", "prefill_chunk", "upload_group"):
+        for name in ("context", "sessions", "prefill_chunk", "upload_group", "snapshots"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        if self.dense_format not in ("stored", "bf16"):
-            raise ValueError(f"dense_format must be 'stored' or 'bf16', got {self.dense_format!r}")
+        if self.dense_format not in DENSE_FORMATS:
+            raise ValueError(f"dense_format must be one of {sorted(DENSE_FORMATS)}, got {self.dense_format!r}")
         if not 0 <= self.headroom_fraction < 0.5:
             raise ValueError(f"headroom_fraction must be in [0, 0.5), got {self.headroom_fraction}")
 
@@ -100,17 +131,23 @@ class MemoryPolicy:
 def layer_resident_bytes(cfg: ModelConfig, layer: int, policy: MemoryPolicy) -> dict[str, int]:
     """Bytes a GPU holds for one of its layers, before hot experts."""
     return {"dense_weights": layer_dense_bytes(cfg, layer, policy.dense_format),
-            "kv_cache": policy.sessions * kv_cache_bytes(cfg, layer, policy.context),
-            # the decode step's own 1-token buffers and its static copy of one context's KV state
-            # (runtime/model/static_decode: loaded from the decoding session, stored back after)
-            "decode_graph": workspace_bytes(cfg, 1) + kv_cache_bytes(cfg, layer, policy.context)}
+            "kv_cache": policy.sessions * kv_cache_bytes(cfg, layer, policy.context, policy.dense_format),
+            "kv_snapshots": policy.sessions * policy.snapshots * snapshot_bytes(cfg, layer, policy.dense_format),
+            # the decode step's static copy of one context's KV state (runtime/model/static_decode:
+            # loaded from the decoding session, stored back after), and a bound on the 1-token
+            # activations its captured graph keeps in its memory pool
+            "decode_state": decode_state_bytes(cfg, layer, policy.context, policy.dense_format),
+            "decode_graph": workspace_bytes(cfg, 1)}
 
 
-def gpu_fixed_bytes(cfg: ModelConfig, policy: MemoryPolicy, usable: int, expert_bytes: int, last: bool) -> dict[str, int]:
+def gpu_fixed_bytes(cfg: ModelConfig, policy: MemoryPolicy, usable: int, expert_bytes: int, first: bool,
+                    last: bool) -> dict[str, int]:
     """Per-GPU bytes independent of which layers it runs."""
     fixed = {"upload_staging": 2 * policy.upload_group * expert_bytes,
              "workspace": workspace_bytes(cfg, policy.prefill_chunk),
              "headroom": int(usable * policy.headroom_fraction)}
+    if first:  # token embeddings are looked up where the first layer runs
+        fixed["embedding"] = global_bytes(cfg, "embed", policy.dense_format)
     if last:  # the LM head, final norm and hc head run after the last layer
         fixed["head"] = sum(global_bytes(cfg, r, policy.dense_format) for r in ("head", "final_norm", "hc_head"))
     return fixed

@@ -61,7 +61,8 @@ class ModelSummary(Record):
     hidden_size: Count
     expert_format: Literal["mxfp4"]
     expert_bytes: Bytes
-    dense_format: Literal["stored", "bf16"]    # stored: FP8 + block scales as in the checkpoint
+    dense_format: Literal["bf16", "float32"]   # the compute dtype: FP8 dense matrices dequantized to it,
+                                               # activations and KV rows in it (FP8 kept as stored: not yet)
     attention: list[AttentionKind]             # per layer
     hash_layers: Index
 
@@ -97,6 +98,7 @@ class Policy(Record):
     prefill_threshold: Index | None      # prefills of more tokens use upload-once (0: all do); None: none do
     prefill_chunk: Count
     upload_group: Count
+    snapshots: Count                     # turn-boundary snapshots a session keeps (memory: kv_snapshots)
     decode_graph_routes: Count           # fixed route slots per layer in the decode graph (= top_k)
     cpu_threads: Count
     objective_phases: list[Phase]

@@ -9,10 +9,17 @@ import yaml
 
 from ostinato.checkpoint import ModelConfig, model_sizes
 from ostinato.checkpoint.fingerprint import model_fingerprint
+from ostinato.checkpoint.tensor_specs import global_specs, layer_specs
 from ostinato.compiler.cli import compile as compile_cli
 from ostinato.compiler.compile import CompileError, CompileOptions, compile_plan
-from ostinato.compiler.memory_model import kv_cache_bytes
-from ostinato.plan import KernelName, PlanError, check_fingerprint, load_plan, plan_from_dict
+from ostinato.compiler.memory_model import held_bytes, kv_cache_bytes
+from ostinato.plan import (
+    KernelName,
+    PlanError,
+    check_fingerprint,
+    load_plan,
+    plan_from_dict,
+)
 from ostinato.plans import plans_dir
 
 REPO = Path(__file__).resolve().parents[1]
@@ -50,8 +57,13 @@ def test_flash_memory_adds_up_to_the_checkpoint_bytes(in_repo):
     gpus = [d for d in plan.memory if d.device != "host"]
     host = next(d for d in plan.memory if d.device == "host")
     weights = (sum(d.components["dense_weights"] + d.components["hot_experts"] + d.components.get("head", 0)
-                   for d in gpus) + host.components["cold_experts"] + host.components["embedding"])
-    assert weights == sizes.total_bytes  # every stored byte of the model is placed exactly once
+                   + d.components.get("embedding", 0) for d in gpus) + host.components["cold_experts"])
+    cfg = ModelConfig.from_json(FLASH / "config.json")
+    held = sum(held_bytes(s, "bf16") for s in global_specs(cfg)) + sum(
+        held_bytes(s, "bf16") for l in range(cfg.n_layers) for s in layer_specs(cfg, l, with_experts=True))
+    assert weights == held  # every tensor of the model is placed exactly once, as the runtime holds it
+    dense = list(global_specs(cfg)) + [s for l in range(cfg.n_layers) for s in layer_specs(cfg, l, with_experts=False)]
+    assert held - sizes.total_bytes == sum(held_bytes(s, "bf16") - s.nbytes for s in dense)  # experts as stored
     hot = sum(len(l.hot_experts) for l in plan.layers)
     assert sum(d.components["hot_experts"] for d in gpus) == hot * 13_369_344
     assert host.components["cold_experts"] == (43 * 256 - hot) * 13_369_344
@@ -60,11 +72,14 @@ def test_flash_memory_adds_up_to_the_checkpoint_bytes(in_repo):
 def test_kv_cache_matches_the_model_card():
     cfg = ModelConfig.from_json(REPO / FLASH / "config.json")
     # docs/model.md 4: 6,880 B/token over the model, plus a constant 128 KiB sliding ring per layer + compressor state
-    per_token = sum(kv_cache_bytes(cfg, l, 2 * 128 * 1024) - kv_cache_bytes(cfg, l, 128 * 1024) for l in range(43))
+    per_token = sum(kv_cache_bytes(cfg, l, 2 * 128 * 1024, "bf16") - kv_cache_bytes(cfg, l, 128 * 1024, "bf16")
+                    for l in range(43))
     assert per_token == 6_880 * 128 * 1024
-    assert kv_cache_bytes(cfg, 0, 10**6) == 128 * 1024                                   # sliding only
-    assert kv_cache_bytes(cfg, 3, 0) == 128 * 1024 + 128 * 512 * 4 * 2                   # HCA: ring + 512 KiB state
-    assert kv_cache_bytes(cfg, 2, 0) == 128 * 1024 + 8 * 1024 * 4 * 2 + 8 * 256 * 4 * 2  # CSA + indexer state
+    ring = 127 * 512 * 2  # W-1 rows of head_dim in bf16 (the current token is the W-th)
+    assert kv_cache_bytes(cfg, 0, 10**6, "bf16") == ring                                # sliding only
+    assert kv_cache_bytes(cfg, 3, 0, "bf16") == ring + 127 * 512 * 2 * 4                # HCA: < m buffered kv + gate
+    assert kv_cache_bytes(cfg, 2, 0, "bf16") == ring + (3 * 1024 * 2 + 4 * 512 * 2) * 4 + (  # CSA: overlapped
+        3 * 256 * 2 + 4 * 128 * 2) * 4                                                  # + the indexer's compressor
 
 
 def test_flash_plan_content(in_repo):

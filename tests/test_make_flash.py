@@ -67,3 +67,17 @@ def test_slices_out_of_range_are_refused(layers, experts, problem):
 def test_slices_keep_the_real_layer_kinds_in_order():
     cfg = flash_config(4, 16)
     assert cfg["compress_ratios"][:4] == [0, 0, 4, 128] and cfg["num_hash_layers"] == 3
+
+
+def test_a_plan_at_flash_shapes_holds_what_it_counted(flash_slice, tmp_path):
+    """Allocation = plan at V4-Flash's real dimensions (test_allocation_plan.py has the two-GPU tiny case)."""
+    from test_allocation_plan import TWO_GPUS, _check, _compile, _filled_session
+
+    from ostinato.runtime.engine.loader import load_engine
+
+    out, _ = flash_slice
+    one_gpu = dict(TWO_GPUS, gpus=dict(TWO_GPUS["gpus"], count=1, usable_bytes=8_000_000_000))
+    _compile(out, tmp_path, one_gpu, context=256, prefill_chunk=128, max_hot_per_layer=3, dense_format="bf16")
+    engine = load_engine(tmp_path / "plan.yaml", device="cpu")
+    _check(engine, _filled_session(engine, 256))
+    engine.close()

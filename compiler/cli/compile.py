@@ -34,8 +34,12 @@ def parse_args(argv: list[str] | None) -> tuple[CompileOptions, bool]:
     p.add_argument("--sessions", type=int, default=1, help="sessions whose KV cache stays resident (1)")
     p.add_argument("--prefill-chunk", type=int, default=4096, help="largest prefill chunk in tokens (4096)")
     p.add_argument("--upload-group", type=int, default=16, help="experts per upload staging buffer (16)")
-    p.add_argument("--dense-format", choices=("stored", "bf16"), default="stored",
-                   help="how GPUs hold dense weights: as stored (FP8 + scales) or dequantized to bf16")
+    p.add_argument("--snapshots", type=int, default=64,
+                   help="turn-boundary snapshots a session keeps for truncation; each costs the sliding ring and "
+                        "the compressors' open windows of every layer (64)")
+    p.add_argument("--dense-format", choices=("bf16", "float32"),
+                   help="the compute dtype: dense FP8 matrices are dequantized to it, activations and KV rows "
+                        "use it (default: float32 on cpu-only hardware, bf16 with GPUs)")
     p.add_argument("--max-hot-per-layer", type=int, help="cap on hot experts per layer (default: memory decides)")
     p.add_argument("--no-kernels", action="store_true", help="skip rendering and building the expert kernels")
     p.add_argument("--kernel-dir", type=Path, help="content-addressed folder for generated kernels "
@@ -43,7 +47,7 @@ def parse_args(argv: list[str] | None) -> tuple[CompileOptions, bool]:
     p.add_argument("--explain", action="store_true", help="print a readable table of the plan")
     p.add_argument("-v", "--verbose", action="store_true", help="log each compiler pass")
     a = p.parse_args(argv)
-    for name in ("context", "sessions", "prefill_chunk", "upload_group"):
+    for name in ("context", "sessions", "prefill_chunk", "upload_group", "snapshots"):
         if getattr(a, name) <= 0:
             p.error(f"--{name.replace('_', '-')} must be positive, got {getattr(a, name)}")
     if a.max_hot_per_layer is not None and a.max_hot_per_layer < 0:
@@ -51,6 +55,7 @@ def parse_args(argv: list[str] | None) -> tuple[CompileOptions, bool]:
     logging.basicConfig(level=logging.INFO if a.verbose else logging.WARNING, format="%(name)s: %(message)s")
     return CompileOptions(model=a.model, output=a.plan, hardware=a.hardware, profile=a.profile, context=a.context,
                           sessions=a.sessions, prefill_chunk=a.prefill_chunk, upload_group=a.upload_group,
+                          snapshots=a.snapshots,
                           dense_format=a.dense_format, max_hot_per_layer=a.max_hot_per_layer,
                           build_kernels=not a.no_kernels, kernel_dir=a.kernel_dir), a.explain
 

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
-
 from ostinato.workload import SessionShape
 
 from .replay import simulate, summarize

@@ -30,10 +30,13 @@ from ostinato.plan import KernelEntry, KernelName, Plan, PlanError, check_finger
 from ..kernels.cpu_experts import CpuExpertKernel
 from ..kernels.triton_experts import HotPool, load_triton_module
 from ..model.model import Model, load_model
+from .cpu_threads import CpuThreads, cpu_threads
 from .decode_runner import DecodeRunner
 from .executor import LayerExperts, PlacementExecutor
 from .hot_compute import TorchPoolCompute, TritonPoolCompute
 from .session import EngineSession
+
+DENSE_DTYPES = {"bf16": torch.bfloat16, "float32": torch.float32}  # plan.model.dense_format -> compute dtype
 
 
 @dataclass
@@ -44,6 +47,7 @@ class Engine:
     executor: PlacementExecutor
     devices: list
     decode_runner: DecodeRunner | None  # the fixed-shape decode step; None: dynamic decode
+    cpu_threads: CpuThreads             # the cold kernel's threads: the plan's, clamped to this machine
 
     def new_session(self) -> EngineSession:
         return EngineSession(self.model.new_session(), self.executor, self.plan.policy.prefill_threshold,
@@ -119,13 +123,26 @@ def _staging(n: int, D: int, I: int, device: torch.device) -> HotPool:
                                                                      (I, D // 32), (D, I // 2), (D, I // 32))))
 
 
+def compute_dtype(plan: Plan, dtype: torch.dtype | None, cuda: bool) -> torch.dtype:
+    """The plan's dense format as a torch dtype, or `dtype` when given: on the CPU a run may take
+    another dtype (a float32 reference of a bf16 plan), on GPUs it would not hold what the plan sized."""
+    planned = DENSE_DTYPES[plan.model.dense_format]
+    if dtype is None or dtype == planned:
+        return planned
+    if cuda:
+        raise PlanError(f"the plan is sized for {plan.model.dense_format} (model.dense_format) and a {dtype} run on "
+                        f"GPUs would hold other sizes than it planned: recompile with --dense-format, or run on the CPU")
+    return dtype
+
+
 def load_engine(plan: str | Path | Plan, model_dir: str | Path | None = None, device: str | None = None,
-                dtype: torch.dtype = torch.float32, hot_backend: str | None = None, static_decode: bool = True,
+                dtype: torch.dtype | None = None, hot_backend: str | None = None, static_decode: bool = True,
                 decode_graphs: bool = True, progress: bool | None = False) -> Engine:
-    """The plan's engine. `static_decode`: decode through the fixed-shape step sized for the plan's
-    context (else the dynamic model); `decode_graphs`: capture that step as CUDA graphs on GPUs.
-    `progress`: bars over the layers on stderr while weights are placed (routed experts, then the
-    rest of each layer); None: only when stderr is a terminal."""
+    """The plan's engine. `dtype`: the compute dtype, default the plan's dense format (see compute_dtype).
+    `static_decode`: decode through the fixed-shape step sized for the plan's context (else the
+    dynamic model); `decode_graphs`: capture that step as CUDA graphs on GPUs. `progress`: bars over
+    the layers on stderr while weights are placed (routed experts, then the rest of each layer);
+    None: only when stderr is a terminal."""
     if not isinstance(plan, Plan):
         plan = load_plan(plan)
     model_dir = model_directory(plan, model_dir)
@@ -133,6 +150,7 @@ def load_engine(plan: str | Path | Plan, model_dir: str | Path | None = None, de
     check_fingerprint(plan, fp.config_sha256, fp.index_sha256)
     devices = plan_devices(plan, device)
     cuda = devices[0].type == "cuda"
+    dtype = compute_dtype(plan, dtype, cuda)
     backend = hot_backend or ("triton" if cuda else "torch")
     if backend not in ("triton", "torch"):
         raise ValueError(f"hot_backend must be 'triton' or 'torch', got {backend!r}")
@@ -151,12 +169,12 @@ def load_engine(plan: str | Path | Plan, model_dir: str | Path | None = None, de
         else:
             compute = TorchPoolCompute(cfg.swiglu_limit)
         E, D, I = cfg.n_routed_experts, cfg.hidden_size, cfg.moe_intermediate_size
-        staging = {}  # device -> its two upload buffers, shared by its layers (the plan counts one pair per GPU)
-        for lp in plan.layers:
+        staging = {}  # planned GPU -> its two upload buffers, shared by its layers (the plan counts one pair per
+        for lp in plan.layers:  # GPU; keyed by the plan's index so a CPU run holds what the GPUs would)
             dev = devices[lp.gpu]
             compute.prepare(dev, dtype)
-            if dev not in staging:
-                staging[dev] = [_staging(plan.policy.upload_group, D, I, dev) for _ in range(2)]
+            if lp.gpu not in staging:
+                staging[lp.gpu] = [_staging(plan.policy.upload_group, D, I, dev) for _ in range(2)]
             hot = list(lp.hot_experts)
             cold = sorted(set(range(E)) - set(hot))
             slot_of = torch.full((E,), -1, dtype=torch.int64)
@@ -166,14 +184,17 @@ def load_engine(plan: str | Path | Plan, model_dir: str | Path | None = None, de
             pool = HotPool.stack(_packed(ckpt, lp.layer, hot, False), dev) if hot else _staging(0, D, I, dev)
             cold_packed = _packed(ckpt, lp.layer, cold, pin=cuda)
             layers.append(LayerExperts(dev, slot_of.to(dev), cold_of, pool, cold_packed,
-                                       cpu_kernel.table(cold_packed) if cold else None, staging[dev]))
+                                       cpu_kernel.table(cold_packed) if cold else None, staging[lp.gpu]))
             bar.update()
-    executor = PlacementExecutor(layers, compute, cpu_kernel, plan.policy.cpu_threads, plan.policy.upload_group,
+    threads = cpu_threads(plan.policy.cpu_threads, cuda)
+    executor = PlacementExecutor(layers, compute, cpu_kernel, threads.threads, plan.policy.upload_group,
                                  plan.model.expert_bytes, dtype, cfg.num_experts_per_tok)
     with tqdm(total=len(plan.layers), desc="loading layers", unit="layer", file=sys.stderr, disable=disable) as bar:
-        model = load_model(model_dir, dtype=dtype, device=devices[0], executor=executor,
+        model = load_model(model_dir, dtype=dtype, device=devices[plan.layers[0].gpu], executor=executor,
                            prefill_chunk=plan.policy.prefill_chunk,
                            layer_devices=[devices[lp.gpu] for lp in plan.layers], on_layer=lambda layer: bar.update())
-    runner = DecodeRunner(model, executor, plan.policy.context, decode_graphs) if static_decode else None
-    return Engine(plan, model_dir, model, executor, devices, runner)
+    model.max_context, model.max_snapshots = plan.policy.context, plan.policy.snapshots  # what the plan sized
+    runner = DecodeRunner(model, executor, plan.policy.context, decode_graphs,
+                          [lp.gpu for lp in plan.layers]) if static_decode else None
+    return Engine(plan, model_dir, model, executor, devices, runner, threads)
 

@@ -24,10 +24,15 @@ from .compressor import CompressorState
 
 
 class GrowingRows:
-    """An append-only [n, width] buffer with doubling capacity (decode appends one row per window)."""
+    """An append-only [n, width] buffer with doubling capacity (decode appends one row per window).
+    `limit`: the rows a planned context needs; doubling stops there, so a session filled to the plan's
+    context holds what the plan counted, not up to twice that (it still grows past it on demand)."""
 
-    def __init__(self, width: int, dtype: torch.dtype, device: torch.device | str, capacity: int = 64):
-        self._buf = torch.empty(capacity, width, dtype=dtype, device=device)
+    def __init__(self, width: int, dtype: torch.dtype, device: torch.device | str, capacity: int = 64,
+                 limit: int | None = None):
+        self.limit = limit
+        self._buf = torch.empty(capacity if limit is None else min(capacity, limit), width, dtype=dtype,
+                                device=device)
         self.n = 0
 
     def view(self) -> torch.Tensor:
@@ -36,8 +41,10 @@ class GrowingRows:
     def append(self, rows: torch.Tensor) -> None:
         need = self.n + rows.shape[0]
         if need > self._buf.shape[0]:
-            grown = torch.empty(max(need, 2 * self._buf.shape[0]), self._buf.shape[1], dtype=self._buf.dtype,
-                                device=self._buf.device)
+            double = 2 * self._buf.shape[0]
+            if self.limit is not None and need <= self.limit:
+                double = min(double, self.limit)
+            grown = torch.empty(max(need, double), self._buf.shape[1], dtype=self._buf.dtype, device=self._buf.device)
             grown[:self.n] = self._buf[:self.n]
             self._buf = grown
         self._buf[self.n:need] = rows.to(self._buf.dtype)
@@ -49,7 +56,7 @@ class GrowingRows:
 
     def clone(self) -> "GrowingRows":
         other = GrowingRows.__new__(GrowingRows)
-        other._buf, other.n = self._buf.clone(), self.n
+        other._buf, other.n, other.limit = self._buf.clone(), self.n, self.limit
         return other
 
     @property

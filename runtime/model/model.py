@@ -29,6 +29,7 @@ from .rope import rope_tables
 
 # Tokens per forward when prefilling: bounds activation memory (window logits grow with T^2).
 DEFAULT_PREFILL_CHUNK = 512
+DEFAULT_MAX_SNAPSHOTS = 256  # turn-boundary snapshots per session when no plan says (session.py)
 HEAD_BLOCK_ROWS = 16384  # vocabulary rows per float32 block of the head (256 MB at V4-Flash's D)
 
 
@@ -41,6 +42,8 @@ class Model:
         # Pipeline over devices: layer i runs on layer_devices[i]; the residual moves at each boundary.
         self.layer_devices = [torch.device(d) for d in (layer_devices or [device] * config.n_layers)]
         self.prefill_chunk = prefill_chunk
+        self.max_context: int | None = None  # the planned context: caches grow in steps up to it (kv_cache.py)
+        self.max_snapshots = DEFAULT_MAX_SNAPSHOTS  # per session (session.py); a plan sets its own
         self.observer: RoutingObserver | None = None
         tables = rope_tables(config)
         self.ropes = {d: {k: r.to(d) for k, r in tables.items()} for d in set(self.layer_devices)}
@@ -57,18 +60,19 @@ class Model:
         for lw, dev in zip(self.weights.layers, self.layer_devices):
             window = torch.zeros(0, cfg.head_dim, dtype=self.dtype, device=dev)
             c, ix = lw.attn.compressor, lw.attn.indexer
+            limit = None if self.max_context is None or c is None else -(-self.max_context // c.ratio)
             layers.append(LayerCache(
                 window,
                 CompressorState.empty(c, dev) if c else None,
-                GrowingRows(cfg.head_dim, self.dtype, dev) if c else None,
+                GrowingRows(cfg.head_dim, self.dtype, dev, limit=limit) if c else None,
                 CompressorState.empty(ix.compressor, dev) if ix else None,
-                GrowingRows(cfg.index_head_dim, self.dtype, dev) if ix else None))
+                GrowingRows(cfg.index_head_dim, self.dtype, dev, limit=limit) if ix else None))
         return KvCache(layers)
 
     def new_session(self) -> "Session":
         from .session import Session
 
-        return Session(self)
+        return Session(self, max_snapshots=self.max_snapshots)
 
     @torch.no_grad()
     def forward(self, token_ids: torch.Tensor, cache: KvCache, last_only: bool = False) -> torch.Tensor:
