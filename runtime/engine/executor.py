@@ -157,11 +157,15 @@ class PlacementExecutor:
         if le.device not in self._copy_streams:
             self._copy_streams[le.device] = s.new(le.device)
         copy = self._copy_streams[le.device]
-        groups = [distinct[i:i + g] for i in range(0, distinct.numel(), g)]
-        ready = [self._copy_group(le, groups[0], le.staging[0], copy)]
+        # One host read of the ids for the whole upload: a read per group would hold each group's copy
+        # back until the compute queued before it had finished.
+        ids = distinct.tolist()
+        groups = [distinct[i:i + g] for i in range(0, distinct.numel(), g)]  # on the device: the compute's
+        listed = [ids[i:i + g] for i in range(0, len(ids), g)]                # on the host: the copies
+        ready = [self._copy_group(le, listed[0], le.staging[0], copy)]
         for i, group in enumerate(groups):
             if i + 1 < len(groups):  # double buffering: start the next group's copy before computing this one
-                ready.append(self._copy_group(le, groups[i + 1], le.staging[(i + 1) % 2], copy))
+                ready.append(self._copy_group(le, listed[i + 1], le.staging[(i + 1) % 2], copy))
             pool = le.staging[i % 2]
             s.wait_event(main, ready[i])
             local = torch.full((le.slot_of.numel(),), -1, dtype=torch.int64, device=expert.device)
@@ -172,12 +176,11 @@ class PlacementExecutor:
         self.counters.experts_uploaded += distinct.numel()
         self.counters.bytes_uploaded += distinct.numel() * self.expert_bytes
 
-    def _copy_group(self, le: LayerExperts, group: torch.Tensor, pool: HotPool, stream):
-        """Copy `group`'s experts into `pool`: on `stream` once the pool's last reader is done -> an event
-        after the copy; with stream None on the current stream, in order -> None."""
+    def _copy_group(self, le: LayerExperts, experts: list[int], pool: HotPool, stream):
+        """Copy the cold `experts` into `pool`'s first slots: on `stream` once the pool's last reader is
+        done -> an event after the copy; with stream None on the current stream, in order -> None."""
         start = time.perf_counter()
         s = streams_for(le.device)
-        experts = group.tolist()  # here: `group` is the current stream's, which the copy stream does not wait for
         if stream is not None and id(pool) in self._read_done:
             s.wait_event(stream, self._read_done[id(pool)])
         with s.on(stream) if stream is not None else nullcontext():

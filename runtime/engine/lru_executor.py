@@ -38,7 +38,7 @@ class LruCacheExecutor(PlacementExecutor):
             slot = len(cache)
         else:
             _, slot = cache.popitem(last=False)  # least recently used
-        self._copy_group(le, torch.tensor([expert]), _SlotView(pool, slot), None)
+        self._copy_group(le, [expert], _SlotView(pool, slot), None)
         cache[expert] = slot
         if count:
             self.counters.experts_uploaded += 1
