@@ -46,6 +46,12 @@ class LayerCostInputs:
     share: np.ndarray             # [E] float, route share of each expert (sums to 1)
 
 
+def host_expert_rates(host) -> tuple[float, float]:
+    """(bytes/s, FLOP/s) of the CPU expert kernel: calibrated on the host when the spec has them
+    (tools/calibrate_host.py), else the spec's DRAM bandwidth and matmul rate."""
+    return (host.expert_read_bandwidth or host.bandwidth, host.expert_flops or host.matmul_flops)
+
+
 class CostModel:
     def __init__(self, cfg: ModelConfig, hw: HardwareSpec, layers: list[LayerCostInputs], expert_bytes: int,
                  head_bytes: int, context: int, prefill_chunk: int = 4096):
@@ -100,7 +106,7 @@ class CostModel:
 
     def host_experts_time(self, distinct: float, routes: float) -> float:
         h = self.hw.host
-        return self._experts_time(distinct, routes, h.bandwidth, h.matmul_flops)
+        return self._experts_time(distinct, routes, *host_expert_rates(h))
 
     def cpu_experts_time(self, n: int, distinct: float, routes: float) -> float:
         """Routes computed by the host's expert kernels, plus n tokens' activations over the link both ways."""
@@ -108,7 +114,7 @@ class CostModel:
             return 0.0
         h, link = self.hw.host, self.hw.link
         act = n * self.cfg.hidden_size * 4
-        return (self._experts_time(distinct, routes, h.bandwidth, h.matmul_flops)
+        return (self._experts_time(distinct, routes, *host_expert_rates(h))
                 + 2 * link.latency_s + act / link.d2h_bandwidth + act / link.h2d_bandwidth)
 
     def upload_time(self, experts: float, extra_bytes: int = 0) -> float:

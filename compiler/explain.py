@@ -12,7 +12,9 @@ def explain(plan: Plan) -> str:
     out = [f"plan for {m.path}: {m.layers} layers x {m.routed_experts} experts (top-{m.top_k}), "
            f"{plan.hardware.gpus.count}x {plan.hardware.gpus.name} ({plan.hardware.name})",
            f"routing profile: {plan.provenance.profile_source}", ""]
-    kinds = ["dense_weights", "hot_experts", "kv_cache", "decode_graph", "upload_staging", "workspace", "headroom", "head"]
+    kinds = []  # every GPU component any device has, in the plan's order
+    for dev in plan.memory:
+        kinds += [k for k in dev.components if dev.device != "host" and k not in kinds]
     out.append("device  layers    " + "".join(f"{k[:12]:>13s}" for k in kinds) + "        total   hot  route share")
     for dev in plan.memory:
         if dev.device == "host":

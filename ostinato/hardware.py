@@ -43,6 +43,11 @@ class HostSpec(Record):
     matmul_flops: Rate                  # FLOP/s of the CPU expert kernels, all cores
     isa: Isa
     op_dispatch_s: Seconds              # host seconds per framework op dispatched eagerly (Python + PyTorch)
+    # What the CPU expert kernel itself reaches on this host, measured by tools/calibrate_host.py (absent:
+    # the cost model falls back to bandwidth / matmul_flops, and the plan says it is uncalibrated):
+    expert_read_bandwidth: Rate | None = None  # bytes/s of packed experts read, 1 token per expert, all cores
+    expert_flops: Rate | None = None           # FLOP/s at 64 tokens per expert, all cores
+    calibration: str | None = None             # how and where those were measured
 
 
 class LinkSpec(Record):
@@ -62,7 +67,8 @@ class HardwareSpec(Record):
     @property
     def sha256(self) -> str:
         """Fingerprint of the resolved spec (comments and spelling of numbers do not change it)."""
-        return hashlib.sha256(json.dumps(self.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()
+        return hashlib.sha256(json.dumps(self.model_dump(mode="json", exclude_none=True),
+                                         sort_keys=True).encode()).hexdigest()
 
 
 def available_presets() -> list[str]:
