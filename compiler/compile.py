@@ -60,7 +60,7 @@ class CompileOptions:
     prefill_chunk: int = 4096
     upload_group: int = 16
     snapshots: int = 64                      # turn-boundary snapshots a session keeps
-    dense_format: str | None = None          # bf16 | float32; None: float32 on cpu-only hardware, else bf16
+    dense_format: str | None = None          # fp8 | bf16 | float32; None: float32 on cpu-only hardware, else fp8
     max_hot_per_layer: int | None = None
     objective_phases: tuple[str, ...] = ("decode", "short_prefill")
     build_kernels: bool = True
@@ -124,11 +124,12 @@ def read_hardware(b: Build) -> None:
 
 
 def dense_format(o: CompileOptions, hw: HardwareSpec) -> str:
-    """The compute dtype the plan is sized for. A CPU computes the exact float32 path (it has no bf16
-    matmul worth the rounding on most hosts); GPUs take bf16, half the bytes per decode token."""
+    """How the plan holds dense weights. A CPU computes the exact float32 path (it has no bf16 matmul
+    worth the rounding on most hosts); GPUs keep FP8 as stored: a decode token reads half the dense
+    bytes of bf16."""
     if o.dense_format is not None:
         return o.dense_format
-    return "float32" if hw.cpu_only else "bf16"
+    return "float32" if hw.cpu_only else "fp8"
 
 
 def memory(b: Build) -> None:

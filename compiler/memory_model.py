@@ -2,8 +2,8 @@
 
 Every formula is written out here so that a plan's numbers can be re-derived by hand:
 - dense weights as the runtime holds them (runtime/model/loading.py; the allocation test checks the
-  two agree): FP8 matrices dequantized to the plan's dense format (`bf16`: 2 B per element, `float32`:
-  4 B; the block scales folded in), the embedding and the LM head as stored (bf16), integer tables
+  two agree): FP8 matrices as stored with their block scales (`fp8`: 1 B per element, computed in
+  bf16), or dequantized to the plan's dense format (`bf16`: 2 B, `float32`: 4 B), the embedding and the LM head as stored (bf16), integer tables
   as int64, everything else (norms, mHC, sinks, compressors, router) in float32, as the reference
   computes them;
 - routed experts at MXFP4 bytes including scales (13,369,344 B each for V4-Flash);
@@ -23,7 +23,9 @@ from dataclasses import dataclass
 from ostinato.checkpoint.config import ModelConfig
 from ostinato.checkpoint.tensor_specs import TensorSpec, global_specs, layer_specs
 
-DENSE_FORMATS = {"bf16": 2, "float32": 4}  # the compute dtype: dense matrices, activations and KV rows, B/element
+# dense format -> bytes per element of the compute dtype (activations and KV rows; FP8 matrices too,
+# unless the format keeps them as stored)
+DENSE_FORMATS = {"fp8": 2, "bf16": 2, "float32": 4}
 STATE_BYTES = 4       # fp32 compressor state (kv and gate logits of the incomplete windows)
 ACT_BYTES = 4         # fp32 activations in the workspace bound (conservative)
 ATTENTION_QUERY_BLOCK = 512   # prefill attention is computed in query blocks of this many tokens
@@ -32,7 +34,7 @@ ATTENTION_QUERY_BLOCK = 512   # prefill attention is computed in query blocks of
 def held_bytes(spec: TensorSpec, dense_format: str) -> int:
     """Bytes a device holds for one checkpoint tensor (routed experts are always packed MXFP4)."""
     elements = math.prod(spec.shape)
-    if spec.role in ("routed_expert", "embed", "head"):
+    if spec.role in ("routed_expert", "embed", "head") or (dense_format == "fp8" and spec.dtype.startswith("F8")):
         return spec.nbytes
     if spec.dtype == "F8_E4M3":
         return elements * DENSE_FORMATS[dense_format]

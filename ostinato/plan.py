@@ -61,8 +61,9 @@ class ModelSummary(Record):
     hidden_size: Count
     expert_format: Literal["mxfp4"]
     expert_bytes: Bytes
-    dense_format: Literal["bf16", "float32"]   # the compute dtype: FP8 dense matrices dequantized to it,
-                                               # activations and KV rows in it (FP8 kept as stored: not yet)
+    dense_format: Literal["fp8", "bf16", "float32"]  # fp8: FP8 matrices kept as stored, computed in bf16;
+                                                     # else dequantized to that dtype; activations and KV rows
+                                                     # in the compute dtype
     attention: list[AttentionKind]             # per layer
     hash_layers: Index
 

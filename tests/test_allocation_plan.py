@@ -62,13 +62,13 @@ def _check(engine, session) -> None:
     assert sum(b for _, b in rest) <= 0.001 * planned, sorted(rest, key=lambda pb: -pb[1])[:10]
 
 
-@pytest.mark.parametrize("dense_format", ["float32", "bf16"])
+@pytest.mark.parametrize("dense_format", ["float32", "bf16", "fp8"])
 def test_a_two_gpu_plan_holds_what_it_counted(tiny_ckpt, tmp_path, dense_format):
     plan = _compile(tiny_ckpt, tmp_path, TWO_GPUS, context=CONTEXT, prefill_chunk=256, max_hot_per_layer=5,
                     dense_format=dense_format)
     assert {lp.gpu for lp in plan.layers} == {0, 1} and all(lp.hot_experts for lp in plan.layers)
     engine = load_engine(tmp_path / "plan.yaml", device="cpu")  # the plan's dtype
-    assert engine.model.dtype == {"float32": torch.float32, "bf16": torch.bfloat16}[dense_format]
+    assert engine.model.dtype == {"float32": torch.float32, "bf16": torch.bfloat16, "fp8": torch.bfloat16}[dense_format]
     _check(engine, _filled_session(engine, CONTEXT))
     engine.close()
 

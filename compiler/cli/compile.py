@@ -37,9 +37,10 @@ def parse_args(argv: list[str] | None) -> tuple[CompileOptions, bool]:
     p.add_argument("--snapshots", type=int, default=64,
                    help="turn-boundary snapshots a session keeps for truncation; each costs the sliding ring and "
                         "the compressors' open windows of every layer (64)")
-    p.add_argument("--dense-format", choices=("bf16", "float32"),
-                   help="the compute dtype: dense FP8 matrices are dequantized to it, activations and KV rows "
-                        "use it (default: float32 on cpu-only hardware, bf16 with GPUs)")
+    p.add_argument("--dense-format", choices=("fp8", "bf16", "float32"),
+                   help="fp8: dense FP8 matrices kept as stored, computed in bf16; bf16 / float32: dequantized to "
+                        "that compute dtype; activations and KV rows use the compute dtype (default: float32 on "
+                        "cpu-only hardware, fp8 with GPUs)")
     p.add_argument("--max-hot-per-layer", type=int, help="cap on hot experts per layer (default: memory decides)")
     p.add_argument("--no-kernels", action="store_true", help="skip rendering and building the expert kernels")
     p.add_argument("--kernel-dir", type=Path, help="content-addressed folder for generated kernels "

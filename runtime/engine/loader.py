@@ -36,7 +36,7 @@ from .executor import LayerExperts, PlacementExecutor
 from .hot_compute import TorchPoolCompute, TritonPoolCompute
 from .session import EngineSession
 
-DENSE_DTYPES = {"bf16": torch.bfloat16, "float32": torch.float32}  # plan.model.dense_format -> compute dtype
+DENSE_DTYPES = {"fp8": torch.bfloat16, "bf16": torch.bfloat16, "float32": torch.float32}  # dense_format -> compute
 
 
 @dataclass
@@ -192,7 +192,8 @@ def load_engine(plan: str | Path | Plan, model_dir: str | Path | None = None, de
     with tqdm(total=len(plan.layers), desc="loading layers", unit="layer", file=sys.stderr, disable=disable) as bar:
         model = load_model(model_dir, dtype=dtype, device=devices[plan.layers[0].gpu], executor=executor,
                            prefill_chunk=plan.policy.prefill_chunk,
-                           layer_devices=[devices[lp.gpu] for lp in plan.layers], on_layer=lambda layer: bar.update())
+                           layer_devices=[devices[lp.gpu] for lp in plan.layers], on_layer=lambda layer: bar.update(),
+                           fp8=plan.model.dense_format == "fp8")
     model.max_context, model.max_snapshots = plan.policy.context, plan.policy.snapshots  # what the plan sized
     runner = DecodeRunner(model, executor, plan.policy.context, decode_graphs,
                           [lp.gpu for lp in plan.layers]) if static_decode else None

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from .compressor import CompressorWeights, compress
+from .fp8_matrix import Matrix, grouped_linear, linear
 from .indexer import IndexerWeights, index_queries, select
 from .kv_cache import LayerCache
 from .norms import rms_norm, unweighted_rms_norm
@@ -36,13 +37,13 @@ ATTENTION_BLOCK_ELEMENTS = 1 << 24
 
 @dataclass(frozen=True)
 class AttentionWeights:
-    wq_a: torch.Tensor     # [ql, D]
+    wq_a: Matrix           # [ql, D] compute dtype, or FP8 as stored (fp8_matrix.py)
     q_norm: torch.Tensor   # [ql] float32
-    wq_b: torch.Tensor     # [H*hd, ql]
-    wkv: torch.Tensor      # [hd, D]
+    wq_b: Matrix           # [H*hd, ql]
+    wkv: Matrix            # [hd, D]
     kv_norm: torch.Tensor  # [hd] float32
-    wo_a: torch.Tensor     # [G*ol, H*hd/G]: rows g*ol..(g+1)*ol read group g's heads
-    wo_b: torch.Tensor     # [D, G*ol]
+    wo_a: Matrix           # [G*ol, H*hd/G]: rows g*ol..(g+1)*ol read group g's heads
+    wo_b: Matrix           # [D, G*ol]
     sink: torch.Tensor     # [H] float32
     compressor: CompressorWeights | None  # CSA (ratio 4) and HCA (ratio 128)
     indexer: IndexerWeights | None        # CSA only
@@ -77,10 +78,10 @@ def project_qkv(w: AttentionWeights, x: torch.Tensor, cos: torch.Tensor, sin: to
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """x [T, D] -> (q latent qr [T, ql], roped queries q [T, H, hd], roped key=value kv [T, hd])."""
     t, H, hd = x.shape[0], w.n_heads, w.head_dim
-    qr = rms_norm(x @ w.wq_a.T, w.q_norm, eps)  # [T, ql]
-    q = unweighted_rms_norm((qr @ w.wq_b.T).view(t, H, hd), eps)  # [T, H, hd]
+    qr = rms_norm(linear(x, w.wq_a), w.q_norm, eps)  # [T, ql]
+    q = unweighted_rms_norm(linear(qr, w.wq_b).view(t, H, hd), eps)  # [T, H, hd]
     q = apply_rope(q, cos, sin)
-    kv = apply_rope(rms_norm(x @ w.wkv.T, w.kv_norm, eps), cos, sin)  # [T, hd]
+    kv = apply_rope(rms_norm(linear(x, w.wkv), w.kv_norm, eps), cos, sin)  # [T, hd]
     return qr, q, kv
 
 
@@ -101,8 +102,8 @@ def attend_and_project(w: AttentionWeights, lw: torch.Tensor, vw: torch.Tensor, 
 
     G = w.o_groups
     grouped = o.reshape(t, G, -1).transpose(0, 1)  # [G, T, H*hd/G]
-    z = torch.bmm(grouped, w.wo_a.view(G, -1, grouped.shape[-1]).transpose(1, 2))  # [G, T, ol]
-    return z.transpose(0, 1).reshape(t, -1) @ w.wo_b.T  # [T, D]
+    z = grouped_linear(grouped, w.wo_a)  # [G, T, ol]
+    return linear(z.transpose(0, 1).reshape(t, -1), w.wo_b)  # [T, D]
 
 
 def _window(w: AttentionWeights, q: torch.Tensor, kv: torch.Tensor, cache: LayerCache

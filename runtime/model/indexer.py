@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from .compressor import CompressorWeights
+from .fp8_matrix import Matrix, linear
 from .rope import apply_rope
 
 # Bound on the float32 score elements (T x HI x n) materialized at once: long contexts score in query blocks.
@@ -27,7 +28,7 @@ SCORE_BLOCK_ELEMENTS = 1 << 24
 
 @dataclass(frozen=True)
 class IndexerWeights:
-    wq_b: torch.Tensor          # [HI*dI, ql] compute dtype
+    wq_b: Matrix                # [HI*dI, ql] compute dtype, or FP8 as stored
     weights_proj: torch.Tensor  # [HI, D] float32
     compressor: CompressorWeights  # index keys: the same compressor procedure at width dI
     n_heads: int
@@ -38,7 +39,7 @@ class IndexerWeights:
 def index_queries(w: IndexerWeights, qr: torch.Tensor, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """qr [T, ql] (normed q latent), x [T, D] -> (roped queries [T, HI, dI], head weights [T, HI] float32)."""
-    q = (qr @ w.wq_b.T).view(qr.shape[0], w.n_heads, w.head_dim)  # [T, HI, dI]
+    q = linear(qr, w.wq_b).view(qr.shape[0], w.n_heads, w.head_dim)  # [T, HI, dI]
     q = apply_rope(q, cos, sin)
     weights = (x.float() @ w.weights_proj.T) * w.n_heads ** -0.5  # [T, HI]
     return q, weights

@@ -1,6 +1,7 @@
 """Model weights from an official checkpoint, dequantized to the compute dtype, every tensor claimed.
 
-Matmul weights (FP8 decoded bit-exactly; exact in bfloat16 too) take the compute dtype. Norms, mHC,
+Matmul weights (FP8 decoded bit-exactly; exact in bfloat16 too) take the compute dtype, or, with
+`fp8`, stay FP8 with their block scales as stored (fp8_matrix.py). Norms, mHC,
 sinks, compressor projections and ape, router and LM head stay float32, as the reference keeps them.
 Routed experts are left to the expert executor. Loading fails, naming the tensors, if any
 checkpoint tensor was not claimed by some weight here (or by the executor).
@@ -20,6 +21,7 @@ from ostinato.checkpoint.reader import Checkpoint
 
 from .attention import AttentionWeights
 from .compressor import CompressorWeights
+from .fp8_matrix import Fp8Matrix, Matrix
 from .hyper_connection import HcHeadWeights, HcWeights
 from .indexer import IndexerWeights
 from .moe import MoeWeights
@@ -67,6 +69,14 @@ class Claims:
         self.claim(name)
         return self.ckpt.dequantized(name, dtype).to(self.device)
 
+    def matrix(self, name: str, dtype: torch.dtype, fp8: bool) -> Matrix:
+        """An FP8 matmul weight: dequantized to dtype, or (fp8) as stored with its scales."""
+        if not fp8:
+            return self.get(name, dtype)
+        self.claim(name)
+        scale = self.ckpt.raw(name[: -len("weight")] + "scale").view(torch.uint8)
+        return Fp8Matrix(self.ckpt.raw(name).to(self.device, copy=True), scale.to(self.device, copy=True))
+
     def check(self, skip_roles: tuple[str, ...] = ()) -> None:
         missed = sorted(n for n, s in self.ckpt.specs.items() if n not in self.claimed and s.role not in skip_roles)
         if missed:
@@ -84,21 +94,21 @@ def _hc(c: Claims, prefix: str) -> HcWeights:
     return HcWeights(c.get(f"{prefix}_fn", F32), c.get(f"{prefix}_base", F32), c.get(f"{prefix}_scale", F32))
 
 
-def _layer(c: Claims, layer: int, dtype: torch.dtype) -> LayerWeights:
+def _layer(c: Claims, layer: int, dtype: torch.dtype, fp8: bool) -> LayerWeights:
     cfg = c.ckpt.config
     p, a, f = f"layers.{layer}", f"layers.{layer}.attn", f"layers.{layer}.ffn"
     ratio = cfg.compress_ratio(layer)
     compressor = _compressor(c, f"{a}.compressor", ratio) if ratio else None
     indexer = None
     if ratio == 4:
-        indexer = IndexerWeights(c.get(f"{a}.indexer.wq_b.weight", dtype), c.get(f"{a}.indexer.weights_proj.weight", F32),
+        indexer = IndexerWeights(c.matrix(f"{a}.indexer.wq_b.weight", dtype, fp8), c.get(f"{a}.indexer.weights_proj.weight", F32),
                                  _compressor(c, f"{a}.indexer.compressor", ratio), cfg.index_n_heads,
                                  cfg.index_head_dim, cfg.index_topk)
     attn = AttentionWeights(
-        wq_a=c.get(f"{a}.wq_a.weight", dtype), q_norm=c.get(f"{a}.q_norm.weight", F32),
-        wq_b=c.get(f"{a}.wq_b.weight", dtype), wkv=c.get(f"{a}.wkv.weight", dtype),
-        kv_norm=c.get(f"{a}.kv_norm.weight", F32), wo_a=c.get(f"{a}.wo_a.weight", dtype),
-        wo_b=c.get(f"{a}.wo_b.weight", dtype), sink=c.get(f"{a}.attn_sink", F32), compressor=compressor,
+        wq_a=c.matrix(f"{a}.wq_a.weight", dtype, fp8), q_norm=c.get(f"{a}.q_norm.weight", F32),
+        wq_b=c.matrix(f"{a}.wq_b.weight", dtype, fp8), wkv=c.matrix(f"{a}.wkv.weight", dtype, fp8),
+        kv_norm=c.get(f"{a}.kv_norm.weight", F32), wo_a=c.matrix(f"{a}.wo_a.weight", dtype, fp8),
+        wo_b=c.matrix(f"{a}.wo_b.weight", dtype, fp8), sink=c.get(f"{a}.attn_sink", F32), compressor=compressor,
         indexer=indexer, n_heads=cfg.num_attention_heads, head_dim=cfg.head_dim, o_groups=cfg.o_groups,
         window=cfg.sliding_window)
     hashed = cfg.is_hash_layer(layer)
@@ -106,14 +116,15 @@ def _layer(c: Claims, layer: int, dtype: torch.dtype) -> LayerWeights:
                            c.get(f"{f}.gate.tid2eid", torch.int64) if hashed else None, cfg.num_experts_per_tok,
                            cfg.routed_scaling_factor)
     s = f"{f}.shared_experts"
-    shared_w13 = torch.cat((c.get(f"{s}.w1.weight", dtype), c.get(f"{s}.w3.weight", dtype)))  # [2I, D]
-    moe = MoeWeights(router, shared_w13, c.get(f"{s}.w2.weight", dtype), cfg.swiglu_limit)
+    w1, w3 = c.matrix(f"{s}.w1.weight", dtype, fp8), c.matrix(f"{s}.w3.weight", dtype, fp8)
+    shared_w13 = Fp8Matrix.cat([w1, w3]) if fp8 else torch.cat((w1, w3))  # [2I, D]
+    moe = MoeWeights(router, shared_w13, c.matrix(f"{s}.w2.weight", dtype, fp8), cfg.swiglu_limit)
     return LayerWeights(layer, cfg.attention_kind(layer), c.get(f"{p}.attn_norm.weight", F32),
                         c.get(f"{p}.ffn_norm.weight", F32), _hc(c, f"{p}.hc_attn"), _hc(c, f"{p}.hc_ffn"), attn, moe)
 
 
 def load_weights(c: Claims, dtype: torch.dtype, layer_devices: list | None = None,
-                 on_layer: Callable[[int], None] | None = None) -> ModelWeights:
+                 on_layer: Callable[[int], None] | None = None, fp8: bool = False) -> ModelWeights:
     """Every non-expert weight of the model (the caller checks the claims once the executor has loaded).
     Layer i's weights go to layer_devices[i] (default: the claims' device), the head to the last one's.
     `on_layer(i)` is called after layer i's weights are loaded (progress)."""
@@ -124,7 +135,7 @@ def load_weights(c: Claims, dtype: torch.dtype, layer_devices: list | None = Non
     layers = []
     for layer in range(n):
         c.device = devices[layer]
-        layers.append(_layer(c, layer, dtype))
+        layers.append(_layer(c, layer, dtype, fp8))
         if on_layer is not None:
             on_layer(layer)
     head = (c.get("head.weight", None), c.get("norm.weight", F32),

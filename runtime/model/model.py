@@ -122,15 +122,16 @@ def decoder_block(lw: LayerWeights, streams: torch.Tensor, hc: tuple, attn: Call
 
 def load_model(ckpt_dir: str | Path, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
                executor: ExpertExecutor | None = None, prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
-               layer_devices: list | None = None, on_layer: Callable[[int], None] | None = None) -> Model:
+               layer_devices: list | None = None, on_layer: Callable[[int], None] | None = None,
+               fp8: bool = False) -> Model:
     """The model of an official-format checkpoint. Without `executor`, every routed expert is
     dequantized into a DenseExpertExecutor; with one, routed experts are left to it.
     `layer_devices` places each layer's dense weights and cache on its device (a plan's pipeline);
     the embedding stays on `device`, the head goes with the last layer. `on_layer(i)` is called as each
-    layer's weights are loaded (progress)."""
+    layer's weights are loaded (progress). `fp8`: FP8 matmul weights stay as stored (fp8_matrix.py)."""
     with Checkpoint.open(ckpt_dir) as ckpt:
         claims = Claims(ckpt, device)
-        weights = load_weights(claims, dtype, layer_devices, on_layer)
+        weights = load_weights(claims, dtype, layer_devices, on_layer, fp8)
         if executor is None:
             executor = DenseExpertExecutor.from_checkpoint(ckpt, dtype, device, claims)
             claims.check()

@@ -14,6 +14,7 @@ from typing import Callable
 import torch
 
 from .experts import ExpertExecutor, swiglu
+from .fp8_matrix import Matrix, linear
 from .router import RouterWeights, route
 
 RoutingObserver = Callable[[int, torch.Tensor, torch.Tensor], None]  # (layer, token_ids [T], expert_ids [T, k])
@@ -22,8 +23,8 @@ RoutingObserver = Callable[[int, torch.Tensor, torch.Tensor], None]  # (layer, t
 @dataclass(frozen=True)
 class MoeWeights:
     router: RouterWeights
-    shared_w13: torch.Tensor  # [2I, D] gate rows then up rows
-    shared_w2: torch.Tensor   # [D, I]
+    shared_w13: Matrix        # [2I, D] gate rows then up rows (compute dtype, or FP8 as stored)
+    shared_w2: Matrix         # [D, I]
     limit: float
 
 
@@ -39,4 +40,4 @@ def moe(w: MoeWeights, layer: int, x: torch.Tensor, token_ids: torch.Tensor, exe
 
 def shared_expert(w: MoeWeights, x: torch.Tensor) -> torch.Tensor:
     """x [T, D] -> [T, D]: the always-on expert (same SwiGLU, unweighted)."""
-    return swiglu(x @ w.shared_w13.T, w.limit) @ w.shared_w2.T
+    return linear(swiglu(linear(x, w.shared_w13), w.limit), w.shared_w2)

@@ -1,0 +1,47 @@
+"""The Triton kernel of fp8_triton.py (which documents it), alone: it imports nothing but Triton, so a
+Python with only Triton (tools/triton_compile_check.py, the pinned build/triton-3.6) compiles it."""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _e4m3(code):
+    """uint8 e4m3 codes -> float32 values (sign, 4-bit exponent with bias 7, 3-bit mantissa; no inf)."""
+    c = code.to(tl.int32)
+    e = (c >> 3) & 0xF
+    m = c & 0x7
+    normal = ((c & 0x80) << 24) | ((e + 120) << 23) | (m << 20)  # float32 bits: bias 127 = 7 + 120
+    subnormal = m.to(tl.float32) * 0.001953125  # e == 0: m/8 x 2^-6
+    val = tl.where(e == 0, tl.where((c & 0x80) != 0, -subnormal, subnormal), normal.to(tl.float32, bitcast=True))
+    return tl.where((e == 15) & (m == 7), float("nan"), val)
+
+
+@triton.jit
+def _e8m0(byte):
+    """uint8 e8m0 -> 2^(byte - 127) as float32 (0 is 2^-127, a subnormal; 255 is NaN)."""
+    b = byte.to(tl.int32)
+    val = tl.where(b == 0, 5.877471754111438e-39, (b << 23).to(tl.float32, bitcast=True))
+    return tl.where(b == 255, float("nan"), val)
+
+
+@triton.jit
+def fp8_linear_kernel(x_ptr, q_ptr, s_ptr, y_ptr, T, N, K, KB,
+                      BT: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DOT_DTYPE: tl.constexpr):
+    t = tl.program_id(0) * BT + tl.arange(0, BT)  # [BT] tokens
+    n = tl.program_id(1) * BN + tl.arange(0, BN)  # [BN] output rows
+    tmask, nmask = t < T, n < N
+    acc = tl.zeros((BT, BN), tl.float32)
+    for k0 in range(0, K, BK):  # K is a multiple of BK (the launcher checks): no mask along K, so loads vectorize
+        k = k0 + tl.arange(0, BK)  # [BK]
+        x = tl.load(x_ptr + t[:, None].to(tl.int64) * K + k[None, :], mask=tmask[:, None], other=0.0)
+        code = tl.load(q_ptr + n[:, None].to(tl.int64) * K + k[None, :], mask=nmask[:, None], other=0)
+        scale = _e8m0(tl.load(s_ptr + (n // BK) * KB + k0 // BK, mask=nmask, other=127))  # [BN]: one block per row
+        w = _e4m3(code) * scale[:, None]  # [BN, BK] float32, exact
+        if DOT_DTYPE == 2:
+            acc += tl.dot(x.to(tl.bfloat16), tl.trans(w.to(tl.bfloat16)))
+        elif DOT_DTYPE == 1:
+            acc += tl.dot(x.to(tl.float16), tl.trans(w.to(tl.float16)))
+        else:
+            acc += tl.dot(x.to(tl.float32), tl.trans(w), input_precision="ieee")
+    tl.store(y_ptr + t[:, None].to(tl.int64) * N + n[None, :], acc, mask=tmask[:, None] & nmask[None, :])

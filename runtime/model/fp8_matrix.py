@@ -1,0 +1,73 @@
+"""Dense matrices as the checkpoint stores them: FP8 e4m3 with e8m0 128x128 block scales.
+
+A plan whose `dense_format` is `fp8` keeps every FP8 matrix of the checkpoint so (half the bytes of
+bf16: what the plan counted, and what a decode token reads), and `linear(x, w)` computes x @ W^T:
+- on a GPU with the Triton block-scaled kernel (kernels/fp8_triton.py), which decodes each weight
+  tile in registers;
+- elsewhere (the CPU twin) by dequantizing W to x's dtype for the call, bit for bit what a bf16
+  plan holds (e4m3 x 2^k is exact in bf16), so an fp8 plan computes the same numbers as a bf16 one.
+Plain tensors (bf16 / float32 plans) go through `x @ w.T` as before.
+
+Legend: N output rows, K inputs, B = 128 (block), T tokens, G groups.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ostinato.checkpoint.formats import FP8_BLOCK, dequantize_fp8
+
+
+@dataclass(frozen=True)
+class Fp8Matrix:
+    q: torch.Tensor      # [N, K] float8_e4m3fn
+    scale: torch.Tensor  # [ceil(N/B), ceil(K/B)] uint8 (e8m0 bytes)
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.q.shape
+
+    def dequantized(self, dtype: torch.dtype) -> torch.Tensor:
+        return dequantize_fp8(self.q, self.scale, dtype)  # [N, K]
+
+    def rows(self, start: int, end: int) -> Fp8Matrix:
+        """Rows start..end-1 (block-aligned: whole scale rows)."""
+        if start % FP8_BLOCK or (end % FP8_BLOCK and end != self.q.shape[0]):
+            raise ValueError(f"FP8 rows {start}:{end} cut a {FP8_BLOCK}-row scale block")
+        return Fp8Matrix(self.q[start:end], self.scale[start // FP8_BLOCK: -(-end // FP8_BLOCK)])
+
+    @staticmethod
+    def cat(parts: list[Fp8Matrix]) -> Fp8Matrix:
+        """Rows of each part in order (every part but the last a whole number of blocks)."""
+        if any(p.q.shape[0] % FP8_BLOCK for p in parts[:-1]):
+            raise ValueError(f"FP8 matrices can be stacked only at {FP8_BLOCK}-row block boundaries")
+        return Fp8Matrix(torch.cat([p.q for p in parts]), torch.cat([p.scale for p in parts]))
+
+    def to(self, device) -> Fp8Matrix:
+        return Fp8Matrix(self.q.to(device), self.scale.to(device))
+
+
+Matrix = torch.Tensor | Fp8Matrix
+
+
+def linear(x: torch.Tensor, w: Matrix) -> torch.Tensor:
+    """x [T, K] @ W[N, K]^T -> [T, N] in x's dtype."""
+    if isinstance(w, torch.Tensor):
+        return x @ w.T
+    if w.q.is_cuda:
+        from ..kernels.fp8_triton import fp8_linear  # Triton only where there is a GPU
+        return fp8_linear(x, w.q, w.scale)
+    return x @ w.dequantized(x.dtype).T
+
+
+def grouped_linear(x: torch.Tensor, w: Matrix) -> torch.Tensor:
+    """x [G, T, K], W [G*M, K] (group g: rows g*M..(g+1)*M-1) -> [G, T, M]."""
+    G = x.shape[0]
+    if isinstance(w, Fp8Matrix) and w.q.is_cuda:
+        M = w.shape[0] // G
+        return torch.stack([linear(x[g], w.rows(g * M, (g + 1) * M)) for g in range(G)])
+    if isinstance(w, Fp8Matrix):
+        w = w.dequantized(x.dtype)
+    return torch.bmm(x, w.view(G, -1, x.shape[-1]).transpose(1, 2))
