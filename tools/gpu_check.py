@@ -24,6 +24,8 @@ One command, a few minutes on an H200; prints one table row per measurement and 
   memory    (f) an engine filled to the plan's context: its tensors by planned row and component
             (runtime/engine/held_memory.py) vs the plan's rows; torch.cuda.memory_allocated growth
             vs the plan's row without its headroom
+  fp8       (h) the FP8 dense kernel (dense weights as stored): a decode token through a 32768 x 1024
+            matrix in GB/s vs peak, a 4096-token GEMM in TFLOP/s vs the spec, both vs float32
 Each measurement that fails with an exception becomes a failed row; the others still run.
 
 Without CUDA it lists the measurements as unverified and exits 0. `--cpu` runs all of them on the CPU
@@ -67,7 +69,7 @@ if TYPE_CHECKING:
     from ostinato.compiler.cost_model import CostModel
     from ostinato.plan import Plan
 
-MEASUREMENTS = ("kernels", "decode", "prefill", "upload", "hostnode", "step", "memory")
+MEASUREMENTS = ("kernels", "decode", "prefill", "upload", "hostnode", "step", "memory", "fp8")
 ROUTES_PER_EXPERT = (16, 64, 256, 1024, 4096)
 NEAR_TIE = 0.01         # of the logit scale: where float32's top two are closer, bf16 may pick the other
 CONTEXT = 512           # the tiny plan's context: the memory check fills a session to it
@@ -92,7 +94,7 @@ class Context:
     build_root: Path          # where kernels are built (content-addressed: reruns reuse them)
     peak_gbs: float
     ckpt: Path                # the tiny model
-    plan: Plan                # the tiny model compiled for h200-x1 (bf16)
+    plan: Plan                # the tiny model compiled for h200-x1 (its default: FP8 dense, bf16 compute)
     cfg: ModelConfig          # the expert shapes of kernels/decode/prefill/upload: V4-Flash on CUDA, tiny on the CPU
     cost: CostModel           # the cost model of the h200-x1 spec at cfg's shapes
     _kernels: dict = field(default_factory=dict)
@@ -516,8 +518,39 @@ def memory(ctx: Context) -> list[Row]:
     return rows
 
 
+def fp8_dense(ctx: Context) -> list[Row]:
+    """(h) The FP8 dense kernel: a decode token through V4-Flash's largest dense matrix (wq_b, 32768 x
+    1024) in GB/s of FP8 bytes read, and a 4096-token prefill through wo_b (4096 x 8192) in TFLOP/s;
+    both against the float32 reference on the dequantized weights. Tiny shapes on the CPU."""
+    from ostinato.checkpoint.formats import dequantize_fp8, quantize_fp8
+    from ostinato.runtime.kernels.fp8_triton import fp8_linear
+
+    dev, rows = ctx.device, []
+    shapes = ((1, 32768, 1024), (4096, 4096, 8192)) if ctx.cuda else ((1, 256, 128), (64, 128, 256))
+    act = torch.bfloat16 if ctx.cuda else torch.float16  # Triton's interpreter computes bf16 wrongly
+    for T, N, K in shapes:
+        q, s = quantize_fp8(torch.randn(N, K) * 0.02)
+        x = torch.randn(T, K)
+        ref = x @ dequantize_fp8(q, s).T
+        qd, sd, xd = q.to(dev), s.view(torch.uint8).to(dev), x.to(dev, act)
+        err = rel_err(fp8_linear(xd, qd, sd).float().cpu(), ref)
+        sec = per_call(lambda: fp8_linear(xd, qd, sd), dev, 50 if ctx.cuda else 1)
+        if T == 1:
+            gbs = N * K / sec / 1e9
+            rows.append(Row("fp8", f"(h) FP8 dense GEMV {N}x{K}, 1 token", f"{sec * 1e6:.1f} us, {gbs:.0f} GB/s",
+                            f"peak {ctx.peak_gbs:.0f} GB/s", gbs / ctx.peak_gbs, "fp8_gemv_bw/peak"))
+        else:
+            tflops = 2 * T * N * K / sec / 1e12
+            peak = ctx.plan.hardware.gpus.matmul_flops / 1e12
+            rows.append(Row("fp8", f"(h) FP8 dense GEMM {T}x{N}x{K}", f"{tflops:.1f} TFLOP/s", f"spec {peak:.0f} TFLOP/s",
+                            tflops / peak, "fp8_gemm_flops/spec"))
+        rows.append(Row("fp8", f"(h) FP8 dense {T}x{N}x{K} vs float32 reference ({str(act)[6:]} activations)",
+                        f"max rel err {err:.1e}", "tol 1e-2", ok=err <= 1e-2))
+    return rows
+
+
 RUNS = {"kernels": check_kernels, "decode": hot_decode, "prefill": prefill_rate, "upload": upload,
-        "hostnode": host_node, "step": decode_step, "memory": memory}
+        "hostnode": host_node, "step": decode_step, "memory": memory, "fp8": fp8_dense}
 
 
 # ----- output ---------------------------------------------------------------------------------------
