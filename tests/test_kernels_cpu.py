@@ -2,6 +2,8 @@
 
 The kernel accumulates into out, so out is pre-filled with known random values and must end as
 prefill + reference contribution; rows of tokens without routes must keep their prefill bit for bit.
+Paths per expert with n routes: GEMV (n <= gemv_max), GEMM library (bf16, n >= gemm_min, when torch's
+MKL is found), tiled; each is forced on here with small shapes through the build parameters.
 """
 
 from __future__ import annotations
@@ -12,16 +14,23 @@ import torch
 from ostinato.checkpoint.formats import unpack_fp4_codes
 from ostinato.compiler.codegen.kernels import CpuExpertParams, build_cpu_experts
 from ostinato.isa import detect_isa
-from ostinato.runtime.kernels.cpu_experts import CpuExpertKernel
+from ostinato.runtime.kernels.cpu_experts import CpuExpertKernel, gemm_library
 from ostinato.runtime.kernels.reference import dequantize_expert, moe_experts_reference
 from ostinato.runtime.kernels.routes import GroupedRoutes, group_routes
 from ostinato.runtime.kernels.testing import random_packed_expert
 
 HOST_ISA = detect_isa()
+BF16_DOT = HOST_ISA in ("avx512_bf16", "amx")
 # Stated bound for bf16 activations: builds without vdpbf16ps widen bf16 exactly and run the float32
-# path (1e-5); the avx512_bf16 batched path rounds h to bf16 for the down matmul (2^-9 per element).
-BF16_BOUND = 8e-3 if HOST_ISA in ("avx512_bf16", "amx") else 1e-5
+# path (1e-5); avx512_bf16 builds run every path on bf16 dot products and round h to bf16 for the down
+# matmul (2^-9 per element).
+BF16_BOUND = 8e-3 if BF16_DOT else 1e-5
 TINY, REAL = (256, 128), (4096, 2048)
+# A build whose bf16 routes go to the GEMM library from 5 per expert (GEMV up to 4).
+GEMM_BUILD = {"gemm_min_tokens": 5}
+needs_gemm = pytest.mark.skipif(not BF16_DOT or gemm_library() is None,
+                                reason=f"GEMM path: needs AVX512_BF16 (host: {HOST_ISA}) and torch's MKL symbols")
+BUILDS = [pytest.param({}, id="own"), pytest.param(GEMM_BUILD, id="gemm", marks=needs_gemm)]
 
 
 @pytest.fixture(scope="module")
@@ -91,11 +100,68 @@ def test_real_shape_matches_reference(kernel, real_experts, T, E, k):
     _check(kernel(*REAL), x, _routes(T, E, k, g), experts[:E], dense=dense[:E])
 
 
-def test_real_shape_bf16_activations(kernel, real_experts):
+@pytest.mark.parametrize("T,k", [(1, 6), (3, 2), (32, 2)])  # GEMV with 1 and up to 3 tokens, tiled
+def test_real_shape_bf16_activations(kernel, real_experts, T, k):
     experts, dense = real_experts
-    g = torch.Generator().manual_seed(5)
-    x = torch.randn(32, REAL[0], generator=g).bfloat16()
-    _check(kernel(*REAL), x, _routes(32, 8, 2, g), experts, dense=dense, bound=BF16_BOUND)
+    g = torch.Generator().manual_seed(5 + T)
+    x = torch.randn(T, REAL[0], generator=g).bfloat16()
+    _check(kernel(*REAL), x, _routes(T, 8, k, g), experts, dense=dense, bound=BF16_BOUND)
+
+
+@needs_gemm
+@pytest.mark.parametrize("T", [7, 40])  # every expert gets T - 1 routes
+def test_gemm_path_matches_reference(kernel, T):
+    """bf16 routes through the GEMM library (forced on from 5 routes per expert) and, with the library
+    unset (torch without MKL), through the kernel's own tiles: both match the reference."""
+    g = torch.Generator().manual_seed(31 + T)
+    experts = [random_packed_expert(*TINY, g) for _ in range(3)]
+    x = torch.randn(T, TINY[0], generator=g).bfloat16()
+    routes = _routes(T, 3, 3, g, skip_last_token=True)
+    kern = kernel(*TINY, **GEMM_BUILD)
+    outs = []
+    try:
+        for enabled in (True, False):
+            assert kern.use_gemm(enabled) == enabled
+            _check(kern, x, routes, experts, bound=BF16_BOUND)
+            outs.append(kern(x, routes, experts, torch.zeros(T, TINY[0]), 2))
+    finally:
+        kern.use_gemm(True)
+    assert not torch.equal(outs[0], outs[1])  # the library ran: its own summation order
+
+
+def test_gemm_library_is_none_without_mkl_symbols(monkeypatch):
+    """torch builds without MKL (aarch64, some distributions) export no cblas_gemm_bf16bf16f32: no library,
+    and the kernel keeps its own tiles (test_gemm_path_matches_reference runs that fallback)."""
+    from ostinato.runtime.kernels import cpu_experts
+
+    monkeypatch.setattr(cpu_experts, "_GEMM_SYMBOLS", ("cblas_gemm_bf16bf16f32", "no_such_symbol"))
+    assert cpu_experts.gemm_library.__wrapped__() is None
+
+
+@needs_gemm
+def test_gemm_path_at_real_shape(kernel, real_experts):
+    experts, dense = real_experts
+    g = torch.Generator().manual_seed(41)
+    x = torch.randn(12, REAL[0], generator=g).bfloat16()
+    _check(kernel(*REAL, **GEMM_BUILD), x, _routes(12, 3, 2, g), experts[:3], dense=dense[:3], bound=BF16_BOUND)
+
+
+def test_float32_activations_never_take_the_gemm_path(kernel):
+    """A float32 plan stays on exact float32 arithmetic: the same bits with and without the library."""
+    g = torch.Generator().manual_seed(43)
+    experts = [random_packed_expert(*TINY, g) for _ in range(2)]
+    x = torch.randn(16, TINY[0], generator=g)
+    routes = _routes(16, 2, 2, g)
+    kern = kernel(*TINY, **GEMM_BUILD)
+    _check(kern, x, routes, experts)
+    outs = []
+    try:
+        for enabled in (True, False):
+            kern.use_gemm(enabled)
+            outs.append(kern(x, routes, experts, torch.zeros(16, TINY[0]), 2))
+    finally:
+        kern.use_gemm(True)
+    assert torch.equal(outs[0], outs[1])
 
 
 def test_every_code_and_extreme_scales(kernel):
@@ -129,18 +195,61 @@ def test_every_code_and_extreme_scales(kernel):
     assert row_err.max() <= 1e-5, row_err
 
 
+def _restrict_codes(w: torch.Tensor, scale: torch.Tensor, byte: int, keep: dict[int, int]) -> None:
+    """In the groups of w [rows, K/2] whose scale byte [rows, K/32] is `byte`, replace FP4 codes by keep[code]."""
+    lut = torch.arange(16, dtype=torch.uint8)
+    for a, b in keep.items():
+        lut[a] = b
+    wb = w.view(torch.uint8)
+    mask = (scale.view(torch.uint8) == byte).repeat_interleave(16, dim=1)  # [rows, K/2]: per byte
+    mapped = lut[(wb & 15).long()] | (lut[(wb >> 4).long()] << 4)
+    wb[mask] = mapped[mask]
+
+
+@pytest.mark.parametrize("build", BUILDS)
+@pytest.mark.parametrize("T", [8, 20])  # 4 routes per expert (GEMV), 10 (tiles or the GEMM library)
+def test_bf16_scales_at_the_low_end_of_the_range(kernel, build, T):
+    """bf16 tiles scale by an exponent add for scale bytes 2..252 and by a float32 product outside it:
+    gate/up groups with bytes 1 and 2 (x scaled by 2^110), codes kept where the product is a normal float32
+    (no +-0.5 at byte 1), next to an expert of ordinary scales. (The top end cannot be checked through an
+    expert: with x a normal bf16, weights near 2^126 saturate the SwiGLU.)"""
+    g = torch.Generator().manual_seed(17)
+    D, I = TINY
+    regimes = [((1, 2), 110), ((118, 124), 0)]
+    experts = []
+    for (lo, hi), _ in regimes:
+        e = random_packed_expert(D, I, g, lo, hi, 118, 124)
+        for w, sc in ((e.w1, e.w1_scale), (e.w3, e.w3_scale)):
+            _restrict_codes(w, sc, 1, {1: 2, 9: 10})
+        experts.append(e)
+    expert_of = torch.arange(T) % len(regimes)
+    x = (torch.randn(T, D, generator=g) * torch.tensor([2.0 ** r[1] for r in regimes])[expert_of, None]).bfloat16()
+    routes = group_routes(expert_of[:, None], torch.ones(T, 1), len(regimes))
+    out = kernel(D, I, **build)(x, routes, experts, torch.zeros(T, D), 2)
+    ref = moe_experts_reference(x.float(), routes, experts, torch.zeros(T, D))
+    assert torch.isfinite(ref).all() and (ref.abs().amax(1) > 0).all()
+    row_err = (out - ref).abs().amax(1) / ref.abs().amax(1)  # per token: the regimes differ by 2^-16 in scale
+    assert row_err.max() <= BF16_BOUND, row_err
+
+
+@pytest.mark.parametrize("build", BUILDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("T", [1, 32])
-def test_thread_count_does_not_change_results(kernel, T):
+def test_thread_count_does_not_change_results(kernel, T, dtype, build):
     g = torch.Generator().manual_seed(11)
     experts = [random_packed_expert(*TINY, g) for _ in range(4)]
-    x = torch.randn(T, TINY[0], generator=g)
+    x = torch.randn(T, TINY[0], generator=g).to(dtype)
     routes = _routes(T, 4, 3, g)
     outs = []
     for n in (1, 2, 3):
         out = torch.zeros(T, TINY[0])
-        kernel(*TINY)(x, routes, experts, out, n)
+        kernel(*TINY, **build)(x, routes, experts, out, n)
         outs.append(out)
-    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+    assert torch.equal(outs[1], outs[2])
+    if build:  # MKL (no CNR mode) sums differently outside a parallel region: float32 rounding apart
+        assert (outs[0] - outs[1]).abs().max() <= 1e-6 * outs[1].abs().max()
+    else:
+        assert torch.equal(outs[0], outs[1])
 
 
 def test_gemv_and_tiled_paths_agree(kernel):
@@ -189,7 +298,10 @@ def test_every_isa_variant_compiles(build_root, isa):
     assert kern.info["isa"] == isa
     g = torch.Generator().manual_seed(21)
     experts = [random_packed_expert(256, 128, g) for _ in range(3)]
-    _check(kern, torch.randn(7, 256, generator=g), _routes(7, 3, 2, g), experts)
+    for T in (2, 12):  # GEMV, tiles
+        x, routes = torch.randn(T, 256, generator=g), _routes(T, 3, 2, g)
+        _check(kern, x, routes, experts)
+        _check(kern, x.bfloat16(), routes, experts, bound=8e-3 if isa == "avx512_bf16" else 1e-5)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -216,5 +328,6 @@ def test_cold_task_of_a_decode_step_computes_only_the_cold_routes(kernel, dtype)
         ref = moe_experts_reference(x.float(), group_routes(cold_of[ids][None], w, len(cold)), experts,
                                     torch.zeros(1, D))
         assert torch.isfinite(got).all()
-        assert (got - ref).abs().max() <= 1e-5 * ref.abs().max().clamp(min=1e-30), ids
+        bound = 1e-5 if dtype == torch.float32 else BF16_BOUND  # bf16: h rounded to bf16 (vdpbf16ps builds)
+        assert (got - ref).abs().max() <= bound * ref.abs().max().clamp(min=1e-30), ids
     assert not got.any()  # no cold route: zeros

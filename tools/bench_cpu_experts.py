@@ -1,14 +1,25 @@
 """Benchmark the generated CPU expert kernel on this machine, side by side in one run.
 
-(a) memory read bandwidth: a streaming sum over a 2 GiB buffer with all cores;
+DeepSeek-V4-Flash's expert shape (D=4096, I=2048; 13.4 MB packed MXFP4 per expert):
+(a) memory read bandwidth: a streaming sum over a 2 GiB buffer with all threads;
 (b) the kernel's effective weight bandwidth (packed bytes of the experts read / time) for 1 token x
-    1..6 experts of DeepSeek-V4-Flash's shape, cycling through > 1 GB of distinct experts (from DRAM);
-(c) time per expert vs torch float32 and bf16 matmuls on the same weights pre-dequantized;
-(d) the kernel's compute ceiling: 1 token x 1 expert called again and again on the same expert, whose
-    13.4 MB then stay in the L3 cache: no DRAM traffic, so this bounds what (b) can reach.
-Machines here are shared and noisy: every figure is the best of several rounds, and the rounds of
-(a) and (b) are interleaved. Last line: `cpu_expert_read_bw_ratio=R torch_speedup_min=S`, where R is
-(b) with 6 experts over (a), and S the smallest (best torch time / kernel time) over token counts.
+    1..6 experts, bf16 and float32 activations, cycling through > 1 GB of distinct experts (from DRAM);
+(c) time per expert with T = 1..64 tokens all routed to it: the kernel with float32 and bf16
+    activations, its GEMM-library path (bf16 tiles to MKL's cblas_gemm_bf16bf16f32, where torch exports
+    it and the build has AVX512_BF16), torch float32 and bf16 matmuls on the same weights pre-dequantized,
+    and KTransformers' MXFP4 MoE kernel (kt-kernel, where installed: its default MXFP4 backend, fed the
+    same packed bytes and scales, bf16 in and out, k = 1 route per token);
+(d) the crossover of (c): the fewest tokens per expert from which the GEMM path beats the kernel's own
+    at every larger count, i.e. the gemm_min_tokens to plan (0: never);
+(e) the kernel's compute ceiling: 1 token x 1 expert again and again (its 13.4 MB stay in the L3 cache).
+Machines here are shared and noisy: every figure is the best of several interleaved rounds.
+Last line: `cpu_expert_read_bw_ratio=R torch_speedup_min=S kt_speedup_min=K per_core_gbs=G`, where R is
+(b) with 6 experts and bf16 activations over (a), S the smallest (best torch time / kernel bf16 time) over
+the token counts, K the same against kt-kernel (nan where it did not run), and G is R's bandwidth per
+thread.
+
+kt-kernel 0.7.2 pins torch==2.9.1: `pip install kt-kernel==0.7.2` replaces the project's torch, so
+install it with `pip install --no-deps kt-kernel==0.7.2 gguf` (its extension does not link torch).
 
 Usage: python tools/bench_cpu_experts.py [--threads N] [--build-root DIR]
 """
@@ -30,21 +41,24 @@ from ostinato.runtime.kernels.testing import random_packed_expert
 D, I = 4096, 2048
 N_EXPERTS = 80        # 80 x 13.4 MB = 1.07 GB of packed experts: far beyond the L3 cache
 N_DENSE = 6           # torch baseline: 6 x 100 MB float32 (and bf16) experts, also beyond the L3
+N_KT = 8              # kt-kernel: 8 experts (107 MB) in its own layout
 TOKENS = (1, 2, 4, 8, 16, 32, 64)
+ROUNDS = 3
 
 
-def best(fn, rounds: int) -> float:
-    times = []
-    for _ in range(rounds):
+def timed(fn, calls: int) -> float:
+    """Best seconds of `calls` calls of fn()."""
+    best = float("inf")
+    for _ in range(calls):
         t = time.perf_counter()
         fn()
-        times.append(time.perf_counter() - t)
-    return min(times)
+        best = min(best, time.perf_counter() - t)
+    return best
 
 
 def read_bandwidth(buf: torch.Tensor) -> float:
     """Bytes/s of a multi-threaded streaming sum (torch's vectorized reduction)."""
-    return buf.numel() * buf.element_size() / best(lambda: buf.sum(), 3)
+    return buf.numel() * buf.element_size() / timed(buf.sum, 3)
 
 
 def routes_for(first: int, n_experts: int, n_tokens: int) -> GroupedRoutes:
@@ -58,101 +72,199 @@ def routes_for(first: int, n_experts: int, n_tokens: int) -> GroupedRoutes:
     return GroupedRoutes(offsets, tok, torch.full((n_tokens * n_experts,), 0.5))
 
 
-def kernel_time(kern, table, n_experts: int, n_tokens: int, calls: int) -> float:
-    """Best seconds per call over `calls` calls, each on the next experts in the cycle."""
-    x = torch.randn(n_tokens, D)
-    out = torch.zeros(n_tokens, D)
-    routes = [routes_for(i * n_experts, n_experts, n_tokens) for i in range(calls)]
-    times = []
-    for r in routes:
-        t = time.perf_counter()
-        kern(x, r, table, out, kern_threads)
-        times.append(time.perf_counter() - t)
-    return min(times)
+class Ours:
+    """The kernel on cycling experts: each call reads experts the previous calls did not."""
 
+    def __init__(self, kern: CpuExpertKernel, table, threads: int):
+        self.kern, self.table, self.threads, self.next = kern, table, threads, 0
 
-def kernel_time_same(kern, table, calls: int) -> float:
-    """Best seconds per call of 1 token on expert 0, called `calls` times in a row."""
-    x, out, r = torch.randn(1, D), torch.zeros(1, D), routes_for(0, 1, 1)
-    times = []
-    for _ in range(calls):
-        t = time.perf_counter()
-        kern(x, r, table, out, kern_threads)
-        times.append(time.perf_counter() - t)
-    return min(times)
+    def time(self, n_experts: int, n_tokens: int, dtype: torch.dtype, calls: int) -> float:
+        x, out = torch.randn(n_tokens, D).to(dtype), torch.zeros(n_tokens, D)
+        best = float("inf")
+        for _ in range(calls):
+            r = routes_for(self.next, n_experts, n_tokens)
+            self.next = (self.next + n_experts) % N_EXPERTS
+            t = time.perf_counter()
+            self.kern(x, r, self.table, out, self.threads)
+            best = min(best, time.perf_counter() - t)
+        return best
+
+    def time_same(self, calls: int) -> float:
+        """1 token on expert 0, `calls` times in a row (cache-resident after the first)."""
+        x, out, r = torch.randn(1, D).bfloat16(), torch.zeros(1, D), routes_for(0, 1, 1)
+        return timed(lambda: self.kern(x, r, self.table, out, self.threads), calls)
 
 
 def torch_time(dense: list, n_tokens: int, dtype: torch.dtype, calls: int) -> float:
-    x = torch.randn(n_tokens, D)
-    out = torch.zeros(n_tokens, D)
+    x, out = torch.randn(n_tokens, D), torch.zeros(n_tokens, D)
     lin = torch.nn.functional.linear
-    times = []
+    best = float("inf")
     for i in range(calls):
         w1, w3, w2 = dense[i % len(dense)]
         t = time.perf_counter()
         xc = x.to(dtype)
         g = lin(xc, w1).clamp(max=10.0)
         u = lin(xc, w3).clamp(-10.0, 10.0)
-        out += 0.5 * lin(torch.nn.functional.silu(g) * u, w2).float()
-        times.append(time.perf_counter() - t)
-    return min(times)
+        out.add_(0.5 * lin(torch.nn.functional.silu(g) * u, w2).float())
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+class KtMxfp4:
+    """kt-kernel's MXFP4 MoE op through its extension (the KTMoEWrapper front end wants pinned memory and
+    a safetensors checkpoint): per-expert pointers to the same packed bytes, ue8m0 scales as bf16 (as its
+    MXFP4 loader does), SwiGLU limit 10, one route per token."""
+
+    def __init__(self, experts: list, threads: int, max_tokens: int):
+        import kt_kernel  # picks the extension for this CPU
+        import kt_kernel_ext
+        from kt_kernel_ext import moe
+
+        self.variant = kt_kernel.__cpu_variant__
+        backend = getattr(moe, "AMXFP4_KGroup_MOE", None) or getattr(moe, "AVX2MXFP4_MOE", None)  # its own order
+        if backend is None:
+            raise RuntimeError("no MXFP4 backend compiled into kt_kernel_ext")
+        self.backend = backend.__name__
+        pool = kt_kernel_ext.WorkerPoolConfig()
+        pool.subpool_count, pool.subpool_numa_map, pool.subpool_thread_count = 1, [0], [threads]
+        self.cpu = kt_kernel_ext.CPUInfer(pool)
+        self.mask = torch.zeros(len(experts), dtype=torch.bool)  # no GPU experts
+        cfg = moe.MOEConfig(len(experts), 1, D, I, self.mask.data_ptr())
+        cfg.layer_idx, cfg.pool, cfg.max_len, cfg.swiglu_limit = 0, self.cpu.backend_, max_tokens, 10.0
+
+        def bf16(scale):  # ue8m0 byte b -> bf16 bits b << 7: exact
+            return (scale.view(torch.uint8).to(torch.int32) << 7).to(torch.int16).view(torch.bfloat16).contiguous()
+        self.keep = [[bf16(getattr(e, n)) for e in experts] for n in ("w1_scale", "w3_scale", "w2_scale")]
+        cfg.gate_projs, cfg.up_projs, cfg.down_projs = ([[getattr(e, n).data_ptr() for e in experts]]
+                                                        for n in ("w1", "w3", "w2"))
+        cfg.gate_scales, cfg.up_scales, cfg.down_scales = ([[t.data_ptr() for t in s]] for s in self.keep)
+        cfg.quant_config.bits, cfg.quant_config.group_size, cfg.quant_config.zero_point = 4, 32, False
+        self.moe = backend(cfg)
+        p2l = torch.arange(len(experts), dtype=torch.int64)
+        self.cpu.submit(self.moe.load_weights_task(p2l.data_ptr()))
+        self.cpu.sync()
+        self.n, self.next = len(experts), 0
+
+    def time(self, n_tokens: int, calls: int) -> float:
+        x, out = torch.randn(n_tokens, D).bfloat16(), torch.zeros(n_tokens, D, dtype=torch.bfloat16)
+        ids, w = torch.zeros(n_tokens, 1, dtype=torch.int64), torch.full((n_tokens, 1), 0.5)
+        bsz = torch.tensor([n_tokens], dtype=torch.int32)
+
+        best = float("inf")
+        for _ in range(calls):
+            ids.fill_(self.next)
+            self.next = (self.next + 1) % self.n
+            t = time.perf_counter()
+            self.cpu.submit(self.moe.forward_task(bsz.data_ptr(), 1, ids.data_ptr(), w.data_ptr(), x.data_ptr(),
+                                                  out.data_ptr(), False))
+            self.cpu.sync()
+            best = min(best, time.perf_counter() - t)
+        return best
 
 
 def main() -> None:
-    global kern_threads
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--build-root", default=None, help="kernel build directory (default build/kernels)")
     args = ap.parse_args()
-    kern_threads = args.threads
-    torch.set_num_threads(args.threads)
+    threads = args.threads
+    torch.set_num_threads(threads)
 
     params = host_cpu_params(D, I)
-    record = build_cpu_experts(params, root=args.build_root)
-    kern = CpuExpertKernel(record.path)
-    print(f"kernel: {record.path}\n  {kern.info}  threads={args.threads}")
-
+    kern = CpuExpertKernel(build_cpu_experts(params, root=args.build_root).path, gemm=False)
+    print(f"kernel: {kern.info}  threads={threads}")
     g = torch.Generator().manual_seed(0)
     experts = [random_packed_expert(D, I, g) for _ in range(N_EXPERTS)]
-    table = kern.table(experts)
+    ours = Ours(kern, kern.table(experts), threads)
     expert_bytes = experts[0].nbytes
     print(f"{N_EXPERTS} experts x {expert_bytes:,} B = {N_EXPERTS * expert_bytes / 1e9:.2f} GB packed")
 
+    # The GEMM path on every count from 2 (GEMV only for 1 token): a build of its own
+    gemm, why = None, ""
+    if params.isa in ("avx512_bf16", "amx"):
+        forced = CpuExpertKernel(build_cpu_experts(host_cpu_params(D, I, gemv_max_tokens=1, gemm_min_tokens=2),
+                                                   root=args.build_root).path)
+        gemm = Ours(forced, forced.table(experts), threads) if forced.gemm else None
+        why = "" if gemm else "torch exports no cblas_gemm_bf16bf16f32 (no MKL)"
+    else:
+        why = f"the {params.isa} build has no bf16 path"
+    try:
+        kt = KtMxfp4(experts[:N_KT], threads, max(TOKENS))
+        print(f"kt-kernel: {kt.variant} extension, {kt.backend}")
+    except (ImportError, RuntimeError, AttributeError, TypeError) as e:  # not installed, or no MXFP4 backend
+        kt = None
+        print(f"kt-kernel: not run ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})")
+
     # (a) + (b), interleaved rounds
     buf = torch.ones(512 * 2**20, dtype=torch.float32)  # 2 GiB
-    bw, kbw = 0.0, {n: 0.0 for n in range(1, 7)}
-    for _ in range(3):
+    bw, kbw = 0.0, {(n, dt): 0.0 for dt in (torch.bfloat16, torch.float32) for n in range(1, 7)}
+    for _ in range(ROUNDS):
         bw = max(bw, read_bandwidth(buf))
-        for n in kbw:
-            kbw[n] = max(kbw[n], n * expert_bytes / kernel_time(kern, table, n, 1, calls=N_EXPERTS // n // 2))
+        for (n, dt), v in kbw.items():
+            kbw[n, dt] = max(v, n * expert_bytes / ours.time(n, 1, dt, calls=N_EXPERTS // n // 2))
     del buf
-    print(f"\n(a) memory read bandwidth: {bw / 1e9:.1f} GB/s")
-    print("(b) 1 token: experts | us/expert | weight GB/s | of read bw")
-    for n, v in kbw.items():
-        print(f"    {n:>7} | {expert_bytes / v * 1e6:9.0f} | {v / 1e9:11.1f} | {v / bw:10.0%}")
+    print(f"\n(a) memory read bandwidth: {bw / 1e9:.1f} GB/s ({bw / threads / 1e9:.1f} per thread)")
+    print("(b) 1 token: experts | bf16: us/expert  GB/s  of read bw | float32: us/expert  GB/s  of read bw")
+    for n in range(1, 7):
+        b, f = kbw[n, torch.bfloat16], kbw[n, torch.float32]
+        print(f"    {n:>7} | {expert_bytes / b * 1e6:16.0f} {b / 1e9:5.1f} {b / bw:11.0%} | "
+              f"{expert_bytes / f * 1e6:19.0f} {f / 1e9:5.1f} {f / bw:11.0%}")
 
-    # (c) vs torch on pre-dequantized weights
+    # (c) per token count; rounds interleave the contenders
     dense32 = [tuple(w.contiguous() for w in dequantize_expert(e)) for e in experts[:N_DENSE]]
     dense16 = [tuple(w.bfloat16() for w in d) for d in dense32]
-    print("\n(c) time per expert (ms), all tokens routed to it")
-    print("    tokens |  kernel | torch f32 | torch bf16 | speedup vs best torch")
-    speedups = []
+    names = ["f32", "bf16", "gemm", "torch32", "torch16", "kt"]
+    best = {(T, k): float("inf") for T in TOKENS for k in names}
+
+    def one_round(T: int, calls: int) -> dict:
+        got = {"f32": ours.time(1, T, torch.float32, calls), "bf16": ours.time(1, T, torch.bfloat16, calls),
+               "torch32": torch_time(dense32, T, torch.float32, calls),
+               "torch16": torch_time(dense16, T, torch.bfloat16, calls)}
+        if gemm and T > 1:
+            got["gemm"] = gemm.time(1, T, torch.bfloat16, calls)
+        if kt:
+            got["kt"] = kt.time(T, calls)
+        return got
+    for _ in range(ROUNDS):
+        for T in TOKENS:
+            for k, v in one_round(T, 4 if T <= 8 else 2).items():
+                best[T, k] = min(best[T, k], v)
+    print("\n(c) ms per expert, all tokens routed to it (bf16: bf16 activations; gemm: bf16 tiles to the "
+          "GEMM library; torch on pre-dequantized weights)")
+    print("    tokens |   f32 |  bf16 |  gemm | torch f32 | torch bf16 | kt MXFP4 | bf16 vs torch | vs kt | "
+          "f32 vs torch f32 | bf16 GB/s/thread")
+    speedups, kt_speedups = [], []
     for T in TOKENS:
-        calls = 12 if T <= 8 else 5
-        ours = kernel_time(kern, table, 1, T, calls)
-        t32 = torch_time(dense32, T, torch.float32, calls)
-        t16 = torch_time(dense16, T, torch.bfloat16, calls)
-        speedups.append(min(t32, t16) / ours)
-        print(f"    {T:>6} | {ours * 1e3:7.2f} | {t32 * 1e3:9.2f} | {t16 * 1e3:10.2f} | {speedups[-1]:6.2f}x")
+        b = {k: best[T, k] * 1e3 for k in names}
+        s = min(b["torch32"], b["torch16"]) / b["bf16"]
+        speedups.append(s)
+        kt_s = b["kt"] / b["bf16"] if kt else float("nan")
+        if kt:
+            kt_speedups.append(kt_s)
+        def cell(v: float) -> str:
+            return f"{v:5.2f}" if v != float("inf") else "    -"
+        print(f"    {T:>6} | {cell(b['f32'])} | {cell(b['bf16'])} | {cell(b['gemm'])} | {b['torch32']:9.2f} | "
+              f"{b['torch16']:10.2f} | {cell(b['kt']):>8} | {s:12.2f}x | {kt_s:4.2f}x | "
+              f"{b['torch32'] / b['f32']:15.2f}x | {expert_bytes / best[T, 'bf16'] / threads / 1e9:16.1f}")
 
-    # (d) compute ceiling: the same expert over and over (cache-resident after the first call)
-    hot = max(expert_bytes / kernel_time_same(kern, table, calls=30) for _ in range(3))
-    print(f"\n(d) 1 token, 1 cache-resident expert: {hot / 1e9:.1f} GB/s = {hot / bw:.0%} of the read bandwidth "
+    # (d) the crossover to plan
+    if gemm:
+        wins = [T for T in TOKENS if T > 1 and best[T, "gemm"] < best[T, "bf16"]]
+        tail = [T for T in wins if all(best[U, "gemm"] < best[U, "bf16"] for U in TOKENS if U >= T)]
+        cross = min(tail) if tail else 0
+        print(f"\n(d) GEMM path vs the kernel's own: faster at {wins or 'no token count'}; plan "
+              f"gemm_min_tokens={cross}" + ("" if cross else " (never)"))
+    else:
+        print(f"\n(d) GEMM path: not measured ({why})")
+
+    # (e) compute ceiling: the same expert over and over (cache-resident after the first call)
+    hot = max(expert_bytes / ours.time_same(calls=30) for _ in range(ROUNDS))
+    print(f"\n(e) 1 token, 1 cache-resident expert: {hot / 1e9:.1f} GB/s = {hot / bw:.0%} of the read bandwidth "
           "(the kernel's compute ceiling)")
-    print(f"cpu_expert_read_bw_ratio={kbw[6] / bw:.3f} torch_speedup_min={min(speedups):.3f}")
+    r = kbw[6, torch.bfloat16]
+    print(f"cpu_expert_read_bw_ratio={r / bw:.3f} torch_speedup_min={min(speedups):.3f} "
+          f"kt_speedup_min={min(kt_speedups) if kt_speedups else float('nan'):.3f} per_core_gbs={r / threads / 1e9:.2f}")
 
-
-kern_threads = 1
 
 if __name__ == "__main__":
     main()

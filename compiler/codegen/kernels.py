@@ -31,6 +31,13 @@ class CpuExpertParams:
     row_tile: int = 16          # output rows per work item
     k_chunk: int = 128          # batched path: 2 x row_tile x k_chunk float32 tile = 16 KiB (L1)
     gemv_max_tokens: int = 4    # up to this many routes per expert decode straight into registers
+    # bf16 activations: from this many routes per expert, bf16 tiles go to a GEMM library (MKL from torch;
+    # 0: never). The crossover is measured by tools/bench_cpu_experts.py (its (d) line). 0 is what it found
+    # on a 2-core Zen 4 EPYC: MKL's bf16 GEMM was 3-5x slower than the kernel's own tiles at every count
+    # 2..64 (MKL takes no AVX512_BF16 path on AMD); a host where it finds a crossover (AMX) sets it here.
+    gemm_min_tokens: int = 0
+    bf16_k_chunk: int = 4096    # bf16 tiles: 2 x row_tile x bf16_k_chunk bf16 = 256 KiB (L2); measured on Zen 4:
+                                # full K beat 1024 and 2048 by 10-20% at 8-16 tokens per expert, equal at 64
     max_experts: int = 256
     swiglu_limit: float = 10.0
 
@@ -43,6 +50,11 @@ class CpuExpertParams:
         _check(self.k_chunk % 64 == 0 and self.D % self.k_chunk == 0 and self.I % self.k_chunk == 0,
                "k_chunk", self.k_chunk, "a multiple of 64 dividing D and I")
         _check(1 <= self.gemv_max_tokens <= 4, "gemv_max_tokens", self.gemv_max_tokens, "1..4")
+        _check(self.gemm_min_tokens == 0 or self.gemm_min_tokens > self.gemv_max_tokens, "gemm_min_tokens",
+               self.gemm_min_tokens, "0 (never) or more than gemv_max_tokens")
+        _check(self.bf16_k_chunk % 64 == 0 and all(k % self.bf16_k_chunk == 0 or k < self.bf16_k_chunk
+                                                   for k in (self.D, self.I)),
+               "bf16_k_chunk", self.bf16_k_chunk, "a multiple of 64 dividing D and I (or larger)")
         _check(self.max_experts >= 1, "max_experts", self.max_experts, ">= 1")
         _check(isinstance(self.swiglu_limit, float) and self.swiglu_limit > 0, "swiglu_limit", self.swiglu_limit,
                "a positive float")
@@ -72,7 +84,9 @@ class TritonExpertParams:
     block_k: int = 64           # contraction step (a multiple of the 32-input MXFP4 group)
     max_routes: int = 0         # decode: fixed route count the CUDA graph captures
     swiglu_limit: float = 10.0
-    dot_precision: str = "ieee"  # "ieee" keeps float32 exact; "tf32" trades accuracy for speed
+    # prefill dots on float32 operands: "ieee" float32 FMAs (exact, no tensor cores); "tf32x3" tensor
+    # cores at about 22 bits (the weights are exact in tf32, the input is split in two); "tf32" 11 bits
+    dot_precision: str = "ieee"
 
     def __post_init__(self):
         _check(self.variant in ("prefill", "decode"), "variant", self.variant, "prefill, decode")
@@ -84,7 +98,8 @@ class TritonExpertParams:
         _check(self.D % self.block_n == 0 and self.I % self.block_n == 0, "block_n", self.block_n, "divides D and I")
         _check((self.max_routes > 0) == (self.variant == "decode"), "max_routes", self.max_routes,
                "> 0 for decode, 0 for prefill")
-        _check(self.dot_precision in ("ieee", "tf32"), "dot_precision", self.dot_precision, "ieee, tf32")
+        _check(self.dot_precision in ("ieee", "tf32x3", "tf32"), "dot_precision", self.dot_precision,
+               "ieee, tf32x3, tf32")
         _check(isinstance(self.swiglu_limit, float) and self.swiglu_limit > 0, "swiglu_limit", self.swiglu_limit,
                "a positive float")
 

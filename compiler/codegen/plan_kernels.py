@@ -26,9 +26,24 @@ def _entry(name: KernelName, record: KernelRecord, plan_file) -> KernelEntry:
 
 
 def triton_expert_params(D: int, I: int, top_k: int, swiglu_limit: float) -> tuple[TritonExpertParams, ...]:
-    """(prefill, decode) parameters of a model's hot expert kernels; decode has top_k route slots."""
-    return (TritonExpertParams(D=D, I=I, variant="prefill", swiglu_limit=swiglu_limit),
-            TritonExpertParams(D=D, I=I, variant="decode", max_routes=top_k, swiglu_limit=swiglu_limit))
+    """(prefill, decode) parameters of a model's hot expert kernels, for H200 (132 SMs) and RTX 4090 (128).
+
+    Prefill: [64 routes, 32 rows] output tiles, BK 32 (one scale group a step): 64 is wgmma's M on
+    sm_90 (a warpgroup's); the down kernel's tf32x3 dot holds both operands split in two, which at
+    64 x 64 x 64 takes 255 registers and spills on sm_89, at this size at most 168 (ptxas, both Tritons).
+    Float32 operands (h, always) use tf32x3: tensor cores at about 22 bits, where "ieee" would leave
+    the down kernel on the CUDA cores.
+    Decode (top_k route slots): BN 32 rows per program, so one token makes top_k x I/32 gate/up and
+    top_k x D/32 down programs (V4-Flash: 384 and 768, ~3 and ~6 per SM: enough to fill the GPU and keep
+    ~48 KB of weights in flight per SM); BK the largest power of two <= 512 dividing D and I: with 512, a thread
+    loads 16 B of one row per matrix and step (ld.global.v4), 4 rows, and each x value it loads
+    serves those 4 rows.
+    """
+    block_k = min(512, D & -D, I & -I)  # x & -x: the largest power of two dividing x
+    return (TritonExpertParams(D=D, I=I, variant="prefill", block_m=64, block_n=32, block_k=32,
+                               swiglu_limit=swiglu_limit, dot_precision="tf32x3"),
+            TritonExpertParams(D=D, I=I, variant="decode", block_n=32, block_k=block_k, max_routes=top_k,
+                               swiglu_limit=swiglu_limit))
 
 
 def build_plan_kernels(b) -> tuple[list[KernelEntry], dict]:

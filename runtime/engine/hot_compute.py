@@ -89,15 +89,23 @@ class TritonPoolCompute:
     def prepare(self, device: torch.device | str, dtype: torch.dtype) -> None:
         pass
 
+    @staticmethod
+    def _activations(x: torch.Tensor) -> torch.Tensor:
+        """bf16/fp16 x stays so off the CPU: prefill then multiplies on tensor cores in its dtype, exactly
+        (docs/model.md 2.2). Anything else becomes float32, bf16 on the CPU too: Triton's interpreter
+        computes bf16 wrongly."""
+        keep = x.dtype == torch.float32 or (x.device.type != "cpu" and x.dtype in (torch.bfloat16, torch.float16))
+        return (x if keep else x.float()).contiguous()
+
     def prefill(self, pool: HotPool, x: torch.Tensor, token: torch.Tensor, slot: torch.Tensor,
                 weight: torch.Tensor, out: torch.Tensor) -> None:
         if token.numel() == 0:
             return
         routes = group_flat_routes(token, slot, weight, pool.w1.shape[0])
-        prefill_experts(self.prefill_mod, x.float().contiguous(), routes, pool, out)
+        prefill_experts(self.prefill_mod, self._activations(x), routes, pool, out)
 
     def decode(self, pool: HotPool, x: torch.Tensor, slot: torch.Tensor, token: torch.Tensor,
                weight: torch.Tensor, out: torch.Tensor) -> None:
         n = self.decode_mod.MAX_ROUTES
         h = torch.empty(n, self.decode_mod.I, dtype=torch.float32, device=x.device)
-        decode_experts(self.decode_mod, x.float().contiguous(), slot.int(), token.int(), weight.float(), pool, out, h)
+        decode_experts(self.decode_mod, self._activations(x), slot.int(), token.int(), weight.float(), pool, out, h)

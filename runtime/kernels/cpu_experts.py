@@ -6,12 +6,14 @@ Only the built library is needed at run time: no compiler, no jinja2. C ABI (see
   int ost_moe_experts_bf16(same, x as bf16 bits)
   const char* ost_moe_experts_info(void)
   void ost_cold_task_run(void* task)   /* a decode step's cold routes, see cold_task.py */
+  int ost_set_gemm(void* gemm_bf16, void* set_threads_local)   /* the GEMM library, see gemm_library() */
 Legend: T = tokens, D = hidden, I = expert intermediate, E = experts in the call.
 """
 
 from __future__ import annotations
 
 import ctypes
+import functools
 from pathlib import Path
 
 import torch
@@ -52,8 +54,29 @@ class ExpertTable:
         self.n_experts = len(experts)
 
 
+# MKL's C entry points (by value; the lowercase mkl_set_num_threads_local is the Fortran one, by reference).
+_GEMM_SYMBOLS = ("cblas_gemm_bf16bf16f32", "MKL_Set_Num_Threads_Local")
+
+
+@functools.cache
+def gemm_library() -> tuple[int, int] | None:
+    """(cblas_gemm_bf16bf16f32, MKL_Set_Num_Threads_Local) addresses from the MKL that torch's CPU wheel links
+    statically into libtorch_cpu and exports, or None (torch without MKL, aarch64): the kernel then keeps
+    its own tiled path. No link-time dependency, and ctypes calls the kernel without the GIL."""
+    path = Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"
+    try:
+        lib = ctypes.CDLL(str(path))
+        return tuple(ctypes.cast(getattr(lib, name), ctypes.c_void_p).value for name in _GEMM_SYMBOLS)
+    except (OSError, AttributeError):
+        return None
+
+
 class CpuExpertKernel:
-    def __init__(self, library: str | Path):
+    """gemm: hand bf16 tiles past the build's gemm_min routes per expert to the GEMM library where it is
+    found (gemm_library); False: the kernel's own tiled path (also what a build with gemm_min = 0 does).
+    The library is set per loaded library file, so all CpuExpertKernel of one file share the last setting."""
+
+    def __init__(self, library: str | Path, gemm: bool = True):
         self.lib = ctypes.CDLL(str(library))
         self.lib.ost_moe_experts_info.restype = ctypes.c_char_p
         self.info = dict(kv.split("=") for kv in self.lib.ost_moe_experts_info().decode().split())
@@ -63,6 +86,17 @@ class CpuExpertKernel:
         for fn in (self.lib.ost_moe_experts_f32, self.lib.ost_moe_experts_bf16):
             fn.argtypes, fn.restype = args, ctypes.c_int
         self.lib.ost_cold_task_run.argtypes, self.lib.ost_cold_task_run.restype = [ctypes.c_void_p], None
+        # absent from libraries built from templates before it (a plan's artifact may be one): no library
+        self._set_gemm = getattr(self.lib, "ost_set_gemm", None)
+        if self._set_gemm:
+            self._set_gemm.argtypes, self._set_gemm.restype = [ctypes.c_void_p, ctypes.c_void_p], ctypes.c_int
+        self.use_gemm(gemm)
+
+    def use_gemm(self, enabled: bool) -> bool:
+        """Set the kernel's GEMM library (enabled and found) or none; True when the build now uses one."""
+        fns = gemm_library() if enabled else None
+        self.gemm = bool(self._set_gemm and self._set_gemm(*(fns or (None, None))) and fns)
+        return self.gemm
 
     def table(self, experts: list[PackedExpert]) -> ExpertTable:
         return ExpertTable(experts, self.D, self.I)

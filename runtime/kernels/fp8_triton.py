@@ -24,6 +24,7 @@ from .fp8_triton_kernel import fp8_linear_kernel
 
 SCALE_BLOCK = 128
 BLOCK_T = (16, 64)  # token rows per program: 16 (tl.dot's least) up to 16 tokens, then 64 for prefill's GEMM
+NUM_WARPS = {16: 4, 64: 8}  # 64 x 64 outputs and a 64 x 128 decoded tile need 8 warps' registers (4 spill on sm_89)
 BLOCK_N = 64
 DOT = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}  # activation dtype -> the dot's input dtype
 
@@ -41,5 +42,5 @@ def fp8_linear(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torch.T
     bt = BLOCK_T[0] if T <= BLOCK_T[0] else BLOCK_T[1]
     grid = (triton.cdiv(T, bt), triton.cdiv(N, BLOCK_N))
     fp8_linear_kernel[grid](x.contiguous(), q.view(torch.uint8), scale.view(torch.uint8), y, T, N, K, scale.shape[1],
-                            BT=bt, BN=BLOCK_N, BK=SCALE_BLOCK, DOT_DTYPE=DOT[x.dtype])
+                            BT=bt, BN=BLOCK_N, BK=SCALE_BLOCK, DOT_DTYPE=DOT[x.dtype], num_warps=NUM_WARPS[bt])
     return y.to(x.dtype)

@@ -26,6 +26,15 @@ def _e8m0(byte):
 
 
 @triton.jit
+def _byte(ptr, index, mask):
+    """Bytes ptr[index] read through the aligned int32 words that hold them (a byte load per row would
+    be the only narrow load in the loop); masked-off lanes give 127 (2^0)."""
+    words = ptr.to(tl.pointer_type(tl.int32))
+    word = tl.load(words + (index >> 2), mask=mask, other=127)
+    return tl.where(mask, (word >> ((index & 3) * 8)) & 0xFF, 127)
+
+
+@triton.jit
 def fp8_linear_kernel(x_ptr, q_ptr, s_ptr, y_ptr, T, N, K, KB,
                       BT: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DOT_DTYPE: tl.constexpr):
     t = tl.program_id(0) * BT + tl.arange(0, BT)  # [BT] tokens
@@ -36,7 +45,7 @@ def fp8_linear_kernel(x_ptr, q_ptr, s_ptr, y_ptr, T, N, K, KB,
         k = k0 + tl.arange(0, BK)  # [BK]
         x = tl.load(x_ptr + t[:, None].to(tl.int64) * K + k[None, :], mask=tmask[:, None], other=0.0)
         code = tl.load(q_ptr + n[:, None].to(tl.int64) * K + k[None, :], mask=nmask[:, None], other=0)
-        scale = _e8m0(tl.load(s_ptr + (n // BK) * KB + k0 // BK, mask=nmask, other=127))  # [BN]: one block per row
+        scale = _e8m0(_byte(s_ptr, (n // BK) * KB + k0 // BK, nmask))  # [BN]: one scale block per row
         w = _e4m3(code) * scale[:, None]  # [BN, BK] float32, exact
         if DOT_DTYPE == 2:
             acc += tl.dot(x.to(tl.bfloat16), tl.trans(w.to(tl.bfloat16)))

@@ -50,11 +50,14 @@ class HotPool:
         return cls(*(st(n) for n in ("w1", "w1_scale", "w3", "w3_scale", "w2", "w2_scale")))
 
 
+ACTIVATION_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # prefill: 16-bit x runs tl.dot in its dtype
+
+
 def _check(mod: ModuleType, variant: str, x: torch.Tensor, out: torch.Tensor) -> None:
     if mod.VARIANT != variant:
         raise ValueError(f"module is the {mod.VARIANT!r} variant, this launcher needs {variant!r}")
-    if x.dim() != 2 or x.shape[1] != mod.D or not x.is_contiguous():
-        raise ValueError(f"x: need contiguous [T, {mod.D}], got {tuple(x.shape)}")
+    if x.dim() != 2 or x.shape[1] != mod.D or not x.is_contiguous() or x.dtype not in ACTIVATION_DTYPES:
+        raise ValueError(f"x: need contiguous [T, {mod.D}] float32/bf16/fp16, got {tuple(x.shape)} {x.dtype}")
     if out.shape != (x.shape[0], mod.D) or out.dtype != torch.float32 or not out.is_contiguous():
         raise ValueError(f"out: need contiguous [{x.shape[0]}, {mod.D}] float32, got {tuple(out.shape)} {out.dtype}")
 
