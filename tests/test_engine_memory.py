@@ -19,6 +19,7 @@ import torch
 from ostinato.checkpoint.formats import dequantize_mxfp4
 from ostinato.checkpoint.reader import Checkpoint, PackedExpert
 from ostinato.runtime.engine import hot_compute
+from ostinato.runtime.engine.held_memory import tensors_in
 from ostinato.runtime.engine.hot_compute import TorchPoolCompute
 from ostinato.runtime.engine.loader import load_engine
 from ostinato.runtime.engine.resident import Resident, parse_status, resident, resident_line
@@ -110,25 +111,6 @@ def test_torch_pool_compute_dequantizes_only_the_used_experts_one_matrix_at_a_ti
     assert (out - ref).abs().max() <= tol * ref.abs().max()
 
 
-def _tensors(obj, seen=None):
-    """Every tensor reachable from obj through attributes, dataclass fields and containers."""
-    seen = set() if seen is None else seen
-    if id(obj) in seen:
-        return
-    seen.add(id(obj))
-    if isinstance(obj, torch.Tensor):
-        yield obj
-    elif isinstance(obj, (list, tuple, set)):
-        for v in obj:
-            yield from _tensors(v, seen)
-    elif isinstance(obj, dict):
-        for v in list(obj.keys()) + list(obj.values()):
-            yield from _tensors(v, seen)
-    elif type(obj).__module__.startswith("ostinato") and hasattr(obj, "__dict__"):
-        for v in vars(obj).values():
-            yield from _tensors(v, seen)
-
-
 def _storage_bytes(tensors) -> int:
     storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
     return sum(storages.values())
@@ -142,7 +124,7 @@ def test_the_engine_holds_packed_experts_only_as_the_plan_counts(compiled, tiny_
     session = engine.new_session()
     session.prefill(IDS[:40])
     session.decode(int(IDS[40]))
-    held = list(_tensors(ex))
+    held = [t for _, t in tensors_in(ex)]
     I, D = cfg.moe_intermediate_size, cfg.hidden_size
     expert_sized = [tuple(t.shape) for t in held if t.is_floating_point() and t.dim() >= 2
                     and tuple(t.shape[-2:]) in ((I, D), (2 * I, D), (D, I), (D, 2 * I))]

@@ -178,26 +178,12 @@ def test_launcher_passes_the_planned_types():
                              "down_kernel": ["*fp32", *pool[:2], "*fp32", "*i32", "*i32", "*fp32"]}
 
 
-def test_kernels_compile_for_gpu_targets(compiled):
-    bad = compile_problems(*compiled)
-    assert not bad, "\n".join(bad)
+CHECKS = {"compile for the target": compile_problems, "load words, not bytes": load_problems,
+          "prefill on tensor cores": prefill_mma_problems, "no flushed denormals": ftz_problems,
+          "no register spills": spill_problems}
 
 
-def test_kernels_load_words_not_bytes(compiled):
-    bad = load_problems(*compiled)
-    assert not bad, "\n".join(bad)
-
-
-def test_prefill_multiplies_on_tensor_cores(compiled):
-    bad = prefill_mma_problems(*compiled)
-    assert not bad, "\n".join(bad)
-
-
-def test_no_kernel_flushes_denormals(compiled):
-    bad = ftz_problems(*compiled)
-    assert not bad, "\n".join(bad)
-
-
-def test_no_kernel_spills_registers(compiled):
-    bad = spill_problems(*compiled)
+@pytest.mark.parametrize("check", CHECKS.values(), ids=CHECKS.keys())
+def test_compiled_kernels(compiled, check):
+    bad = check(*compiled)
     assert not bad, "\n".join(bad)

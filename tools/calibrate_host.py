@@ -31,7 +31,7 @@ from ostinato.hardware import load_hardware
 from ostinato.isa import detect_isa
 from ostinato.runtime.engine.cpu_threads import usable_cores
 from ostinato.runtime.kernels.cpu_experts import CpuExpertKernel
-from ostinato.runtime.kernels.routes import GroupedRoutes
+from ostinato.runtime.kernels.routes import GroupedRoutes, group_routes
 from ostinato.runtime.kernels.testing import random_packed_expert
 from ostinato.yaml_files import dump_yaml
 
@@ -51,12 +51,9 @@ def best_seconds(fn, rounds: int) -> float:
 
 
 def routes(experts: list[int], n_table: int, tokens: int) -> GroupedRoutes:
-    """`tokens` tokens routed to each expert of `experts` (distinct, ascending) of an n_table table."""
-    counts = torch.zeros(n_table, dtype=torch.int64)
-    counts[experts] = tokens
-    offsets = torch.zeros(n_table + 1, dtype=torch.int64)
-    offsets[1:] = counts.cumsum(0)
-    return GroupedRoutes(offsets, torch.arange(tokens).repeat(len(experts)), torch.full((tokens * len(experts),), 0.5))
+    """`tokens` tokens routed to each expert of `experts` (distinct) of an n_table table."""
+    ids = torch.tensor(experts).repeat(tokens, 1)  # [tokens, len(experts)]
+    return group_routes(ids, torch.full(ids.shape, 0.5), n_table)
 
 
 def cpu_model() -> str:

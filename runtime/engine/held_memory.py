@@ -77,7 +77,7 @@ def tensors_in(obj, path: str = "", seen: set | None = None) -> Iterator[tuple[s
     seen.add(id(obj))
     if isinstance(obj, torch.Tensor):
         yield path, obj
-    elif isinstance(obj, (list, tuple)):
+    elif isinstance(obj, (list, tuple, set, frozenset)):
         for i, v in enumerate(obj):
             yield from tensors_in(v, f"{path}[{i}]", seen)
     elif isinstance(obj, dict):

@@ -23,6 +23,11 @@ import torch
 from .compressor import CompressorState
 
 
+def rows_capacity(max_context: int, ratio: int) -> int:
+    """Rows a compressor needs for positions < max_context, the incomplete last window included."""
+    return -(-max_context // ratio)
+
+
 class GrowingRows:
     """An append-only [n, width] buffer with doubling capacity (decode appends one row per window).
     `limit`: the rows a planned context needs; doubling stops there, so a session filled to the plan's

@@ -21,7 +21,7 @@ from .attention import attention
 from .compressor import CompressorState
 from .experts import DenseExpertExecutor, ExpertExecutor
 from .hyper_connection import hc_head, hc_post, hc_pre
-from .kv_cache import GrowingRows, KvCache, LayerCache
+from .kv_cache import GrowingRows, KvCache, LayerCache, rows_capacity
 from .loading import Claims, LayerWeights, ModelWeights, load_weights
 from .moe import RoutingObserver, moe
 from .norms import rms_norm
@@ -60,7 +60,7 @@ class Model:
         for lw, dev in zip(self.weights.layers, self.layer_devices):
             window = torch.zeros(0, cfg.head_dim, dtype=self.dtype, device=dev)
             c, ix = lw.attn.compressor, lw.attn.indexer
-            limit = None if self.max_context is None or c is None else -(-self.max_context // c.ratio)
+            limit = None if self.max_context is None or c is None else rows_capacity(self.max_context, c.ratio)
             layers.append(LayerCache(
                 window,
                 CompressorState.empty(c, dev) if c else None,

@@ -27,16 +27,11 @@ from __future__ import annotations
 import torch
 
 from ..compressor import CompressorState, CompressorWeights
-from ..kv_cache import GrowingRows, KvCache, LayerCache
+from ..kv_cache import GrowingRows, KvCache, LayerCache, rows_capacity
 from ..loading import LayerWeights
 from .segments import Segment
 
 F32 = torch.float32
-
-
-def rows_capacity(max_context: int, ratio: int) -> int:
-    """Rows a compressor needs for positions < max_context, the incomplete last window included."""
-    return -(-max_context // ratio)
 
 
 def check_context(position: int, max_context: int, what: str) -> None:
