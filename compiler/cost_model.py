@@ -17,12 +17,13 @@ Hidden states move between GPUs over the link once per GPU boundary. On a cpu-on
 
 Host dispatch: a forward run eagerly (every prefill; decode only on a cpu-only spec, since GPUs
 replay the captured decode graph) issues its ops one by one from Python, EAGER_OPS_PER_LAYER per
-layer and prefill chunk, each costing the spec's host.op_dispatch_s. With a GPU the host runs ahead
+layer and prefill chunk (the baselines' own counts where they differ), each costing the spec's host.op_dispatch_s. With a GPU the host runs ahead
 of the device, so a forward takes the longer of dispatch and device work; on the CPU they add up.
 """
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 import numpy as np
@@ -32,9 +33,13 @@ from ostinato.hardware import HardwareSpec
 
 EXPERT_FLOPS_PER_TOKEN_FACTOR = 2 * 3   # 3 matmuls (gate, up, down), 2 FLOP per multiply-add
 # aten ops the runtime dispatches per layer-forward (attention with compressor and indexer, mHC,
-# routing, shared expert, the executor's bookkeeping); about the same for 1 or 128 tokens.
-# tests/test_cost_model_dispatch.py recounts it on the tiny and small models.
-EAGER_OPS_PER_LAYER = 600
+# routing, shared expert, the executor's bookkeeping); about the same for 1 or 128 tokens (270-350 on
+# the tiny and small models; 580-750 before the mHC mixing became one kernel and the CPU's hot pools
+# went to the CPU kernel). tests/test_cost_model_dispatch.py recounts it; tools/count_ops.py reports it.
+EAGER_OPS_PER_LAYER = 320
+# A PyTorch DSV4 forward without those two fusions: what the KTransformers-like baseline is priced with
+# (our runtime's own count before them; KTransformers' real count is not measured here).
+UNFUSED_EAGER_OPS_PER_LAYER = 600
 
 
 @dataclass(frozen=True)
@@ -58,6 +63,7 @@ class CostModel:
         self.cfg, self.hw, self.layers = cfg, hw, layers
         self.expert_bytes, self.head_bytes, self.context = expert_bytes, head_bytes, context
         self.prefill_chunk = prefill_chunk
+        self.eager_ops_per_layer = EAGER_OPS_PER_LAYER
         k = cfg.num_experts_per_tok
         self.expert_flops = EXPERT_FLOPS_PER_TOKEN_FACTOR * cfg.hidden_size * cfg.moe_intermediate_size
         self._q = [np.minimum(1.0, k * l.share) for l in layers]
@@ -136,7 +142,13 @@ class CostModel:
     def dispatch_time(self, n: int) -> float:
         """Host seconds to issue an eager forward of n tokens op by op (one pass per prefill chunk)."""
         chunks = max(1, -(-n // self.prefill_chunk))
-        return chunks * len(self.layers) * EAGER_OPS_PER_LAYER * self.hw.host.op_dispatch_s
+        return chunks * len(self.layers) * self.eager_ops_per_layer * self.hw.host.op_dispatch_s
+
+    def with_eager_ops(self, ops_per_layer: int) -> "CostModel":
+        """The same model for a system that dispatches `ops_per_layer` ops per layer-forward."""
+        other = copy.copy(self)
+        other.eager_ops_per_layer = ops_per_layer
+        return other
 
     def forward_time(self, device_s, n: int, decode: bool, eager: bool):
         """Wall time of a forward whose layers take device_s (a float, or an array of decode steps):

@@ -41,6 +41,8 @@ class KernelName(str, Enum):
     COLD_EXPERTS_CPU = "cold_experts_cpu"          # routed experts on the host (C++, MXFP4)
     HOT_EXPERTS_PREFILL = "hot_experts_prefill"    # resident experts, routes grouped by expert (Triton)
     HOT_EXPERTS_DECODE = "hot_experts_decode"      # resident experts, top_k fixed masked slots (Triton)
+    HC_MIX_CPU = "hc_mix_cpu"                      # mHC mixing weights + Sinkhorn on the host (C++)
+    HC_MIX_TRITON = "hc_mix_triton"                # the same on the GPUs (Triton)
 
 
 class Provenance(Record):

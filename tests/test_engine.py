@@ -55,8 +55,10 @@ IDS = torch.randint(0, 1024, (150,), generator=torch.Generator().manual_seed(7))
 
 @pytest.mark.parametrize("placement", ["all-hot", "all-cold", "mixed", "random"])
 @pytest.mark.parametrize("mode", ["split", "upload"])
-def test_prefill_and_decode_equal_the_plain_model(compiled, tiny_ckpt, reference, placement, mode):
-    engine = _engine(compiled, tiny_ckpt, placement, threshold=None if mode == "split" else 16)
+@pytest.mark.parametrize("hot_backend", ["cpu", "torch"])  # the CPU's default, and the reference backend
+def test_prefill_and_decode_equal_the_plain_model(compiled, tiny_ckpt, reference, placement, mode, hot_backend):
+    engine = _engine(compiled, tiny_ckpt, placement, threshold=None if mode == "split" else 16,
+                     hot_backend=hot_backend)
     ours, ref = engine.new_session(), reference.new_session()
     _close(ours.prefill(IDS[:100]), ref.prefill(IDS[:100]))
     _close(ours.prefill(IDS[100:110]), ref.prefill(IDS[100:110]))  # 10 tokens: split even in upload plans

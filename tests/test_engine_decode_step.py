@@ -26,9 +26,10 @@ def on_gpus(plan, gpus: int):
     return plan.replace(hardware=hardware, layers=layers, memory=memory)
 
 
-def pipeline_engine(compiled, tiny_ckpt, placement: str, gpus: int, threshold=None):
+def pipeline_engine(compiled, tiny_ckpt, placement: str, gpus: int, threshold=None, hot_backend=None):
     plan, _ = compiled
-    return load_engine(on_gpus(_variant(plan, placement, threshold), gpus), tiny_ckpt, device="cpu")
+    return load_engine(on_gpus(_variant(plan, placement, threshold), gpus), tiny_ckpt, device="cpu",
+                       hot_backend=hot_backend)
 
 
 @pytest.mark.parametrize("placement", ["all-hot", "all-cold", "mixed", "random"])

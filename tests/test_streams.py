@@ -27,8 +27,10 @@ from test_engine_decode_step import pipeline_engine
 
 @pytest.fixture(scope="module")
 def engine(compiled, tiny_ckpt):
-    """Tiny on two planned GPUs (both the CPU), mixed placement, prefills above 16 tokens upload."""
-    e = pipeline_engine(compiled, tiny_ckpt, "mixed", gpus=2, threshold=16)
+    """Tiny on two planned GPUs (both the CPU), mixed placement, prefills above 16 tokens upload. The torch
+    hot backend: its reads of the staging buffers are torch ops, which the stream log sees (the default
+    cpu backend reads them inside the C kernel)."""
+    e = pipeline_engine(compiled, tiny_ckpt, "mixed", gpus=2, threshold=16, hot_backend="torch")
     yield e
     e.close()
 

@@ -7,7 +7,7 @@ rendered as ostinato-compile renders them for the tiny preset and for DeepSeek-V
 triton.compile to PTX and a cubin on the CPU (tools/triton_compile_check.py), with the .venv's Triton
 and with the pinned Triton of the team's GPU machine (build/triton-3.6, tools/setup_triton_pin.sh).
 The argument types are the ones the engine's launch path passes on a GPU (a stub module records them;
-a bf16 engine's). What the PTX and ptxas say: no kernel loads a byte, decode streams its weights with
+a bf16 engine's); likewise the FP8 dense kernel and the mHC mixing kernel. What the PTX and ptxas say: no kernel loads a byte, decode streams its weights with
 16-byte loads, prefill multiplies on tensor cores, no instruction flushes denormals (the decoding
 relies on them) and no kernel spills registers.
 Legend: D = hidden, I = expert intermediate, k = routes per token (decode's MAX_ROUTES).
@@ -26,6 +26,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from ostinato.compiler.codegen.hc_mix import HcMixParams, render_triton_hc_mix
 from ostinato.compiler.codegen.kernels import render_triton_experts
 from ostinato.compiler.codegen.plan_kernels import triton_expert_params
 from ostinato.runtime.engine.hot_compute import TritonPoolCompute
@@ -100,6 +101,20 @@ def fp8_jobs() -> list[dict]:
             for bt in fp8_triton.BLOCK_T for arch in ARCHS]
 
 
+def hc_mix_jobs(root: Path) -> list[dict]:
+    """The mHC mixing kernel as ostinato-compile renders it for each shape (one program per token, a few
+    scalars and [N, N] tiles: not a weight stream, so no wide-load requirement; its exp may flush
+    denormals, which weigh nothing next to the sums >= 1 they join)."""
+    jobs = []
+    for shape, cfg in (("tiny", preset_config("tiny")), ("flash", official_flash_config())):
+        params = HcMixParams(n=cfg["hc_mult"], iters=cfg["hc_sinkhorn_iters"], eps=float(cfg["hc_eps"]))
+        path = render_triton_hc_mix(params, root).path
+        jobs += [{"label": f"{shape} hc_mix N={params.n}", "path": path, "kernel": "hc_mix_kernel",
+                  "signature": ["*fp32"] * 4, "arch": arch, "weight_stream": False, "exp_may_flush": True}
+                 for arch in ARCHS]
+    return jobs
+
+
 def run_compile_check(python: str | Path, jobs: list[dict], home: Path) -> list[dict]:
     """Run the check in a subprocess with no TRITON_* variable (conftest sets TRITON_INTERPRET, and
     TRITON_ALLOW_NON_CONSTEXPR_GLOBALS would hide what this test looks for); caches go under `home`."""
@@ -129,7 +144,7 @@ def load_problems(jobs: list[dict], results: list[dict]) -> list[str]:
     for j, r in zip(jobs, results, strict=True):
         if not r["error"]:
             byte_loads = [op for op in r["loads"] if re.search(r"\.[bsu]8$", op)]
-            wide = "prefill" in j["label"] or any(".v4." in op or op.startswith("cp.async.cg.")  # 16-byte async
+            wide = "prefill" in j["label"] or not j.get("weight_stream", True) or any(".v4." in op or op.startswith("cp.async.cg.")  # 16-byte async
                                                   for op in r["loop_loads"] or r["loads"])
             if byte_loads or not wide:
                 bad.append(f"{_name(j, r)}: loads {r['loads']}, in the loop {r['loop_loads']}")
@@ -144,7 +159,8 @@ def prefill_mma_problems(jobs: list[dict], results: list[dict]) -> list[str]:
 
 def ftz_problems(jobs: list[dict], results: list[dict]) -> list[str]:
     """The decoded e2m1 value 0.5 is a denormal until it is scaled (templates/triton): nothing may flush it."""
-    return [f"{_name(j, r)}: {r['ftz']}" for j, r in zip(jobs, results, strict=True) if not r["error"] and r["ftz"]]
+    return [f"{_name(j, r)}: {r['ftz']}" for j, r in zip(jobs, results, strict=True)
+            if not r["error"] and r["ftz"] and not j.get("exp_may_flush")]
 
 
 def spill_problems(jobs: list[dict], results: list[dict]) -> list[str]:
@@ -154,7 +170,8 @@ def spill_problems(jobs: list[dict], results: list[dict]) -> list[str]:
 
 @pytest.fixture(scope="module")
 def jobs(tmp_path_factory):
-    return compile_jobs(launcher_signatures(), tmp_path_factory.mktemp("rendered")) + fp8_jobs()
+    root = tmp_path_factory.mktemp("rendered")
+    return compile_jobs(launcher_signatures(), root) + fp8_jobs() + hc_mix_jobs(root)
 
 
 @pytest.fixture(scope="module", params=["venv", "pinned"])

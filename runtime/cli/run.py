@@ -41,8 +41,9 @@ def parse_args(argv):
                                                              "CUDA (default: cuda when available, else cpu)")
     p.add_argument("--dtype", choices=("float32", "bfloat16"),
                    help="compute dtype (default: the plan's model.dense_format); another one only with --device cpu")
-    p.add_argument("--hot-backend", choices=("torch", "triton"),
-                   help="hot-expert compute: triton (default on GPUs) or torch (default on the CPU)")
+    p.add_argument("--hot-backend", choices=("cpu", "torch", "triton"),
+                   help="hot-expert compute: triton (default on GPUs), cpu (the plan's CPU expert kernel; default on "
+                        "the CPU) or torch (the dequantize-and-matmul reference)")
     p.add_argument("--decode", choices=("graph", "eager", "dynamic"), default="graph",
                    help="decode steps: graph = the fixed-shape step, one CUDA graph per GPU (eager on the CPU); "
                         "eager = that step without graphs; dynamic = the model's own forward (growing cache)")

@@ -1,21 +1,29 @@
 """Device-side expert compute over a pool of packed experts: the hot pool or an upload staging buffer.
 
-Two backends compute the same function:
+Three backends compute the same function:
+- `cpu`: what a plan runs on `--device cpu` by default, where the "GPU" is the host itself: the
+  plan's CPU expert kernel over the pool's packed bytes, one call per forward (as the Triton kernels
+  are one or two launches on a GPU), instead of torch's dequantize-and-matmul per expert;
 - `triton`: the generated Triton kernels (MXFP4 dequantized in-kernel); the GPU path, and on a
   CPU-only machine the same kernels under TRITON_INTERPRET=1 (slow: tests use small inputs);
-- `torch`: what a plan runs on `--device cpu` by default, where the "GPU" is the CPU itself. It
-  holds nothing but the packed pool: a call dequantizes only the experts it is about to use, one
-  expert at a time and one matrix at a time (its gate|up rows [2I, D], then its down matrix
-  [D, I]), each dropped as soon as its matmul is done; so besides the pool it holds one matrix of
-  one expert in the compute dtype, whatever the pool's size.
+- `torch`: the reference on any device (`hot_backend="torch"`). It holds nothing but the packed
+  pool: a call dequantizes only the experts it is about to use, one expert at a time and one matrix
+  at a time (its gate|up rows [2I, D], then its down matrix [D, I]), each dropped as soon as its
+  matmul is done; so besides the pool it holds one matrix of one expert in the compute dtype.
 Routes are flat arrays: token [R], slot [R] (index into the pool), weight [R] float32.
 Legend: R routes, K decode route slots, P pool slots, D hidden, I expert intermediate.
 """
 
 from __future__ import annotations
 
+import ctypes
+
 import torch
 
+from ostinato.checkpoint.reader import PackedExpert
+
+from ..kernels.cold_task import HOST_FN_ERRORS, ColdTask
+from ..kernels.cpu_experts import CpuExpertKernel, ExpertTable, kernel_error
 from ..kernels.mxfp4 import Mxfp4Table, dequantize
 from ..kernels.routes import group_flat_routes
 from ..kernels.triton_experts import HotPool, decode_experts, prefill_experts
@@ -78,6 +86,61 @@ class TorchPoolCompute:
         for e, xe, ye in zip(slot.clamp(min=0).split(1), xs.split(1), ys.split(1)):  # K of each: fixed
             self._expert(pool, e, xe, ye, table)
         out.index_add_(0, token, ys.float() * (weight * (slot >= 0))[:, None])
+
+
+class CpuPoolCompute:
+    """Pools on the host, computed by the plan's CPU expert kernel (`n_threads` threads)."""
+
+    name = "cpu"
+
+    def __init__(self, kernel: CpuExpertKernel, n_threads: int):
+        self.kernel, self.n_threads = kernel, n_threads
+        self._tables: dict[int, tuple[ExpertTable, torch.Tensor]] = {}
+
+    def prepare(self, device: torch.device | str, dtype: torch.dtype) -> None:
+        if torch.device(device).type != "cpu":
+            raise ValueError(f"the cpu hot backend computes pools in host memory, not on {device}")
+
+    def _table(self, pool: HotPool) -> tuple[ExpertTable, torch.Tensor]:
+        """The pool's slots as a kernel table, and the map [P + 1] from slot + 1 to table index (slot -1,
+        padding, maps to -1: no route). Made once per pool: its slots never move (staging pools are
+        refilled in place)."""
+        key = id(pool)
+        if key not in self._tables:
+            # A staging pool can have more slots (upload_group) than the model has experts, the kernel's
+            # limit; an upload fills at most one slot per distinct expert, so the slots past it stay unused.
+            n = min(pool.w1.shape[0], int(self.kernel.info["max_experts"]))
+            table = self.kernel.table([PackedExpert(pool.w1[s], pool.w1_scale[s], pool.w3[s], pool.w3_scale[s],
+                                                    pool.w2[s], pool.w2_scale[s]) for s in range(n)])
+            self._tables[key] = (table, torch.arange(-1, n, dtype=torch.int64))
+        return self._tables[key]
+
+    def prefill(self, pool: HotPool, x: torch.Tensor, token: torch.Tensor, slot: torch.Tensor,
+                weight: torch.Tensor, out: torch.Tensor) -> None:
+        if token.numel() == 0:
+            return
+        table, _ = self._table(pool)
+        x = x if x.dtype in (torch.float32, torch.bfloat16) else x.float()
+        self.kernel(x, group_flat_routes(token, slot, weight, table.n_experts), table, out, self.n_threads)
+
+    def decode(self, pool: HotPool, x: torch.Tensor, slot: torch.Tensor, token: torch.Tensor,
+               weight: torch.Tensor, out: torch.Tensor) -> None:
+        """One token's K route slots (slot -1: padding): the kernel's decode task (the one a decode step's
+        cold routes use) groups them itself, so this reads nothing on the host and issues two torch ops."""
+        if x.shape[0] != 1:
+            raise ValueError(f"decode computes one token, got x of shape {tuple(x.shape)}")
+        table, slot_map = self._table(pool)
+        x = (x if x.dtype in (torch.float32, torch.bfloat16) else x.float()).contiguous()
+        ids = (slot + 1).reshape(1, -1)  # [1, K] into slot_map
+        w = weight.to(torch.float32).contiguous()
+        result = torch.empty_like(out)  # [1, D] float32, overwritten by the task
+        task = ColdTask(x.data_ptr(), int(x.dtype == torch.bfloat16), 1, ids.shape[1], ids.data_ptr(), w.data_ptr(),
+                        slot_map.data_ptr(), slot_map.numel(), table.n_experts, ctypes.cast(table.ptrs, ctypes.c_void_p),
+                        result.data_ptr(), self.n_threads, 0)
+        self.kernel.lib.ost_cold_task_run(ctypes.byref(task))
+        if task.status:
+            raise ValueError(f"hot expert task failed: {HOST_FN_ERRORS.get(task.status) or kernel_error(task.status)}")
+        out.add_(result)
 
 
 class TritonPoolCompute:

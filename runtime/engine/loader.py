@@ -28,12 +28,13 @@ from ostinato.isa import detect_isa, supports
 from ostinato.plan import KernelEntry, KernelName, Plan, PlanError, check_fingerprint, load_plan
 
 from ..kernels.cpu_experts import CpuExpertKernel
+from ..kernels.hc_mix import HcMixKernel
 from ..kernels.triton_experts import HotPool, load_triton_module
 from ..model.model import Model, load_model
 from .cpu_threads import CpuThreads, cpu_threads
 from .decode_runner import DecodeRunner
 from .executor import LayerExperts, PlacementExecutor
-from .hot_compute import TorchPoolCompute, TritonPoolCompute
+from .hot_compute import CpuPoolCompute, TorchPoolCompute, TritonPoolCompute
 from .session import EngineSession
 
 DENSE_DTYPES = {"fp8": torch.bfloat16, "bf16": torch.bfloat16, "float32": torch.float32}  # dense_format -> compute
@@ -90,6 +91,17 @@ def _cpu_kernel_for_this_host(plan: Plan) -> Path:
                         f"CPU supports at most {detect_isa()}: compile the plan with a hardware spec whose host.isa "
                         f"this machine has")
     return path
+
+
+def _hc_mix_kernel(plan: Plan, cfg, cuda: bool) -> HcMixKernel:
+    """The plan's mHC mixing kernels: the host library always, the Triton module on GPUs."""
+    triton_module = load_triton_module(_artifact(plan, plan.kernel(KernelName.HC_MIX_TRITON))) if cuda else None
+    kernel = HcMixKernel(_artifact(plan, plan.kernel(KernelName.HC_MIX_CPU)), triton_module)
+    if not kernel.matches(cfg.hc_mult, cfg.hc_sinkhorn_iters, float(cfg.hc_eps)):
+        raise PlanError(f"the plan's hc_mix kernel was built for N={kernel.n} iters={kernel.iters} eps={kernel.eps}, "
+                        f"the model has hc_mult={cfg.hc_mult} hc_sinkhorn_iters={cfg.hc_sinkhorn_iters} "
+                        f"hc_eps={cfg.hc_eps}: run ostinato-compile again")
+    return kernel
 
 
 def model_directory(plan: Plan, model_dir: str | Path | None) -> Path:
@@ -151,12 +163,15 @@ def load_engine(plan: str | Path | Plan, model_dir: str | Path | None = None, de
     devices = plan_devices(plan, device)
     cuda = devices[0].type == "cuda"
     dtype = compute_dtype(plan, dtype, cuda)
-    backend = hot_backend or ("triton" if cuda else "torch")
-    if backend not in ("triton", "torch"):
-        raise ValueError(f"hot_backend must be 'triton' or 'torch', got {backend!r}")
+    backend = hot_backend or ("triton" if cuda else "cpu")
+    if backend not in ("triton", "torch", "cpu"):
+        raise ValueError(f"hot_backend must be 'triton', 'torch' or 'cpu', got {backend!r}")
+    if backend == "cpu" and cuda:
+        raise PlanError("the cpu hot backend computes the hot pools in host memory: it runs with --device cpu only")
     if backend == "triton" and not cuda and os.environ.get("TRITON_INTERPRET") != "1":
         raise PlanError("the triton hot backend on the CPU needs TRITON_INTERPRET=1 (or use the torch backend)")
     cpu_kernel = CpuExpertKernel(_cpu_kernel_for_this_host(plan))
+    threads = cpu_threads(plan.policy.cpu_threads, cuda)
     layers = []
     disable = None if progress is None else not progress  # tqdm: None = only on a terminal
     with Checkpoint.open(model_dir) as ckpt, tqdm(total=len(plan.layers), desc="placing experts", unit="layer",
@@ -166,8 +181,10 @@ def load_engine(plan: str | Path | Plan, model_dir: str | Path | None = None, de
             compute = TritonPoolCompute(
                 load_triton_module(_artifact(plan, plan.kernel(KernelName.HOT_EXPERTS_PREFILL))),
                 load_triton_module(_artifact(plan, plan.kernel(KernelName.HOT_EXPERTS_DECODE))))
-        else:
+        elif backend == "torch":
             compute = TorchPoolCompute(cfg.swiglu_limit)
+        else:
+            compute = CpuPoolCompute(cpu_kernel, threads.threads)
         E, D, I = cfg.n_routed_experts, cfg.hidden_size, cfg.moe_intermediate_size
         staging = {}  # planned GPU -> its two upload buffers, shared by its layers (the plan counts one pair per
         for lp in plan.layers:  # GPU; keyed by the plan's index so a CPU run holds what the GPUs would)
@@ -186,7 +203,6 @@ def load_engine(plan: str | Path | Plan, model_dir: str | Path | None = None, de
             layers.append(LayerExperts(dev, slot_of.to(dev), cold_of, pool, cold_packed,
                                        cpu_kernel.table(cold_packed) if cold else None, staging[lp.gpu]))
             bar.update()
-    threads = cpu_threads(plan.policy.cpu_threads, cuda)
     executor = PlacementExecutor(layers, compute, cpu_kernel, threads.threads, plan.policy.upload_group,
                                  plan.model.expert_bytes, dtype, cfg.num_experts_per_tok)
     with tqdm(total=len(plan.layers), desc="loading layers", unit="layer", file=sys.stderr, disable=disable) as bar:
@@ -195,6 +211,7 @@ def load_engine(plan: str | Path | Plan, model_dir: str | Path | None = None, de
                            layer_devices=[devices[lp.gpu] for lp in plan.layers], on_layer=lambda layer: bar.update(),
                            fp8=plan.model.dense_format == "fp8")
     model.max_context, model.max_snapshots = plan.policy.context, plan.policy.snapshots  # what the plan sized
+    model.hc_mix = _hc_mix_kernel(plan, cfg, cuda)
     runner = DecodeRunner(model, executor, plan.policy.context, decode_graphs,
                           [lp.gpu for lp in plan.layers]) if static_decode else None
     return Engine(plan, model_dir, model, executor, devices, runner, threads)

@@ -45,6 +45,7 @@ class Model:
         self.max_context: int | None = None  # the planned context: caches grow in steps up to it (kv_cache.py)
         self.max_snapshots = DEFAULT_MAX_SNAPSHOTS  # per session (session.py); a plan sets its own
         self.observer: RoutingObserver | None = None
+        self.hc_mix: Callable | None = None  # the plan's mHC mixing kernel (kernels/hc_mix.py); None: reference
         tables = rope_tables(config)
         self.ropes = {d: {k: r.to(d) for k, r in tables.items()} for d in set(self.layer_devices)}
 
@@ -84,7 +85,7 @@ class Model:
         positions = torch.arange(t, device=self.device) + cache.position  # [T]
         x = w.embed[token_ids].float()  # [T, D]: stored bf16 rows, exact in float32
         streams = x.unsqueeze(1).expand(t, cfg.hc_mult, -1).contiguous()  # [T, N, D] float32 residual
-        hc = (cfg.hc_sinkhorn_iters, cfg.hc_eps, eps, self.dtype)
+        hc = self.hc_settings()
         for lw, lc, dev in zip(w.layers, cache.layers, self.layer_devices):
             if streams.device != dev:  # a pipeline boundary: the residual and the token ids move on
                 streams, positions, token_ids = streams.to(dev), positions.to(dev), token_ids.to(dev)
@@ -95,6 +96,11 @@ class Model:
                                     lambda x: moe(lw.moe, lw.index, x, token_ids, self.executor, self.observer))
         cache.position += t
         return self.head((streams[-1:] if last_only else streams).to(self.layer_devices[-1]))
+
+    def hc_settings(self) -> tuple:
+        """What decoder_block passes to hc_pre after the streams and weights."""
+        cfg = self.config
+        return (cfg.hc_sinkhorn_iters, cfg.hc_eps, cfg.rms_norm_eps, self.dtype, self.hc_mix)
 
     def head(self, streams: torch.Tensor) -> torch.Tensor:
         """Residual streams [T, N, D] on the last layer's device -> logits [T, V] float32."""
@@ -112,7 +118,7 @@ class Model:
 def decoder_block(lw: LayerWeights, streams: torch.Tensor, hc: tuple, attn: Callable[[torch.Tensor], torch.Tensor],
                   ffn: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
     """One layer around its two sublayers: streams [T, N, D] -> [T, N, D] (float32). Each sublayer
-    gets its mHC-collapsed, rms-normed input [T, D]; `hc` = (sinkhorn iters, hc eps, norm eps, dtype)."""
+    gets its mHC-collapsed, rms-normed input [T, D]; `hc`: Model.hc_settings()."""
     eps = hc[2]
     for hc_w, norm_w, sublayer in ((lw.hc_attn, lw.attn_norm, attn), (lw.hc_ffn, lw.ffn_norm, ffn)):
         h, post, comb = hc_pre(streams, hc_w, *hc)  # [T, D], [T, N], [T, N, N]

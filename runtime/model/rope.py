@@ -70,15 +70,15 @@ def rope_tables(cfg: ModelConfig) -> dict[str, Rope]:
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inverse: bool = False) -> torch.Tensor:
     """Rotate the last R channels of x [T, ..., C] by cos/sin [T, R2]; `inverse` rotates by -angle.
 
-    The rotation runs in float32 and is cast back to x's dtype, as in transformers.
+    The rotation runs in float32 and is cast back to x's dtype, as in transformers. Each pair
+    (2i, 2i+1) is the complex number a + bi times cos + i sin: (a cos - b sin) + (b cos + a sin) i,
+    the same products and sums as the real formula, in about 10 ops instead of 17.
     """
     r = 2 * cos.shape[-1]
     lead = (x.shape[0],) + (1,) * (x.dim() - 2)  # broadcast over head dims between T and C
-    cos = cos.reshape(*lead, -1)  # [T, 1.., R2]
-    sin = sin.reshape(*lead, -1)
-    if inverse:
-        sin = -sin
-    nope, rope = x[..., :-r], x[..., -r:].float()
-    a, b = rope[..., 0::2], rope[..., 1::2]  # [T, .., R2] each: the two halves of every pair
-    rotated = torch.stack((a * cos - b * sin, b * cos + a * sin), dim=-1).flatten(-2)  # [T, .., R]
-    return torch.cat((nope, rotated.to(x.dtype)), dim=-1)
+    turn = torch.complex(cos, -sin if inverse else sin).reshape(*lead, -1)  # [T, 1.., R2] complex64
+    pairs = x[..., -r:].float()  # [T, .., R]
+    if pairs.storage_offset() % 2 or any(st % 2 for st in pairs.stride()[:-1]) or pairs.stride(-1) != 1:
+        pairs = pairs.contiguous()  # view_as_complex needs whole complex numbers in place
+    rotated = torch.view_as_real(torch.view_as_complex(pairs.unflatten(-1, (-1, 2))) * turn).flatten(-2)  # [T, .., R]
+    return torch.cat((x[..., :-r], rotated.to(x.dtype)), dim=-1)

@@ -60,7 +60,6 @@ class StaticDecodeStep:
         self.expert_weights = [torch.zeros(s.end_layer - s.first_layer, k, device=s.device)
                                for s in self.segments]
         self.logits = torch.zeros(cfg.vocab_size, device=last)  # [V] float32 output
-        self._hc = (cfg.hc_sinkhorn_iters, cfg.hc_eps, cfg.rms_norm_eps, model.dtype)
 
     # Host side.
 
@@ -157,7 +156,7 @@ class StaticDecodeStep:
         rope = m.ropes[dev]["main" if lw.kind == "sliding" else "compress"]
         row = layer - self.segments[seg].first_layer
         return decoder_block(
-            lw, streams, self._hc,
+            lw, streams, m.hc_settings(),
             lambda x: attention_step(lw.attn, ls, x, rope, eps),
             lambda x: moe_step(lw.moe, layer, x, token, m.executor, self.expert_ids[seg][row],
                                self.expert_weights[seg][row]))
