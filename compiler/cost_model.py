@@ -33,10 +33,11 @@ from ostinato.hardware import HardwareSpec
 
 EXPERT_FLOPS_PER_TOKEN_FACTOR = 2 * 3   # 3 matmuls (gate, up, down), 2 FLOP per multiply-add
 # aten ops the runtime dispatches per layer-forward (attention with compressor and indexer, mHC,
-# routing, shared expert, the executor's bookkeeping); about the same for 1 or 128 tokens (270-350 on
-# the tiny and small models; 580-750 before the mHC mixing became one kernel and the CPU's hot pools
-# went to the CPU kernel). tests/test_cost_model_dispatch.py recounts it; tools/count_ops.py reports it.
-EAGER_OPS_PER_LAYER = 320
+# routing, shared expert, the executor's bookkeeping); about the same for 1 or 128 tokens (180-230 on
+# the tiny and small models; 580-750 before the mHC mixing, the norms and the rope became generated
+# kernels and the CPU's hot pools went to the CPU kernel). tests/test_cost_model_dispatch.py recounts
+# it; tools/count_ops.py reports it.
+EAGER_OPS_PER_LAYER = 215
 # A PyTorch DSV4 forward without those two fusions: what the KTransformers-like baseline is priced with
 # (our runtime's own count before them; KTransformers' real count is not measured here).
 UNFUSED_EAGER_OPS_PER_LAYER = 600

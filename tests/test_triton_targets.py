@@ -7,7 +7,7 @@ rendered as ostinato-compile renders them for the tiny preset and for DeepSeek-V
 triton.compile to PTX and a cubin on the CPU (tools/triton_compile_check.py), with the .venv's Triton
 and with the pinned Triton of the team's GPU machine (build/triton-3.6, tools/setup_triton_pin.sh).
 The argument types are the ones the engine's launch path passes on a GPU (a stub module records them;
-a bf16 engine's); likewise the FP8 dense kernel and the mHC mixing kernel. What the PTX and ptxas say: no kernel loads a byte, decode streams its weights with
+a bf16 engine's); likewise the FP8 dense kernel, the mHC mixing kernel and the norm and rope kernels. What the PTX and ptxas say: no kernel loads a byte, decode streams its weights with
 16-byte loads, prefill multiplies on tensor cores, no instruction flushes denormals (the decoding
 relies on them) and no kernel spills registers.
 Legend: D = hidden, I = expert intermediate, k = routes per token (decode's MAX_ROUTES).
@@ -26,6 +26,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from ostinato.compiler.codegen.dense_ops import render_triton_dense_ops
 from ostinato.compiler.codegen.hc_mix import HcMixParams, render_triton_hc_mix
 from ostinato.compiler.codegen.kernels import render_triton_experts
 from ostinato.compiler.codegen.plan_kernels import triton_expert_params
@@ -115,6 +116,20 @@ def hc_mix_jobs(root: Path) -> list[dict]:
     return jobs
 
 
+def dense_ops_jobs(root: Path) -> list[dict]:
+    """The norm and rope kernels as DenseOpsKernel launches them, at V4-Flash's widest rows: the hc norm
+    over N x D = 16,384 channels and a 512-wide head with 64 rope channels; bf16 activations (the
+    float32 weight and angles as ever). Row-wise, not weight streams: no wide-load requirement."""
+    path = render_triton_dense_ops(root).path
+    rms = {"label": "dense_ops rms_norm C=16384", "path": path, "kernel": "rms_norm_kernel",
+           "signature": ["*bf16", "*bf16", "*fp32", "i32", "fp32"] + ["constexpr"] * 3,
+           "constexprs": {"HAS_WEIGHT": True, "UNWEIGHTED": False, "BLOCK_C": 16384}, "options": {"num_warps": 8}}
+    rope = {"label": "dense_ops rope C=512 R=64", "path": path, "kernel": "rope_kernel",
+            "signature": ["*bf16", "*bf16", "*fp32", "*fp32", "i32", "i32", "i32"] + ["constexpr"] * 3,
+            "constexprs": {"INVERSE": False, "BLOCK_C": 512, "BLOCK_R2": 32}}
+    return [dict(job, arch=arch, weight_stream=False) for job in (rms, rope) for arch in ARCHS]
+
+
 def run_compile_check(python: str | Path, jobs: list[dict], home: Path) -> list[dict]:
     """Run the check in a subprocess with no TRITON_* variable (conftest sets TRITON_INTERPRET, and
     TRITON_ALLOW_NON_CONSTEXPR_GLOBALS would hide what this test looks for); caches go under `home`."""
@@ -171,7 +186,7 @@ def spill_problems(jobs: list[dict], results: list[dict]) -> list[str]:
 @pytest.fixture(scope="module")
 def jobs(tmp_path_factory):
     root = tmp_path_factory.mktemp("rendered")
-    return compile_jobs(launcher_signatures(), root) + fp8_jobs() + hc_mix_jobs(root)
+    return compile_jobs(launcher_signatures(), root) + fp8_jobs() + hc_mix_jobs(root) + dense_ops_jobs(root)
 
 
 @pytest.fixture(scope="module", params=["venv", "pinned"])

@@ -3,7 +3,8 @@
 A plan needs, for the model's expert shape (D, I): the CPU kernel for its cold routes, built for
 the hardware spec's host ISA with the plan's thread count, and the two Triton variants for its hot
 routes (prefill: routes grouped by expert; decode: top_k fixed route slots per token, masked); and
-for the mHC mixing of every sublayer, a host and a Triton kernel (hc_mix.py). The
+for the mHC mixing of every sublayer, a host and a Triton kernel (hc_mix.py); for the RMS norms and
+rotary embeddings of the dense path, a host and a Triton kernel (dense_ops.py). The
 records go into the plan's `kernels` section, their paths relative to the plan file.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 from ostinato.plan import KernelEntry, KernelName, relative_to_plan
 
+from .dense_ops import build_cpu_dense_ops, render_triton_dense_ops
 from .hc_mix import HcMixParams, build_cpu_hc_mix, render_triton_hc_mix
 from .kernels import (
     CpuExpertParams,
@@ -60,7 +62,9 @@ def build_plan_kernels(b) -> tuple[list[KernelEntry], dict]:
     mix = HcMixParams(n=cfg.hc_mult, iters=cfg.hc_sinkhorn_iters, eps=float(cfg.hc_eps))
     records = [(KernelName.COLD_EXPERTS_CPU, cpu), (KernelName.HOT_EXPERTS_PREFILL, prefill),
                (KernelName.HOT_EXPERTS_DECODE, decode), (KernelName.HC_MIX_CPU, build_cpu_hc_mix(mix, root)),
-               (KernelName.HC_MIX_TRITON, render_triton_hc_mix(mix, root))]
+               (KernelName.HC_MIX_TRITON, render_triton_hc_mix(mix, root)),
+               (KernelName.DENSE_OPS_CPU, build_cpu_dense_ops(root)),
+               (KernelName.DENSE_OPS_TRITON, render_triton_dense_ops(root))]
     templates = {r.template: r.template_hash for _, r in records}
     assert all(sha256(template_text(t)) == h for t, h in templates.items())
     return [_entry(n, r, b.options.output) for n, r in records], templates

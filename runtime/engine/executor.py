@@ -81,18 +81,19 @@ class PlacementExecutor:
         ids, w = expert_ids.reshape(-1), weights.reshape(-1).float()  # [R]
         slot = le.slot_of[ids]  # [R]
         hot = slot >= 0
+        cold = ~hot
+        cold_ids = ids[cold]
         c = self.counters
         c.forwards += 1
-        c.routes_hot += int(hot.sum())
-        c.routes_cold += int((~hot).sum())
-        cold_ids = ids[~hot]
+        c.routes_cold += cold_ids.numel()  # a host read of the mask's count, not another op
+        c.routes_hot += ids.numel() - cold_ids.numel()
         c.distinct_cold += int(cold_ids.unique().numel())
         out = torch.zeros(t, x.shape[1], dtype=torch.float32, device=le.device)  # [T, D]
         if self.mode == "upload":
             self._hot(le.hot_pool, x, token[hot], slot[hot], w[hot], out)
-            self._upload_and_compute(le, x, token[~hot], cold_ids, w[~hot], out)
+            self._upload_and_compute(le, x, token[cold], cold_ids, w[cold], out)
             return out.to(x.dtype)
-        pending = self._submit_cold(le, x, token[~hot], cold_ids, w[~hot]) if cold_ids.numel() else None
+        pending = self._submit_cold(le, x, token[cold], cold_ids, w[cold]) if cold_ids.numel() else None
         if self.mode == "decode":
             self._hot_decode(le, x, token, slot, w, out)
         else:

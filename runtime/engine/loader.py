@@ -28,6 +28,7 @@ from ostinato.isa import detect_isa, supports
 from ostinato.plan import KernelEntry, KernelName, Plan, PlanError, check_fingerprint, load_plan
 
 from ..kernels.cpu_experts import CpuExpertKernel
+from ..kernels.dense_ops import DenseOpsKernel
 from ..kernels.hc_mix import HcMixKernel
 from ..kernels.triton_experts import HotPool, load_triton_module
 from ..model.model import Model, load_model
@@ -212,6 +213,8 @@ def load_engine(plan: str | Path | Plan, model_dir: str | Path | None = None, de
                            fp8=plan.model.dense_format == "fp8")
     model.max_context, model.max_snapshots = plan.policy.context, plan.policy.snapshots  # what the plan sized
     model.hc_mix = _hc_mix_kernel(plan, cfg, cuda)
+    model.dense_ops = DenseOpsKernel(_artifact(plan, plan.kernel(KernelName.DENSE_OPS_CPU)), load_triton_module(
+        _artifact(plan, plan.kernel(KernelName.DENSE_OPS_TRITON))) if cuda else None)
     runner = DecodeRunner(model, executor, plan.policy.context, decode_graphs,
                           [lp.gpu for lp in plan.layers]) if static_decode else None
     return Engine(plan, model_dir, model, executor, devices, runner, threads)

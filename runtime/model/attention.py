@@ -92,7 +92,7 @@ def attend_and_project(w: AttentionWeights, lw: torch.Tensor, vw: torch.Tensor, 
     t, H = lw.shape[:2]
     sink = w.sink.view(1, H, 1).expand(t, H, 1)  # [T, H, 1]: joins the denominator only
     logits = torch.cat([lw] + ([lc] if lc is not None else []) + [sink], dim=-1)  # [T, H, W (+n|k) + 1]
-    probs = torch.softmax(logits - logits.amax(dim=-1, keepdim=True), dim=-1).to(vw.dtype)
+    probs = torch.softmax(logits, dim=-1).to(vw.dtype)  # softmax takes the row maximum out itself
     W = w.window
     o = torch.bmm(probs[..., :W], vw)  # [T, H, hd]
     if lc is not None:

@@ -26,16 +26,23 @@ from .rope import Rope, apply_rope
 
 @dataclass(frozen=True)
 class CompressorWeights:
-    wkv: torch.Tensor    # [C, D] float32
-    wgate: torch.Tensor  # [C, D] float32
-    ape: torch.Tensor    # [m, C] float32, gate bias by position in window
-    norm: torch.Tensor   # [hd] float32
+    wkv_gate: torch.Tensor  # [2C, D] float32: wkv rows, then wgate rows (both projections in one matmul)
+    ape: torch.Tensor       # [m, C] float32, gate bias by position in window
+    norm: torch.Tensor      # [hd] float32
     ratio: int
-    overlap: bool        # CSA: windows overlap by one (c = 2)
+    overlap: bool           # CSA: windows overlap by one (c = 2)
 
     @property
     def width(self) -> int:
         return self.norm.numel()
+
+    @property
+    def wkv(self) -> torch.Tensor:  # [C, D] view
+        return self.wkv_gate[: self.wkv_gate.shape[0] // 2]
+
+    @property
+    def wgate(self) -> torch.Tensor:  # [C, D] view
+        return self.wkv_gate[self.wkv_gate.shape[0] // 2:]
 
 
 @dataclass(frozen=True)
@@ -62,8 +69,9 @@ def compress(w: CompressorWeights, x: torch.Tensor, state: CompressorState, n_do
     -> (new entries [n, hd] float32, new state)."""
     m, hd = w.ratio, w.width
     xf = x.float()  # compressor projections run in float32 (as the reference does)
-    kv = torch.cat((state.buf_kv, xf @ w.wkv.T))  # [b+T, C]
-    gate = torch.cat((state.buf_gate, xf @ w.wgate.T))  # [b+T, C]
+    new_kv, new_gate = (xf @ w.wkv_gate.T).chunk(2, dim=-1)  # [T, C] each
+    kv = torch.cat((state.buf_kv, new_kv))  # [b+T, C]
+    gate = torch.cat((state.buf_gate, new_gate))  # [b+T, C]
     usable = kv.shape[0] // m * m
     n = usable // m
     rest = (kv[usable:].clone(), gate[usable:].clone())  # clone: do not pin the whole chunk in the state
@@ -71,17 +79,15 @@ def compress(w: CompressorWeights, x: torch.Tensor, state: CompressorState, n_do
         return kv.new_zeros(0, hd), CompressorState(*rest, state.prev_kv, state.prev_gate)
     ck = kv[:usable].view(n, m, -1)  # [n, m, C]
     cg = gate[:usable].view(n, m, -1) + w.ape  # [n, m, C]
-    if w.overlap:
-        slots_kv = ck.new_zeros(n, 2 * m, hd)  # [n, 2m, hd]: slots 0..m-1 = previous window's first half
-        slots_gate = cg.new_full((n, 2 * m, hd), float("-inf"))  # absent previous window: weight 0
-        slots_kv[:, m:] = ck[..., hd:]
-        slots_gate[:, m:] = cg[..., hd:]
-        slots_kv[1:, :m] = ck[:-1, :, :hd]
-        slots_gate[1:, :m] = cg[:-1, :, :hd]
-        if state.prev_kv is not None:
-            slots_kv[0, :m] = state.prev_kv
-            slots_gate[0, :m] = state.prev_gate
-        new_state = CompressorState(*rest, ck[-1, :, :hd].clone(), cg[-1, :, :hd].clone())
+    if w.overlap:  # slots 0..m-1: the previous window's first half channels; m..2m-1: this one's second half
+        first_kv, first_gate = ck[..., :hd], cg[..., :hd]  # [n, m, hd] each window's first half
+        if state.prev_kv is None:  # no previous window: values 0, gates -inf (weight 0)
+            prev_kv, prev_gate = ck.new_zeros(1, m, hd), cg.new_full((1, m, hd), float("-inf"))
+        else:
+            prev_kv, prev_gate = state.prev_kv[None], state.prev_gate[None]  # [1, m, hd]
+        slots_kv = torch.cat((torch.cat((prev_kv, first_kv[:-1])), ck[..., hd:]), dim=1)  # [n, 2m, hd]
+        slots_gate = torch.cat((torch.cat((prev_gate, first_gate[:-1])), cg[..., hd:]), dim=1)
+        new_state = CompressorState(*rest, first_kv[-1].clone(), first_gate[-1].clone())
     else:
         slots_kv, slots_gate = ck, cg  # [n, m, hd]
         new_state = CompressorState(*rest, None, None)

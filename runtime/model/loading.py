@@ -85,8 +85,8 @@ class Claims:
 
 
 def _compressor(c: Claims, prefix: str, ratio: int) -> CompressorWeights:
-    return CompressorWeights(c.get(f"{prefix}.wkv.weight", F32), c.get(f"{prefix}.wgate.weight", F32),
-                             c.get(f"{prefix}.ape", F32), c.get(f"{prefix}.norm.weight", F32), ratio,
+    wkv_gate = torch.cat((c.get(f"{prefix}.wkv.weight", F32), c.get(f"{prefix}.wgate.weight", F32)))  # [2C, D]
+    return CompressorWeights(wkv_gate, c.get(f"{prefix}.ape", F32), c.get(f"{prefix}.norm.weight", F32), ratio,
                              overlap=ratio == 4)
 
 

@@ -20,6 +20,7 @@ from ostinato.checkpoint.reader import Checkpoint
 from .attention import attention
 from .compressor import CompressorState
 from .experts import DenseExpertExecutor, ExpertExecutor
+from .fused import using
 from .hyper_connection import hc_head, hc_post, hc_pre
 from .kv_cache import GrowingRows, KvCache, LayerCache, rows_capacity
 from .loading import Claims, LayerWeights, ModelWeights, load_weights
@@ -46,6 +47,7 @@ class Model:
         self.max_snapshots = DEFAULT_MAX_SNAPSHOTS  # per session (session.py); a plan sets its own
         self.observer: RoutingObserver | None = None
         self.hc_mix: Callable | None = None  # the plan's mHC mixing kernel (kernels/hc_mix.py); None: reference
+        self.dense_ops = None  # the plan's norm and rope kernels (kernels/dense_ops.py), active in its forwards
         tables = rope_tables(config)
         self.ropes = {d: {k: r.to(d) for k, r in tables.items()} for d in set(self.layer_devices)}
 
@@ -80,6 +82,10 @@ class Model:
         """token_ids [T] following cache.position -> logits [T, V] float32 ([1, V]: the last position's,
         with last_only: a long prompt's logits at V4-Flash's vocabulary are 0.5 MB per token); advances
         the cache."""
+        with using(self.dense_ops):
+            return self._forward(token_ids, cache, last_only)
+
+    def _forward(self, token_ids: torch.Tensor, cache: KvCache, last_only: bool) -> torch.Tensor:
         cfg, w = self.config, self.weights
         eps, t = cfg.rms_norm_eps, token_ids.shape[0]
         positions = torch.arange(t, device=self.device) + cache.position  # [T]

@@ -17,6 +17,8 @@ import torch
 
 from ostinato.checkpoint.config import ModelConfig
 
+from .fused import active
+
 
 def plain_inv_freq(base: float, rope_dim: int) -> torch.Tensor:
     return 1.0 / (base ** (torch.arange(0, rope_dim, 2, dtype=torch.float32) / rope_dim))  # [R2]
@@ -72,8 +74,12 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inverse: b
 
     The rotation runs in float32 and is cast back to x's dtype, as in transformers. Each pair
     (2i, 2i+1) is the complex number a + bi times cos + i sin: (a cos - b sin) + (b cos + a sin) i,
-    the same products and sums as the real formula, in about 10 ops instead of 17.
+    the same products and sums as the real formula, in about 10 ops instead of 17; one generated
+    kernel when a plan's forward runs (fused.py).
     """
+    kernels = active()
+    if kernels is not None and kernels.takes(x) and cos.is_contiguous() and sin.is_contiguous():
+        return kernels.rope(x, cos, sin, inverse)
     r = 2 * cos.shape[-1]
     lead = (x.shape[0],) + (1,) * (x.dim() - 2)  # broadcast over head dims between T and C
     turn = torch.complex(cos, -sin if inverse else sin).reshape(*lead, -1)  # [T, 1.., R2] complex64

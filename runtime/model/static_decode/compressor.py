@@ -25,8 +25,9 @@ def compressor_step(w: CompressorWeights, buf: CompressorBuffers, x: torch.Tenso
     m, width = w.ratio, w.width
     xf = x.float()  # projections in float32, as the dynamic compressor
     slot = pos % m  # [1]
-    buf.kv.index_copy_(0, slot, xf @ w.wkv.T)  # [m, C]
-    buf.gate.index_copy_(0, slot, xf @ w.wgate.T)  # [m, C]
+    new_kv, new_gate = (xf @ w.wkv_gate.T).chunk(2, dim=-1)  # [1, C] each: both projections in one matmul
+    buf.kv.index_copy_(0, slot, new_kv)  # [m, C]
+    buf.gate.index_copy_(0, slot, new_gate)  # [m, C]
     kv, gate = buf.kv.unsqueeze(0), (buf.gate + w.ape).unsqueeze(0)  # [1, m, C] the window in slot order
     if w.overlap:  # slots 0..m-1: the previous window's first half; m..2m-1: this window's second half
         slots_kv = torch.cat((buf.prev_kv.unsqueeze(0), kv[..., width:]), dim=1)  # [1, 2m, width]

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import torch
 
+from ..fused import using
 from ..model import Model, decoder_block
 from .attention import attention_step
 from .moe import moe_step
@@ -135,6 +136,10 @@ class StaticDecodeStep:
 
     @torch.no_grad()
     def run_segment(self, i: int) -> None:
+        with using(self.model.dense_ops):  # the plan's norm and rope kernels (a host-side switch, not captured)
+            self._run_segment(i)
+
+    def _run_segment(self, i: int) -> None:
         seg, token = self.segments[i], self.token_in[i]  # [1]
         streams = self._embed() if i == 0 else self.streams_in[i]  # [1, N, D] float32
         for layer in range(seg.first_layer, seg.end_layer):

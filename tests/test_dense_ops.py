@@ -1,0 +1,112 @@
+"""The plan's row-wise dense-op kernels (templates/*/dense_ops.*.j2) against the torch reference
+(runtime/model/norms.py, rope.py), on fresh random inputs: the host library in float32 and bf16, the
+Triton kernels under the interpreter in float32 and float16, one torch op per call, and the switch
+that lets only a plan's forwards use them."""
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from ostinato.compiler.codegen.dense_ops import build_cpu_dense_ops, render_triton_dense_ops
+from ostinato.runtime.kernels.dense_ops import DenseOpsKernel
+from ostinato.runtime.kernels.triton_experts import load_triton_module
+from ostinato.runtime.model import fused
+from ostinato.runtime.model.norms import rms_norm, unweighted_rms_norm
+from ostinato.runtime.model.rope import apply_rope
+
+# float32: the same arithmetic in another summation order; bf16/fp16: one rounding step apart at most
+TOL = {torch.float32: dict(rtol=2e-6, atol=1e-6), torch.bfloat16: dict(rtol=2 ** -7, atol=1e-6),
+       torch.float16: dict(rtol=2 ** -10, atol=1e-5)}
+
+
+@pytest.fixture(scope="module")
+def kernels(tmp_path_factory):
+    root = tmp_path_factory.mktemp("dense_ops")
+    return DenseOpsKernel(build_cpu_dense_ops(root).path, load_triton_module(render_triton_dense_ops(root).path))
+
+
+def inputs(shape, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(*shape, generator=g) * 3).to(dtype)
+    w = torch.randn(shape[-1], generator=g)
+    angles = torch.rand(shape[0], 8, generator=g) * 1000  # [T, R2 = 8]: far positions, as in long contexts
+    return x, w, angles.cos(), angles.sin()
+
+
+def references(x, w, cos, sin):
+    return {"rms_norm": rms_norm(x, w, 1e-6), "rms_norm (no weight)": rms_norm(x, None, 1e-6),
+            "unweighted_rms_norm": unweighted_rms_norm(x, 1e-6), "rope": apply_rope(x, cos, sin),
+            "rope inverse": apply_rope(x, cos, sin, inverse=True)}
+
+
+def host(k, x, w, cos, sin):
+    return {"rms_norm": k.rms_norm(x, w, 1e-6), "rms_norm (no weight)": k.rms_norm(x, None, 1e-6),
+            "unweighted_rms_norm": k.unweighted_rms_norm(x, 1e-6), "rope": k.rope(x, cos, sin, False),
+            "rope inverse": k.rope(x, cos, sin, True)}
+
+
+def assert_close(got: dict, ref: dict, dtype, what: str) -> None:
+    for name in ref:
+        assert got[name].dtype == ref[name].dtype and got[name].shape == ref[name].shape, (what, name)
+        torch.testing.assert_close(got[name].float(), ref[name].float(), **TOL[dtype],
+                                   msg=lambda m: f"{what} {name}: {m}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(1, 64), (7, 3, 48), (33, 2, 4, 40)])  # [T, C], [T, heads, C], more dims
+def test_host_kernels_match_the_reference(kernels, dtype, shape):
+    x, w, cos, sin = inputs(shape, dtype, seed=sum(shape))
+    assert_close(host(kernels, x, w, cos, sin), references(x, w, cos, sin), dtype, f"host {shape} {dtype}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])  # the interpreter computes bf16 wrongly
+def test_triton_kernels_match_the_reference(kernels, dtype):
+    t = kernels.triton
+    for shape in ((3, 40), (2, 3, 48)):
+        x, w, cos, sin = inputs(shape, dtype, seed=5)
+        C, rows = shape[-1], x.numel() // shape[-1]
+        got = {}
+        for name, weight, unweighted in (("rms_norm", w, False), ("rms_norm (no weight)", None, False),
+                                         ("unweighted_rms_norm", None, True)):
+            got[name] = torch.empty_like(x)
+            t.rms_norm_kernel[(rows,)](x, got[name], weight if weight is not None else x, C, 1e-6,
+                                       HAS_WEIGHT=weight is not None, UNWEIGHTED=unweighted, BLOCK_C=64)
+        for name, inverse in (("rope", False), ("rope inverse", True)):
+            got[name] = torch.empty_like(x)
+            t.rope_kernel[(rows,)](x, got[name], cos, sin, C, 16, rows // shape[0], INVERSE=inverse, BLOCK_C=64,
+                                   BLOCK_R2=16)
+        assert_close(got, references(x, w, cos, sin), dtype, f"triton {shape} {dtype}")
+
+
+class Ops(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.names = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def test_only_a_forward_with_the_kernels_active_uses_them(kernels):
+    x, w, cos, sin = inputs((4, 2, 48), torch.float32, seed=9)
+    with Ops() as plain:
+        rms_norm(x, w, 1e-6), apply_rope(x, cos, sin)
+    with fused.using(kernels), Ops() as fast:
+        rms_norm(x, w, 1e-6), apply_rope(x, cos, sin)
+    assert fast.names == ["ostinato.rms_norm.default", "ostinato.rope.default"], fast.names
+    assert "ostinato" not in " ".join(plain.names) and len(plain.names) >= 12, plain.names
+    assert fused.active() is None
+    with fused.using(kernels):  # what the kernels do not take falls back to the reference
+        strided = x.transpose(0, 1)
+        torch.testing.assert_close(rms_norm(strided, w, 1e-6), rms_norm(strided.contiguous(), w, 1e-6))
+
+
+def test_bad_inputs_are_refused(kernels):
+    x, w, cos, sin = inputs((3, 48), torch.float32, seed=11)
+    with pytest.raises(ValueError, match="weight must be a contiguous float32"):
+        kernels.rms_norm(x, w[:-1], 1e-6)
+    with pytest.raises(ValueError, match="cos must be a contiguous float32"):
+        kernels.rope(x, cos[:2], sin, False)
+    with pytest.raises(ValueError, match="rejected"):
+        kernels.rope(x[:, :8].contiguous(), cos, sin, False)  # 16 rope channels in a row of 8
