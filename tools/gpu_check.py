@@ -2,7 +2,8 @@
 
 One command, a few minutes on an H200; prints one table row per measurement and a last line of ratios.
   kernels   the plan's Triton expert kernels (prefill, decode) vs the float32 reference, at the tiny
-            model's and V4-Flash's shapes, float32 / float16 / bfloat16 inputs
+            model's and V4-Flash's shapes, float32 / float16 / bfloat16 inputs; its mHC mixing, norm
+            and rope kernels vs the torch reference
   decode    (a) the hot decode kernel at V4-Flash shapes (6 routes, D=4096, I=2048), several launches
             over distinct experts (no L2 reuse) replayed from one CUDA graph: GB/s of packed weights
             vs the GPU's peak (--peak-gbs); the replay vs the same launches run eagerly
@@ -251,7 +252,49 @@ def check_kernels(ctx: Context) -> list[Row]:
         inputs = "/".join(str(d).removeprefix("torch.") for d in dtypes)
         rows.append(Row("kernels", f"kernels exact D={D} I={I}, {inputs} inputs",
                         f"max rel err {worst:.1e}", "float32 reference, tol 1e-4", ok=worst <= 1e-4))
-    return rows
+    return rows + dense_kernels(ctx, dtypes)
+
+
+def dense_kernels(ctx: Context, dtypes) -> list[Row]:
+    """The plan's mHC mixing, norm and rope kernels (the dense path's generated ops) vs the torch reference,
+    at V4-Flash's widths on CUDA (N x D = 16,384-channel norms, 64 heads of 512 with 64 rope channels)."""
+    from ostinato.plan import KernelName
+    from ostinato.runtime.kernels.dense_ops import DenseOpsKernel
+    from ostinato.runtime.kernels.hc_mix import HcMixKernel
+    from ostinato.runtime.kernels.triton_experts import load_triton_module
+    from ostinato.runtime.model.hyper_connection import HcWeights, mix_weights
+    from ostinato.runtime.model.norms import rms_norm, unweighted_rms_norm
+    from ostinato.runtime.model.rope import apply_rope
+
+    def artifact(name):
+        return ctx.plan.resolve(ctx.plan.kernel(name).path)
+
+    mixk = HcMixKernel(artifact(KernelName.HC_MIX_CPU), load_triton_module(artifact(KernelName.HC_MIX_TRITON)))
+    ops = DenseOpsKernel(artifact(KernelName.DENSE_OPS_CPU), load_triton_module(artifact(KernelName.DENSE_OPS_TRITON)))
+    dev, g = ctx.device, torch.Generator().manual_seed(3)
+    T, heads, C = (16, 64, 512) if ctx.cuda else (3, 2, 128)
+    n, D = mixk.n, ctx.cfg.hidden_size
+    mix, m = torch.randn(T, (2 + n) * n, generator=g) * 3, (2 + n) * n
+    hw = HcWeights(torch.empty(m, 0), torch.randn(m, generator=g), torch.rand(3, generator=g) + 0.5)
+    ref = mix_weights(mix, hw, n, mixk.iters, mixk.eps)
+    got = mixk(mix.to(dev), hw.base.to(dev), hw.scale.to(dev))
+    mix_err = max(rel_err(a.cpu(), b) for a, b in zip(got, ref))
+    worst = 0.0
+    angles = torch.rand(T, 32, generator=g) * 1000
+    cos, sin = angles.cos().to(dev), angles.sin().to(dev)
+    w = torch.randn(n * D, generator=g).to(dev)
+    for dtype in dtypes:  # a reference in the same dtype on the same device: both round once to it
+        x = (torch.randn(T, n * D, generator=g) * 3).to(dtype).to(dev)
+        heads_x = (torch.randn(T, heads, C, generator=g) * 3).to(dtype).to(dev)
+        pairs = ((ops.rms_norm(x, w, 1e-6), rms_norm(x, w, 1e-6)), (ops.unweighted_rms_norm(x, 1e-6),
+                 unweighted_rms_norm(x, 1e-6)), (ops.rope(heads_x, cos, sin, False), apply_rope(heads_x, cos, sin)),
+                 (ops.rope(heads_x, cos, sin, True), apply_rope(heads_x, cos, sin, inverse=True)))
+        worst = max(worst, *(rel_err(a.float(), b.float()) for a, b in pairs))
+    inputs = "/".join(str(d).removeprefix("torch.") for d in dtypes)
+    return [Row("kernels", f"hc_mix kernel N={n} ({mixk.iters} Sinkhorn iterations)", f"max rel err {mix_err:.1e}",
+                "float32 reference, tol 1e-5", ok=mix_err <= 1e-5),
+            Row("kernels", f"norm and rope kernels, {inputs} inputs", f"max rel err {worst:.1e}",
+                "reference in the same dtype, tol 1e-2 (one bf16 rounding)", ok=worst <= 1e-2)]
 
 
 def hot_decode(ctx: Context) -> list[Row]:
