@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# The same CPU measurements on another revision and on this working tree, one after the other in one run:
+# the demo's wait after tool outputs and decode tok/s (tools/demo.sh), torch ops per layer
+# (tools/count_ops.py) and prompt/decode tok/s (tools/bench_engine_speed.py) on the demo's plan.
+#
+#   bash tools/bench_before_after.sh REV [OUT_DIR]      (e.g. REV = main~3; OUT_DIR default build/before-after)
+#
+# REV is checked out into a worktree under OUT_DIR with a throwaway venv that reuses this checkout's
+# .venv packages (its own editable install of REV, no downloads); the measuring tools are this tree's,
+# copied into the worktree when REV lacks them. Prints one block per side; read the ratios, the machines
+# here are shared and noisy.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+rev=${1:?usage: bash tools/bench_before_after.sh REV [OUT_DIR]}
+out=$(realpath -m "${2:-build/before-after}")
+here=$(pwd)
+site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+rm -rf "$out" && mkdir -p "$out"
+git worktree prune
+git worktree add -q --detach "$out/before" "$rev"
+trap 'git -C "$here" worktree remove --force "$out/before" 2>/dev/null || true' EXIT
+python3 -m venv --without-pip "$out/before/.venv"
+before_site=$("$out/before/.venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+echo "$site" > "$before_site/base.pth"  # this checkout's packages (torch, triton, ...), not its editable install
+(cd "$out/before" && .venv/bin/python -m pip install -q --no-deps --no-build-isolation -e . > /dev/null 2>&1)
+for tool in tools/count_ops.py tools/bench_engine_speed.py runtime/engine/op_count.py; do
+    [ -e "$out/before/$tool" ] || cp "$tool" "$out/before/$tool"
+done
+
+measure() {  # $1: label, run inside the tree to measure
+    echo "=== $1: $(git log --oneline -1 | cut -c1-100)"
+    OSTINATO_DEMO_DIR="$out/demo-$1" bash tools/demo.sh > "$out/demo-$1.log" 2>&1
+    grep -E "wait after tool output|decode: median" "$out/demo-$1.log"
+    .venv/bin/python tools/count_ops.py "$out/demo-$1/plan.yaml" | tail -1
+    .venv/bin/python tools/bench_engine_speed.py "$out/demo-$1/plan.yaml" | tail -1
+}
+(cd "$out/before" && measure before)
+measure after
