@@ -110,3 +110,26 @@ def test_bad_inputs_are_refused(kernels):
         kernels.rope(x, cos[:2], sin, False)
     with pytest.raises(ValueError, match="rejected"):
         kernels.rope(x[:, :8].contiguous(), cos, sin, False)  # 16 rope channels in a row of 8
+
+
+def head_reference(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return h @ w.float().T  # the bf16 rows widened exactly, a float32 matmul
+
+
+@pytest.mark.parametrize("T", [1, 2, 3, 4])
+def test_host_head_logits_match_the_float32_product(kernels, T):
+    g = torch.Generator().manual_seed(T)
+    for V, D in ((1000, 64), (300, 40)):  # 40: a last 8-column step; 1000: not a whole number of 256-row chunks
+        h, w = torch.randn(T, D, generator=g), (torch.randn(V, D, generator=g) * 0.05).bfloat16()
+        got = kernels.head_logits(h, w)
+        assert got.shape == (T, V) and got.dtype == torch.float32
+        torch.testing.assert_close(got, head_reference(h, w), rtol=1e-5, atol=1e-6)
+    assert kernels.takes_head(h, w) and not kernels.takes_head(torch.randn(5, D), w)  # 5 tokens: the reference
+
+
+def test_triton_head_logits_match_the_float32_product(kernels):
+    g = torch.Generator().manual_seed(12)
+    h, w = torch.randn(2, 96, generator=g), (torch.randn(150, 96, generator=g) * 0.05).bfloat16()
+    out = torch.empty(2, 150)
+    kernels.triton.head_logits_kernel[(-(-150 // 64), 2)](h, w, out, 150, 96, BV=64, BD=64)
+    torch.testing.assert_close(out, head_reference(h, w), rtol=1e-5, atol=1e-6)

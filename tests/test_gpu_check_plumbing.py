@@ -37,6 +37,6 @@ def test_cpu_mode_runs_every_measurement_and_its_checks_pass(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     lines = r.stdout.splitlines()
     assert "FAIL" not in r.stdout and "raised" not in r.stdout, r.stdout
-    assert lines[-2].startswith("gpu_check: 11 of 11 checks ok"), lines[-2]
+    assert lines[-2].startswith("gpu_check: 12 of 12 checks ok"), lines[-2]
     ratios = dict(item.split("=") for item in lines[-1].removeprefix("ratios: ").split())
     assert set(ratios) == set(RATIOS), lines[-1]

@@ -27,6 +27,7 @@ import pytest
 import torch
 
 from ostinato.compiler.codegen.dense_ops import render_triton_dense_ops
+from ostinato.runtime.kernels.dense_ops import HEAD_BLOCK
 from ostinato.compiler.codegen.hc_mix import HcMixParams, render_triton_hc_mix
 from ostinato.compiler.codegen.kernels import render_triton_experts
 from ostinato.compiler.codegen.plan_kernels import triton_expert_params
@@ -117,9 +118,10 @@ def hc_mix_jobs(root: Path) -> list[dict]:
 
 
 def dense_ops_jobs(root: Path) -> list[dict]:
-    """The norm and rope kernels as DenseOpsKernel launches them, at V4-Flash's widest rows: the hc norm
-    over N x D = 16,384 channels and a 512-wide head with 64 rope channels; bf16 activations (the
-    float32 weight and angles as ever). Row-wise, not weight streams: no wide-load requirement."""
+    """The norm, rope and head kernels as DenseOpsKernel launches them, at V4-Flash's widest rows: the hc
+    norm over N x D = 16,384 channels and a 512-wide head with 64 rope channels, bf16 activations (the
+    float32 weight and angles as ever; row-wise, not weight streams: no wide-load requirement); the LM
+    head's bf16 rows, a weight stream."""
     path = render_triton_dense_ops(root).path
     rms = {"label": "dense_ops rms_norm C=16384", "path": path, "kernel": "rms_norm_kernel",
            "signature": ["*bf16", "*bf16", "*fp32", "i32", "fp32"] + ["constexpr"] * 3,
@@ -127,7 +129,12 @@ def dense_ops_jobs(root: Path) -> list[dict]:
     rope = {"label": "dense_ops rope C=512 R=64", "path": path, "kernel": "rope_kernel",
             "signature": ["*bf16", "*bf16", "*fp32", "*fp32", "i32", "i32", "i32"] + ["constexpr"] * 3,
             "constexprs": {"INVERSE": False, "BLOCK_C": 512, "BLOCK_R2": 32}}
-    return [dict(job, arch=arch, weight_stream=False) for job in (rms, rope) for arch in ARCHS]
+    # the head streams V4-Flash's 129,280 x 4,096 bf16 rows: 16-byte loads required (D is a multiple of 16)
+    head = {"label": "dense_ops head_logits D=4096", "path": path, "kernel": "head_logits_kernel",
+            "signature": ["*fp32", "*bf16", "*fp32", "i32", "i32", "constexpr", "constexpr"], "divisible": [4],
+            "constexprs": {"BV": HEAD_BLOCK[0], "BD": HEAD_BLOCK[1]}, "weight_stream": True}
+    return [dict(job, arch=arch) for job in (dict(rms, weight_stream=False), dict(rope, weight_stream=False), head)
+            for arch in ARCHS]
 
 
 def run_compile_check(python: str | Path, jobs: list[dict], home: Path) -> list[dict]:

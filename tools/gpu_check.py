@@ -2,8 +2,8 @@
 
 One command, a few minutes on an H200; prints one table row per measurement and a last line of ratios.
   kernels   the plan's Triton expert kernels (prefill, decode) vs the float32 reference, at the tiny
-            model's and V4-Flash's shapes, float32 / float16 / bfloat16 inputs; its mHC mixing, norm
-            and rope kernels vs the torch reference
+            model's and V4-Flash's shapes, float32 / float16 / bfloat16 inputs; its mHC mixing, norm,
+            rope and head-logits kernels vs the torch reference
   decode    (a) the hot decode kernel at V4-Flash shapes (6 routes, D=4096, I=2048), several launches
             over distinct experts (no L2 reuse) replayed from one CUDA graph: GB/s of packed weights
             vs the GPU's peak (--peak-gbs); the replay vs the same launches run eagerly
@@ -290,8 +290,13 @@ def dense_kernels(ctx: Context, dtypes) -> list[Row]:
                  unweighted_rms_norm(x, 1e-6)), (ops.rope(heads_x, cos, sin, False), apply_rope(heads_x, cos, sin)),
                  (ops.rope(heads_x, cos, sin, True), apply_rope(heads_x, cos, sin, inverse=True)))
         worst = max(worst, *(rel_err(a.float(), b.float()) for a, b in pairs))
+    V, Dh = (8192, 4096) if ctx.cuda else (300, 64)
+    h, head = torch.randn(2, Dh, generator=g).to(dev), (torch.randn(V, Dh, generator=g) * 0.05).bfloat16().to(dev)
+    head_err = rel_err(ops.head_logits(h, head), h @ head.float().T)
     inputs = "/".join(str(d).removeprefix("torch.") for d in dtypes)
-    return [Row("kernels", f"hc_mix kernel N={n} ({mixk.iters} Sinkhorn iterations)", f"max rel err {mix_err:.1e}",
+    return [Row("kernels", f"head logits kernel, 2 tokens x {V} bf16 rows of {Dh}", f"max rel err {head_err:.1e}",
+                "float32 product, tol 1e-5", ok=head_err <= 1e-5),
+            Row("kernels", f"hc_mix kernel N={n} ({mixk.iters} Sinkhorn iterations)", f"max rel err {mix_err:.1e}",
                 "float32 reference, tol 1e-5", ok=mix_err <= 1e-5),
             Row("kernels", f"norm and rope kernels, {inputs} inputs", f"max rel err {worst:.1e}",
                 "reference in the same dtype, tol 1e-2 (one bf16 rounding)", ok=worst <= 1e-2)]

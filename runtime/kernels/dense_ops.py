@@ -1,8 +1,10 @@
 """Run the plan's row-wise dense-op kernels (templates/cpu/dense_ops.cpp.j2, templates/triton/dense_ops.py.j2).
 
-Two registered torch ops, each one dispatch where the reference (runtime/model/norms.py, rope.py)
-issues 5-10: `torch.ops.ostinato.rms_norm(x, weight, eps, unweighted, kernel)` and
-`torch.ops.ostinato.rope(x, cos, sin, inverse, kernel)`. CPU tensors go to the host library (ctypes,
+Registered torch ops, each one dispatch where the reference (runtime/model/norms.py, rope.py) issues
+5-10: `torch.ops.ostinato.rms_norm(x, weight, eps, unweighted, kernel)`,
+`torch.ops.ostinato.rope(x, cos, sin, inverse, kernel)`; and `head_logits(h, w, kernel)`, the LM
+head for up to 4 tokens from its stored bf16 rows (the reference widens each block of rows to a
+float32 copy first, which at one token costs more than the product). CPU tensors go to the host library (ctypes,
 which releases the GIL), CUDA tensors to the Triton kernels; `kernel` indexes the loaded kernels.
 The model reaches them through runtime/model/fused.py while a plan's engine runs a forward; a model
 loaded without a plan uses the reference.
@@ -24,6 +26,9 @@ _DTYPE_CODE = {torch.float32: 0, torch.bfloat16: 1}  # the host library's dtypes
 _LIB = torch.library.Library("ostinato", "FRAGMENT")  # the namespace's ops live in several modules
 _LIB.define("rms_norm(Tensor x, Tensor? weight, float eps, bool unweighted, int kernel) -> Tensor")
 _LIB.define("rope(Tensor x, Tensor cos, Tensor sin, bool inverse, int kernel) -> Tensor")
+_LIB.define("head_logits(Tensor h, Tensor w, int kernel) -> Tensor")
+HEAD_MAX_TOKENS = 4  # the host kernel's limit; more tokens take the reference's float32 row blocks
+HEAD_BLOCK = (64, 128)  # Triton: rows per program, columns per step (a 16 KB bf16 tile)
 
 
 def _rms_norm(x, weight, eps, unweighted, kernel):
@@ -34,9 +39,15 @@ def _rope(x, cos, sin, inverse, kernel):
     return _LOADED[kernel].rope_impl(x, cos, sin, inverse)
 
 
+def _head_logits(h, w, kernel):
+    return _LOADED[kernel].head_logits_impl(h, w)
+
+
 for _key in ("CPU", "CUDA"):
     _LIB.impl("rms_norm", _rms_norm, _key)
     _LIB.impl("rope", _rope, _key)
+    _LIB.impl("head_logits", _head_logits, _key)
+_LIB.impl("head_logits", lambda h, w, kernel: h.new_empty(h.shape[0], w.shape[0]), "Meta")
 _LIB.impl("rms_norm", lambda x, weight, eps, unweighted, kernel: torch.empty_like(x), "Meta")
 _LIB.impl("rope", lambda x, cos, sin, inverse, kernel: torch.empty_like(x), "Meta")
 
@@ -53,7 +64,8 @@ class DenseOpsKernel:
         p, i64, f32, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
         self.lib.ost_rms_norm.argtypes = [p, p, i64, i64, p, f32, i32, i32]
         self.lib.ost_rope.argtypes = [p, p, i64, i64, i64, i64, p, p, i32, i32]
-        self.lib.ost_rms_norm.restype = self.lib.ost_rope.restype = ctypes.c_int
+        self.lib.ost_head_logits.argtypes = [p, p, p, i64, i64, i64, i32]
+        self.lib.ost_rms_norm.restype = self.lib.ost_rope.restype = self.lib.ost_head_logits.restype = ctypes.c_int
         self.triton = triton_module
         self.handle = len(_LOADED)
         _LOADED.append(self)
@@ -67,7 +79,16 @@ class DenseOpsKernel:
             return x.dtype in _DTYPE_CODE
         return self.triton is not None and x.dtype in (torch.float32, torch.bfloat16, torch.float16)
 
+    def takes_head(self, h: torch.Tensor, w: torch.Tensor) -> bool:
+        """Whether head_logits computes h [T, D] float32 @ w [V, D] bf16 ^T (else the reference's blocks)."""
+        return (h.dim() == 2 and 0 < h.shape[0] <= HEAD_MAX_TOKENS and h.dtype == torch.float32 and h.is_contiguous()
+                and w.dtype == torch.bfloat16 and w.is_contiguous() and h.shape[1] == w.shape[1]
+                and h.shape[1] % 8 == 0 and h.device == w.device and (h.device.type == "cpu" or self.triton is not None))
+
     # ----- the model's entry points (one torch op each) --------------------------------------------
+    def head_logits(self, h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return torch.ops.ostinato.head_logits(h, w, self.handle)
+
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
         return torch.ops.ostinato.rms_norm(x, weight, eps, False, self.handle)
 
@@ -113,3 +134,16 @@ class DenseOpsKernel:
             self.triton.rope_kernel[(rows,)](x, y, cos, sin, C, 2 * R2, rows // T, INVERSE=inverse,
                                              BLOCK_C=_block(C), BLOCK_R2=_block(R2))
         return y
+
+    def head_logits_impl(self, h, w) -> torch.Tensor:
+        T, D = h.shape
+        V = w.shape[0]
+        out = h.new_empty(T, V)  # [T, V] float32
+        if h.device.type == "cpu":
+            rc = self.lib.ost_head_logits(h.data_ptr(), w.data_ptr(), out.data_ptr(), T, V, D, torch.get_num_threads())
+            if rc:
+                raise ValueError(f"ost_head_logits rejected h {tuple(h.shape)} and a head of {tuple(w.shape)}")
+        else:
+            bv, bd = HEAD_BLOCK
+            self.triton.head_logits_kernel[(-(-V // bv), T)](h, w, out, V, D, BV=bv, BD=bd)
+        return out

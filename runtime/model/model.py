@@ -20,7 +20,7 @@ from ostinato.checkpoint.reader import Checkpoint
 from .attention import attention
 from .compressor import CompressorState
 from .experts import DenseExpertExecutor, ExpertExecutor
-from .fused import using
+from .fused import active, using
 from .hyper_connection import hc_head, hc_post, hc_pre
 from .kv_cache import GrowingRows, KvCache, LayerCache, rows_capacity
 from .loading import Claims, LayerWeights, ModelWeights, load_weights
@@ -112,6 +112,9 @@ class Model:
         """Residual streams [T, N, D] on the last layer's device -> logits [T, V] float32."""
         cfg, w = self.config, self.weights
         h = rms_norm(hc_head(streams, w.hc_head, cfg.hc_eps, cfg.rms_norm_eps), w.norm, cfg.rms_norm_eps)  # [T, D]
+        kernels = active()
+        if kernels is not None and kernels.takes_head(h, w.head):  # a few tokens: the plan's kernel, one op
+            return kernels.head_logits(h, w.head)
         # The head stays as stored (bf16: 1 GB for V4-Flash, 2 GB in float32); float32 logits from float32
         # copies of HEAD_BLOCK_ROWS rows at a time, exact since bf16 values are float32 values.
         V = w.head.shape[0]
