@@ -3,7 +3,11 @@
 # the demo's wait after tool outputs and decode tok/s (tools/demo.sh), torch ops per layer
 # (tools/count_ops.py) and prompt/decode tok/s (tools/bench_engine_speed.py) on the demo's plan.
 #
-#   bash tools/bench_before_after.sh REV [OUT_DIR]      (e.g. REV = main~3; OUT_DIR default build/before-after)
+#   bash tools/bench_before_after.sh REV [OUT_DIR] [CKPT]   (e.g. REV = main~3; OUT_DIR default build/before-after)
+#
+# CKPT (optional): also compile a cpu-only plan for that checkpoint on each side (context 4096, 4 hot
+# experts per layer) and run tools/bench_engine_speed.py on it, e.g. one made by
+# `ostinato-make-tiny DIR --preset real-vocab` (the vocabulary llama.cpp's DSV4 support needs).
 #
 # REV is checked out into a worktree under OUT_DIR with a throwaway venv that reuses this checkout's
 # .venv packages (its own editable install of REV, no downloads); the measuring tools are this tree's,
@@ -11,8 +15,9 @@
 # here are shared and noisy.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-rev=${1:?usage: bash tools/bench_before_after.sh REV [OUT_DIR]}
+rev=${1:?usage: bash tools/bench_before_after.sh REV [OUT_DIR] [CKPT]}
 out=$(realpath -m "${2:-build/before-after}")
+ckpt=${3:+$(realpath "$3")}
 here=$(pwd)
 site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 rm -rf "$out" && mkdir -p "$out"
@@ -33,6 +38,11 @@ measure() {  # $1: label, run inside the tree to measure
     grep -E "wait after tool output|decode: median" "$out/demo-$1.log"
     .venv/bin/python tools/count_ops.py "$out/demo-$1/plan.yaml" | tail -1
     .venv/bin/python tools/bench_engine_speed.py "$out/demo-$1/plan.yaml" | tail -1
+    if [ -n "$ckpt" ]; then
+        .venv/bin/ostinato-compile "$ckpt" "$out/ckpt-$1/plan.yaml" --hardware cpu-only --context 4096 \
+            --max-hot-per-layer 4 --kernel-dir "$out/ckpt-$1/kernels" > /dev/null
+        echo "$(basename "$ckpt"): $(.venv/bin/python tools/bench_engine_speed.py "$out/ckpt-$1/plan.yaml" | tail -1)"
+    fi
 }
 (cd "$out/before" && measure before)
 measure after

@@ -20,7 +20,7 @@ from ostinato.checkpoint.config import ModelConfig
 from ostinato.checkpoint.shard_writer import write_shard
 from ostinato.checkpoint.tensor_specs import global_specs, layer_specs
 
-from .presets import FLASH, preset_config
+from .presets import FLASH, REAL_VOCAB_PRESETS, preset_config
 from .tokenizer import copy_real_tokenizer, write_tokenizer
 from .weights import encode_spec
 
@@ -68,7 +68,7 @@ def write_tiny_checkpoint(directory: str | Path, preset: str = "tiny", seed: int
         index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
         (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
         (tmp / "config.json").write_text(json.dumps(raw, indent=2) + "\n")
-        if preset == FLASH:
+        if preset == FLASH or preset in REAL_VOCAB_PRESETS:
             copy_real_tokenizer(tmp, cfg.vocab_size)
         else:
             write_tokenizer(tmp, cfg.vocab_size, cfg.max_position_embeddings)
