@@ -37,19 +37,12 @@ PRESETS: dict[str, dict] = {
         rope_scaling={"beta_fast": 32, "beta_slow": 1, "factor": 16, "original_max_position_embeddings": 512,
                       "type": "yarn"},
     ),
-    # tiny's dimensions with V4's real vocabulary (129,280 ids) and tokenizer, and index_head_dim != head_dim:
-    # a checkpoint llama.cpp's converter and DSV4 loader accept (they refuse a toy vocabulary and die on
-    # index_head_dim == head_dim), so both engines can run the same weights; the head and embedding
-    # (66 MB each in bf16) dominate a decode step, as they do in small real models.
-    "real-vocab": dict(
-        vocab_size=129280, hidden_size=256, num_hidden_layers=4, num_attention_heads=4, head_dim=128,
-        qk_rope_head_dim=64, q_lora_rank=128, o_groups=2, o_lora_rank=128, n_routed_experts=16,
-        num_experts_per_tok=4, moe_intermediate_size=128, compress_ratios=[0, 4, 128, 4, 0], num_hash_layers=1,
-        index_n_heads=4, index_head_dim=64, index_topk=128, sliding_window=16, max_position_embeddings=4096,
-        rope_scaling={"beta_fast": 32, "beta_slow": 1, "factor": 16, "original_max_position_embeddings": 256,
-                      "type": "yarn"},
-    ),
 }
+# tiny's dimensions with V4's real vocabulary (129,280 ids) and tokenizer, and index_head_dim != head_dim:
+# a checkpoint llama.cpp's converter and DSV4 loader accept (they refuse a toy vocabulary and die on
+# index_head_dim == head_dim), so both engines can run the same weights; the head and embedding
+# (66 MB each in bf16) dominate a decode step, as they do in small real models.
+PRESETS["real-vocab"] = dict(PRESETS["tiny"], vocab_size=129280, index_head_dim=64)
 REAL_VOCAB_PRESETS = ("real-vocab",)  # with the real tokenizer (besides flash)
 
 
