@@ -95,7 +95,8 @@ class CpuPoolCompute:
 
     def __init__(self, kernel: CpuExpertKernel, n_threads: int):
         self.kernel, self.n_threads = kernel, n_threads
-        self._tables: dict[int, tuple[ExpertTable, torch.Tensor]] = {}
+        # id(pool) -> (table, slot map, the pool itself: held so that its id is never reused while cached)
+        self._tables: dict[int, tuple[ExpertTable, torch.Tensor, HotPool]] = {}
 
     def prepare(self, device: torch.device | str, dtype: torch.dtype) -> None:
         if torch.device(device).type != "cpu":
@@ -112,8 +113,8 @@ class CpuPoolCompute:
             n = min(pool.w1.shape[0], int(self.kernel.info["max_experts"]))
             table = self.kernel.table([PackedExpert(pool.w1[s], pool.w1_scale[s], pool.w3[s], pool.w3_scale[s],
                                                     pool.w2[s], pool.w2_scale[s]) for s in range(n)])
-            self._tables[key] = (table, torch.arange(-1, n, dtype=torch.int64))
-        return self._tables[key]
+            self._tables[key] = (table, torch.arange(-1, n, dtype=torch.int64), pool)
+        return self._tables[key][:2]
 
     def prefill(self, pool: HotPool, x: torch.Tensor, token: torch.Tensor, slot: torch.Tensor,
                 weight: torch.Tensor, out: torch.Tensor) -> None:
