@@ -5,7 +5,8 @@ Registered torch ops, each one dispatch where the reference (runtime/model/norms
 `torch.ops.ostinato.rope(x, cos, sin, inverse, kernel)`; and `head_logits(h, w, kernel)`, the LM
 head for up to 4 tokens from its stored bf16 rows (the reference widens each block of rows to a
 float32 copy first, which at one token costs more than the product). CPU tensors go to the host library (ctypes,
-which releases the GIL), CUDA tensors to the Triton kernels; `kernel` indexes the loaded kernels.
+which releases the GIL), CUDA tensors to the Triton kernels; `kernel` is the loaded kernels' handle
+(torch_ops.py).
 The model reaches them through runtime/model/fused.py while a plan's engine runs a forward; a model
 loaded without a plan uses the reference.
 
@@ -20,36 +21,21 @@ from types import ModuleType
 
 import torch
 
-_LOADED: list["DenseOpsKernel"] = []
-_DTYPE_CODE = {torch.float32: 0, torch.bfloat16: 1}  # the host library's dtypes; Triton adds float16
+from .torch_ops import define, loaded, register
 
-_LIB = torch.library.Library("ostinato", "FRAGMENT")  # the namespace's ops live in several modules
-_LIB.define("rms_norm(Tensor x, Tensor? weight, float eps, bool unweighted, int kernel) -> Tensor")
-_LIB.define("rope(Tensor x, Tensor cos, Tensor sin, bool inverse, int kernel) -> Tensor")
-_LIB.define("head_logits(Tensor h, Tensor w, int kernel) -> Tensor")
+_DTYPE_CODE = {torch.float32: 0, torch.bfloat16: 1}  # the host library's dtypes; Triton adds float16
 HEAD_MAX_TOKENS = 4  # the host kernel's limit; more tokens take the reference's float32 row blocks
 HEAD_BLOCK = (64, 128)  # Triton: rows per program, columns per step (a 16 KB bf16 tile)
 
-
-def _rms_norm(x, weight, eps, unweighted, kernel):
-    return _LOADED[kernel].rms_norm_impl(x, weight, eps, unweighted)
-
-
-def _rope(x, cos, sin, inverse, kernel):
-    return _LOADED[kernel].rope_impl(x, cos, sin, inverse)
-
-
-def _head_logits(h, w, kernel):
-    return _LOADED[kernel].head_logits_impl(h, w)
-
-
-for _key in ("CPU", "CUDA"):
-    _LIB.impl("rms_norm", _rms_norm, _key)
-    _LIB.impl("rope", _rope, _key)
-    _LIB.impl("head_logits", _head_logits, _key)
-_LIB.impl("head_logits", lambda h, w, kernel: h.new_empty(h.shape[0], w.shape[0]), "Meta")
-_LIB.impl("rms_norm", lambda x, weight, eps, unweighted, kernel: torch.empty_like(x), "Meta")
-_LIB.impl("rope", lambda x, cos, sin, inverse, kernel: torch.empty_like(x), "Meta")
+define("rms_norm(Tensor x, Tensor? weight, float eps, bool unweighted, int kernel) -> Tensor",
+       lambda x, weight, eps, unweighted, kernel: loaded(kernel).rms_norm_impl(x, weight, eps, unweighted),
+       lambda x, weight, eps, unweighted, kernel: torch.empty_like(x))
+define("rope(Tensor x, Tensor cos, Tensor sin, bool inverse, int kernel) -> Tensor",
+       lambda x, cos, sin, inverse, kernel: loaded(kernel).rope_impl(x, cos, sin, inverse),
+       lambda x, cos, sin, inverse, kernel: torch.empty_like(x))
+define("head_logits(Tensor h, Tensor w, int kernel) -> Tensor",
+       lambda h, w, kernel: loaded(kernel).head_logits_impl(h, w),
+       lambda h, w, kernel: h.new_empty(h.shape[0], w.shape[0]))
 
 
 def _block(n: int) -> int:
@@ -67,8 +53,7 @@ class DenseOpsKernel:
         self.lib.ost_head_logits.argtypes = [p, p, p, i64, i64, i64, i32]
         self.lib.ost_rms_norm.restype = self.lib.ost_rope.restype = self.lib.ost_head_logits.restype = ctypes.c_int
         self.triton = triton_module
-        self.handle = len(_LOADED)
-        _LOADED.append(self)
+        self.handle = register(self)
 
     def takes(self, x: torch.Tensor) -> bool:
         """Whether the kernels compute x as it is (else the caller runs the reference): contiguous, on

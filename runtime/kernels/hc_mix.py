@@ -2,10 +2,9 @@
 
 One torch op, `torch.ops.ostinato.hc_mix(mix, base, scale, kernel) -> (pre, post, comb)`, replaces the ~140 ops of the
 reference's mixing (runtime/model/hyper_connection.py, mix_weights: sigmoids, a softmax and ~20
-Sinkhorn iterations on [T, N, N]). It is a registered custom op so that it dispatches once, shows in
-op traces (the graph-safety checker and the op counts see it) and can be captured in CUDA graphs:
-CPU tensors go to the host library through ctypes (which releases the GIL), CUDA tensors to the
-Triton kernel. `kernel` indexes the loaded kernels (each bakes in its model's N, iterations and eps).
+Sinkhorn iterations on [T, N, N]), registered in the `ostinato` op namespace (torch_ops.py): CPU
+tensors go to the host library through ctypes (which releases the GIL), CUDA tensors to the Triton
+kernel. `kernel` is the handle of the loaded kernels (each bakes in its model's N, iterations and eps).
 
 Legend: T tokens, N hc_mult streams, M = (2 + N) N mixing logits.
 """
@@ -18,36 +17,23 @@ from types import ModuleType
 
 import torch
 
-_LOADED: list["HcMixKernel"] = []  # the op's `kernel` argument indexes this
-
-# Registered through torch.library.Library rather than the custom_op decorator: the same dispatch
-# for a quarter of the Python overhead (~5 us against ~11 us a call, measured), which at two calls per
-# layer and token is what this op exists to save.
-_LIB = torch.library.Library("ostinato", "FRAGMENT")  # the namespace's ops live in several modules
-_LIB.define("hc_mix(Tensor mix, Tensor base, Tensor scale, int kernel) -> (Tensor, Tensor, Tensor)")
+from .torch_ops import define, loaded, register
 
 
 def _hc_mix(mix: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, kernel: int):
     """mix [T, M] float32 (contiguous), base [M], scale [3] -> (pre [T, N], post [T, N], comb [T, N, N]):
     views of one [T, M] result, made inside the op so that the caller dispatches once."""
-    k = _LOADED[kernel]
+    k = loaded(kernel)
     out = k.compute(mix, base, scale)
     return out[:, :k.n], out[:, k.n:2 * k.n], out[:, 2 * k.n:].view(-1, k.n, k.n)
 
 
 def _hc_mix_meta(mix, base, scale, kernel):
-    n = _streams(mix.shape[1])
+    n = round((mix.shape[1] + 1) ** 0.5) - 1  # N from M = (2 + N) N
     return mix.new_empty(mix.shape[0], n), mix.new_empty(mix.shape[0], n), mix.new_empty(mix.shape[0], n, n)
 
 
-def _streams(m: int) -> int:
-    """N from M = (2 + N) N."""
-    return round((m + 1) ** 0.5) - 1
-
-
-for _key in ("CPU", "CUDA"):
-    _LIB.impl("hc_mix", _hc_mix, _key)
-_LIB.impl("hc_mix", _hc_mix_meta, "Meta")
+define("hc_mix(Tensor mix, Tensor base, Tensor scale, int kernel) -> (Tensor, Tensor, Tensor)", _hc_mix, _hc_mix_meta)
 
 
 class HcMixKernel:
@@ -65,8 +51,7 @@ class HcMixKernel:
         if triton_module is not None and (triton_module.N, triton_module.ITERS) != (self.n, self.iters):
             raise ValueError(f"hc_mix kernels disagree: host N={self.n} ITERS={self.iters}, Triton "
                              f"N={triton_module.N} ITERS={triton_module.ITERS}")
-        self.handle = len(_LOADED)
-        _LOADED.append(self)
+        self.handle = register(self)
 
     def matches(self, n: int, iters: int, eps: float) -> bool:
         return (self.n, self.iters) == (n, iters) and self.eps == eps
