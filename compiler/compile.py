@@ -35,7 +35,7 @@ from ostinato.plan import (
 )
 
 from .codegen.plan_kernels import build_plan_kernels
-from .cost_model import CostModel, LayerCostInputs
+from .cost_model import MAX_BUCKET, CostModel, LayerCostInputs
 from .memory_model import MemoryPolicy, gpu_fixed_bytes, layer_resident_bytes, workspace_bytes
 from .placement import DoesNotFit, Placement, PlacementProblem, place
 from .profile import PHASES, RoutingProfile, load_profile, synthetic_profile, uniform_profile
@@ -63,6 +63,7 @@ class CompileOptions:
     dense_format: str | None = None          # fp8 | bf16 | float32; None: float32 on cpu-only hardware, else fp8
     max_hot_per_layer: int | None = None
     objective_phases: tuple[str, ...] = ("decode", "short_prefill")
+    prefill_buckets: tuple[int, ...] | None = None  # None: the cost model chooses (CostModel.choose_buckets)
     build_kernels: bool = True
     kernel_dir: Path | None = None           # content-addressed build folder (default: build/kernels here)
 
@@ -82,6 +83,7 @@ class Build:
     placement: Placement | None = None
     cost: CostModel | None = None
     threshold: int | None = None
+    bucket_limit: int | None = None  # reserve for buckets up to this (a second pass, see compile_plan)
     kernels: list = field(default_factory=list)
     templates: dict = field(default_factory=dict)
     notes: list = field(default_factory=list)
@@ -132,10 +134,23 @@ def dense_format(o: CompileOptions, hw: HardwareSpec) -> str:
     return "float32" if hw.cpu_only else "fp8"
 
 
+def max_bucket(o: CompileOptions, hw: HardwareSpec) -> int:
+    """The largest prefill bucket the plan may get: the given buckets', else the largest the cost model may
+    choose (powers of two up to MAX_BUCKET and context / 3; none on a cpu-only spec, where steps and
+    eager forwards both run eagerly)."""
+    if o.prefill_buckets is not None:
+        return max(o.prefill_buckets, default=0)
+    if hw.cpu_only:
+        return 0
+    limit = min(MAX_BUCKET, o.context // 3)
+    return 1 << (limit.bit_length() - 1) if limit >= 2 else 0
+
+
 def memory(b: Build) -> None:
     o, cfg, hw = b.options, b.config, b.hardware
     b.policy = MemoryPolicy(context=o.context, sessions=o.sessions, prefill_chunk=o.prefill_chunk,
-                            upload_group=o.upload_group, snapshots=o.snapshots, dense_format=dense_format(o, hw))
+                            upload_group=o.upload_group, snapshots=o.snapshots, dense_format=dense_format(o, hw),
+                            max_bucket=max_bucket(o, hw) if b.bucket_limit is None else b.bucket_limit)
     expert = model_sizes(cfg).expert_bytes
     b.layer_bytes = [layer_resident_bytes(cfg, l, b.policy) for l in range(cfg.n_layers)]
     G = hw.gpus.count
@@ -202,6 +217,15 @@ def cost_model(b: Build) -> None:
     b.cost = CostModel(cfg, b.hardware, layers, model_sizes(cfg).expert_bytes, head, b.options.context,
                        b.options.prefill_chunk)
     b.threshold = b.cost.crossover()
+    o = b.options
+    if o.prefill_buckets is None:
+        b.cost.buckets = b.cost.choose_buckets(b.threshold, o.context, b.policy.max_bucket)
+    else:
+        bad = [T for T in o.prefill_buckets if T < 2 or T & (T - 1) or 3 * T > o.context]
+        if bad:
+            raise CompileError(f"prefill bucket {bad[0]}: buckets are powers of two from 2 up to context / 3 "
+                               f"({o.context // 3}: a step's warm-up and capture take 3 of them)")
+        b.cost.buckets = sorted(set(o.prefill_buckets))
 
 
 def kernels(b: Build) -> None:
@@ -252,7 +276,8 @@ def plan(b: Build) -> None:
         layers=layer_rows,
         policy=Policy(context=o.context, sessions=o.sessions, prefill_threshold=b.threshold,
                       prefill_chunk=o.prefill_chunk, upload_group=o.upload_group, snapshots=o.snapshots,
-                      decode_graph_routes=cfg.num_experts_per_tok, cpu_threads=hw.host.cores,
+                      decode_graph_routes=cfg.num_experts_per_tok, prefill_buckets=list(b.cost.buckets),
+                      cpu_threads=hw.host.cores,
                       objective_phases=list(o.objective_phases)),
         kernels=b.kernels,
         predictions=_predictions(b),
@@ -266,7 +291,24 @@ def compile_plan(options: CompileOptions) -> Build:
     b = Build(options)
     for p in PASSES:
         log.info("pass %s", p.__name__)
-        p(b)
+        try:
+            p(b)
+        except CompileError:
+            if p is not placement or not b.policy.max_bucket or options.prefill_buckets is not None:
+                raise
+            # the buckets' graph pool was the last straw: plan without buckets (an error still stands)
+            b.notes.append(f"no room for the prefill buckets' graph pool ({b.policy.max_bucket} tokens): "
+                           f"planned without bucket steps")
+            b.bucket_limit = 0
+            memory(b), placement(b)
+        if p is cost_model and max(b.cost.buckets, default=0) < b.policy.max_bucket:
+            # The memory pass reserved the graph pool for the largest bucket the cost model might keep;
+            # it kept smaller ones: plan again with that reserve (more room for hot experts), buckets at
+            # most as large. One extra pass: the new placement only lowers the prefill times.
+            b.bucket_limit = max(b.cost.buckets, default=0)
+            for again in PASSES[PASSES.index(memory):PASSES.index(cost_model) + 1]:
+                log.info("pass %s (bucket reserve %d tokens)", again.__name__, b.bucket_limit)
+                again(b)
     return b
 
 
@@ -299,10 +341,11 @@ def _predictions(b: Build) -> Predictions:
     turns = []
     for n in PREDICTED_TURNS:
         split, upload = c.split_prefill(n), c.upload_prefill(n)
-        mode = "upload" if t is not None and n > t else "split"
-        turns.append(PrefillPrediction(tokens=n, mode=mode, split_ms=_round(split * 1e3),
-                                       upload_ms=_round(upload * 1e3),
-                                       wait_ms=_round(((upload if mode == "upload" else split) + decode) * 1e3)))
+        bucket = c.bucket_prefill(n) if c.buckets and n <= c.buckets[-1] else None
+        mode = "bucket" if bucket is not None else "upload" if t is not None and n > t else "split"
+        turns.append(PrefillPrediction(tokens=n, mode=mode, bucket_ms=None if bucket is None else _round(bucket * 1e3),
+                                       split_ms=_round(split * 1e3), upload_ms=_round(upload * 1e3),
+                                       wait_ms=_round((c.prefill(n, t) + decode) * 1e3)))
     shares = {}
     for phase in PHASES:
         counts = b.profile.phase_counts((phase,))

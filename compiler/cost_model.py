@@ -15,6 +15,13 @@ The one model of the hardware in the project (the session simulator uses it too)
 Hidden states move between GPUs over the link once per GPU boundary. On a cpu-only spec the
 "GPU" and the host are the same cores, so their parts add up instead of overlapping.
 
+Short prefills as bucket steps (runtime/engine/step_runner.py): a prompt of n <= the largest of
+`buckets` tokens runs as exact-size steps of power-of-two sizes (120 = 64 + 32 + 16 + 8), each a
+replayed graph per GPU like the decode step (eager on a cpu-only spec). Inside one, the hot routes
+go through the decode kernel, one program per route slot, so each hot route reads its expert's
+weights (no L2 reuse credited: conservative); cold routes are split-route's. `choose_buckets` keeps
+the sizes for which every prompt up to the largest is predicted faster as steps than eagerly.
+
 Host dispatch: a forward run eagerly (every prefill; decode only on a cpu-only spec, since GPUs
 replay the captured decode graph) issues its ops one by one from Python, EAGER_OPS_PER_LAYER per
 layer and prefill chunk (the baselines' own counts where they differ), each costing the spec's host.op_dispatch_s. With a GPU the host runs ahead
@@ -28,6 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ostinato.buckets import bucket_pieces
 from ostinato.checkpoint.config import ModelConfig
 from ostinato.hardware import HardwareSpec
 
@@ -41,6 +49,8 @@ EAGER_OPS_PER_LAYER = 215
 # A PyTorch DSV4 forward without those two fusions: what the KTransformers-like baseline is priced with
 # (our runtime's own count before them; KTransformers' real count is not measured here).
 UNFUSED_EAGER_OPS_PER_LAYER = 600
+MAX_BUCKET = 256  # the largest prefill bucket the compiler considers (its graph pool: 172 MB on V4-Flash)
+
 
 
 @dataclass(frozen=True)
@@ -64,6 +74,7 @@ class CostModel:
         self.cfg, self.hw, self.layers = cfg, hw, layers
         self.expert_bytes, self.head_bytes, self.context = expert_bytes, head_bytes, context
         self.prefill_chunk = prefill_chunk
+        self.buckets: list[int] = []  # the plan's prefill buckets (set after choose_buckets)
         self.eager_ops_per_layer = EAGER_OPS_PER_LAYER
         k = cfg.num_experts_per_tok
         self.expert_flops = EXPERT_FLOPS_PER_TOKEN_FACTOR * cfg.hidden_size * cfg.moe_intermediate_size
@@ -195,9 +206,33 @@ class CostModel:
         layers = sum(self.overlap(*self.split_layer(l, 1)) for l in range(len(self.layers)))
         return float(self.forward_time(layers, 1, decode=True, eager=self.decode_is_eager()))
 
-    def prefill(self, n: int, threshold: int | None) -> float:
-        """The plan's choice: split-route up to the threshold, upload-once above it."""
+    def eager_prefill(self, n: int, threshold: int | None) -> float:
+        """The dynamic model's forward: split-route up to the threshold, upload-once above it."""
         return self.upload_prefill(n) if threshold is not None and n > threshold else self.split_prefill(n)
+
+    def prefill(self, n: int, threshold: int | None) -> float:
+        """The plan's choice: bucket steps up to the largest bucket, then eager_prefill."""
+        if self.buckets and 0 < n <= self.buckets[-1]:
+            return self.bucket_prefill(n)
+        return self.eager_prefill(n, threshold)
+
+    # ----- short prefills as bucket steps -------------------------------------------------------
+    def bucket_layer(self, layer: int, T: int) -> tuple[float, float]:
+        """(GPU seconds, CPU seconds) of a layer in a T-token step: hot routes each read their expert on
+        a GPU (the decode kernel's per-route programs; the CPU kernel groups them), cold ones split-route."""
+        hot_routes = self.routes(layer, T, True)
+        reads = self.distinct(layer, T, True) if self.hw.cpu_only else hot_routes
+        gpu = self.attention_time(layer, T) + self.gpu_experts_time(reads, hot_routes)
+        return gpu, self.cpu_experts_time(T, self.distinct(layer, T, False), self.routes(layer, T, False))
+
+    def bucket_step(self, T: int) -> float:
+        """One T-token step: replayed graphs on GPUs (eager on a cpu-only spec), the head once."""
+        layers = sum(self.overlap(*self.bucket_layer(l, T)) for l in range(len(self.layers)))
+        return float(self.forward_time(layers, T, decode=True, eager=self.decode_is_eager()))
+
+    def bucket_prefill(self, n: int, buckets: list[int] | None = None) -> float:
+        """n tokens as the steps bucket_pieces picks (default: the plan's buckets)."""
+        return sum(self.bucket_step(T) for T in bucket_pieces(n, self.buckets if buckets is None else buckets))
 
     def crossover(self, limit: int = 1 << 20) -> int | None:
         """Largest n for which split-route is still at least as fast as upload-once (None: always)."""
@@ -214,6 +249,19 @@ class CostModel:
             else:
                 lo = mid
         return lo
+
+    def choose_buckets(self, threshold: int | None, context: int, largest: int = MAX_BUCKET) -> list[int]:
+        """Powers of two 2..B for the largest B such that every prompt of n <= B tokens is predicted strictly
+        faster as bucket steps than eagerly (none on a cpu-only spec, where both run eagerly), B at most `largest`, the threshold (past it upload-once wins) and
+        context / 3 (a step's warm-up and capture runs take 3 of them from position 0)."""
+        limit = min(largest, context // 3, threshold if threshold is not None else largest)
+        best, sizes, T = [], [], 2
+        while T <= limit:
+            sizes = sizes + [T]
+            if any(self.bucket_prefill(n, sizes) >= self.eager_prefill(n, threshold) for n in range(1, T + 1)):
+                break
+            best, T = list(sizes), 2 * T
+        return best
 
     def hot_share(self) -> float:
         """Profiled share of all routes that land on hot experts (mean over layers)."""

@@ -29,10 +29,12 @@ def explain(plan: Plan) -> str:
     host = next(d for d in plan.memory if d.device == "host")
     out.append("host    " + ", ".join(f"{k} {v / GIB:.3f}G" for k, v in host.components.items())
                + f"; total {host.total_bytes / GIB:.3f}G of {host.usable_bytes / GIB:.1f}G")
-    t = plan.policy.prefill_threshold
+    t, buckets = plan.policy.prefill_threshold, plan.policy.prefill_buckets
+    steps = (f"captured bucket steps ({', '.join(map(str, buckets))} tokens) up to {buckets[-1]} tokens, "
+             if buckets else "no bucket steps (none predicted faster than eager), ")
     out += ["",
             f"hot route share (profiled): {p.hot_route_share:.1%}",
-            f"prefill: split-route up to {t if t is not None else 'any number of'} tokens, upload-once above",
+            f"prefill: {steps}split-route up to {t if t is not None else 'any number of'} tokens, upload-once above",
             f"predicted wait after a 120-token tool output: {p.wait_after_tool_output_120_tokens_ms:.1f} ms",
             f"predicted decode: {p.decode_ms_per_token:.2f} ms/token = {p.decode_tokens_per_s:.1f} tokens/s"]
     return "\n".join(out)

@@ -117,6 +117,7 @@ class MemoryPolicy:
     prefill_chunk: int = 4096    # largest prefill chunk (tokens) the workspace is sized for
     upload_group: int = 16       # experts per upload staging buffer (two buffers: double buffering)
     snapshots: int = 64          # turn-boundary snapshots a session keeps (the oldest are dropped)
+    max_bucket: int = 0          # largest short-prefill step (tokens) reserved for; 0: none
     headroom_fraction: float = 0.05  # allocator fragmentation reserve, of usable bytes
     dense_format: str = "bf16"
 
@@ -124,6 +125,8 @@ class MemoryPolicy:
         for name in ("context", "sessions", "prefill_chunk", "upload_group", "snapshots"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.max_bucket < 0:
+            raise ValueError(f"max_bucket must be >= 0, got {self.max_bucket}")
         if self.dense_format not in DENSE_FORMATS:
             raise ValueError(f"dense_format must be one of {sorted(DENSE_FORMATS)}, got {self.dense_format!r}")
         if not 0 <= self.headroom_fraction < 0.5:
@@ -148,6 +151,12 @@ def gpu_fixed_bytes(cfg: ModelConfig, policy: MemoryPolicy, usable: int, expert_
     fixed = {"upload_staging": 2 * policy.upload_group * expert_bytes,
              "workspace": workspace_bytes(cfg, policy.prefill_chunk),
              "headroom": int(usable * policy.headroom_fraction)}
+    if policy.max_bucket:
+        # the prefill buckets' graphs share one memory pool, sized by the largest step's activations;
+        # plus the cold routes' device-side result rows (kernels/cold_task.py ColdStaging) and the
+        # steps' residual streams in and out (all bucket sizes together: under 2 x the largest)
+        B, D = policy.max_bucket, cfg.hidden_size
+        fixed["prefill_graphs"] = workspace_bytes(cfg, B) + B * D * 4 + 2 * (2 * B * cfg.hc_mult * D * 4)
     if first:  # token embeddings are looked up where the first layer runs
         fixed["embedding"] = global_bytes(cfg, "embed", policy.dense_format)
     if last:  # the LM head, final norm and hc head run after the last layer

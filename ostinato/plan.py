@@ -25,7 +25,7 @@ from .hardware import HardwareSpec
 from .validation import Bytes, Count, Index, Name, Record, SchemaError, Sha256, Share, validate
 from .yaml_files import dump_yaml, read_yaml
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 AttentionKind = Literal["sliding", "csa", "hca"]
 Phase = Literal["decode", "short_prefill", "long_prefill"]
@@ -105,6 +105,8 @@ class Policy(Record):
     upload_group: Count
     snapshots: Count                     # turn-boundary snapshots a session keeps (memory: kv_snapshots)
     decode_graph_routes: Count           # fixed route slots per layer in the decode graph (= top_k)
+    prefill_buckets: list[Count]         # token counts of the captured short-prefill steps (ascending powers of
+                                         # two); prompts up to the largest run as those steps, exactly
     cpu_threads: Count
     objective_phases: list[Phase]
 
@@ -121,7 +123,8 @@ class KernelEntry(Record):
 
 class PrefillPrediction(Record):
     tokens: Count
-    mode: Literal["split", "upload"]
+    mode: Literal["bucket", "split", "upload"]
+    bucket_ms: Milliseconds | None       # as bucket steps (None: more tokens than the largest bucket)
     split_ms: Milliseconds
     upload_ms: Milliseconds
     wait_ms: Milliseconds                # prefill in its mode + the first decode step
@@ -137,7 +140,7 @@ class Predictions(Record):
 
 
 class Plan(Record):
-    schema_version: Literal[2]
+    schema_version: Literal[3]
     notes: list[str]                     # what a reader must know (synthetic profile, skipped steps, ...)
     provenance: Provenance
     model: ModelSummary

@@ -98,12 +98,13 @@ def storage_of(t: torch.Tensor) -> int:
 
 
 def segment_owners(step) -> dict[int, int]:
-    """A StaticDecodeStep's static buffers -> storage address: the segment that owns it (its layers'
-    state, its position tensor, its token / streams in and out, its routes; the logits: the last)."""
+    """A StaticStep's static buffers -> storage address: the segment that owns it (its layers'
+    state, its position tensor, its tokens / streams in and out, its routes, its token offsets; the
+    logits: the last)."""
     owners = {}
     for i, seg in enumerate(step.segments):
         own = [step.state.positions[i], step.token_in[i], step.streams_in[i], step.streams_out[i],
-               step.expert_ids[i], step.expert_weights[i]]
+               step.expert_ids[i], step.expert_weights[i], step.offsets[i]]
         own += [step.logits] if i == len(step.segments) - 1 else []
         for ls in step.state.layers[seg.first_layer:seg.end_layer]:
             own += [ls.window, ls.window_pos, ls.window_offsets]

@@ -25,7 +25,7 @@ def test_bf16_engine_greedy_matches_the_float32_engine(compiled, tiny_ckpt, mode
     threshold = None if mode == "split" else 16
     f32 = _engine(compiled, tiny_ckpt, "mixed", threshold=threshold)
     b16 = _engine(compiled, tiny_ckpt, "mixed", threshold=threshold, dtype=torch.bfloat16)
-    assert b16.model.weights.layers[0].attn.wq_a.dtype == torch.bfloat16 and b16.decode_runner is not None
+    assert b16.model.weights.layers[0].attn.wq_a.dtype == torch.bfloat16 and b16.step_runner is not None
     prompt = IDS[:40]
     tokens, picks, margins = teacher_forced_picks(f32.new_session(), b16.new_session(), prompt, STEPS)
 

@@ -35,7 +35,7 @@ def pipeline_engine(compiled, tiny_ckpt, placement: str, gpus: int, threshold=No
 @pytest.mark.parametrize("placement", ["all-hot", "all-cold", "mixed", "random"])
 def test_static_decode_equals_the_plain_model_and_counts_routes(compiled, tiny_ckpt, reference, placement):
     engine = _engine(compiled, tiny_ckpt, placement)
-    assert engine.decode_runner is not None
+    assert engine.step_runner is not None
     seen = []
     reference.set_observer(lambda layer, tokens, ids: seen.append((layer, ids.clone())))
     ours, ref = engine.new_session(), reference.new_session()
@@ -63,7 +63,7 @@ def test_static_decode_equals_the_plain_model_and_counts_routes(compiled, tiny_c
 
 def test_dynamic_decode_is_still_available(compiled, tiny_ckpt, reference):
     engine = _engine(compiled, tiny_ckpt, "mixed", static_decode=False)
-    assert engine.decode_runner is None
+    assert engine.step_runner is None
     ours, ref = engine.new_session(), reference.new_session()
     ours.prefill(IDS[:20]), ref.prefill(IDS[:20])
     _close(ours.decode(int(IDS[20])), ref.decode(int(IDS[20])))
@@ -77,12 +77,12 @@ def test_the_step_is_graph_safe_with_the_placement_executor(compiled, tiny_ckpt,
     engine = pipeline_engine(compiled, tiny_ckpt, "random", gpus)
     session, ref = engine.new_session(), reference.new_session()
     session.prefill(IDS[:127]), ref.prefill(IDS[:127])
-    runner = engine.decode_runner
+    runner = engine.step_runner
     runner.bind(session.session)
     step, traces, owners = runner.step, [], segment_owners(runner.step)
     assert [(s.first_layer, s.end_layer) for s in step.segments] == {1: [(0, 4)], 2: [(0, 2), (2, 4)]}[gpus]
     for t in IDS[127:129]:
-        step.set_token(int(t))
+        step.set_tokens([int(t)])
         step.check_room()
         traces.append([])
         for i in range(len(step.segments)):
@@ -124,14 +124,14 @@ def test_sessions_take_turns_with_the_decode_step(compiled, tiny_ckpt, reference
 def test_a_failed_cold_task_is_reported(compiled, tiny_ckpt):
     engine = _engine(compiled, tiny_ckpt, "all-cold")
     bridge = engine.executor.bridges[0]
-    D, k = bridge.x.shape[1], bridge.ids.shape[1]
+    D, k = bridge.staging.x.shape[1], bridge.staging.ids.shape[1]
     ids = torch.full((1, k), 10_000)  # not an expert of the model
     bridge.start(torch.randn(1, D), ids, torch.ones(1, k))
     with pytest.raises(ValueError, match="expert id is out of range"):
         bridge.check()
     bridge.start(torch.randn(1, D), torch.zeros(1, k, dtype=torch.long), torch.ones(1, k))
     bridge.check()
-    assert bridge.task.status == 0 and ctypes.sizeof(bridge.task) == 13 * 8
+    assert bridge.task(1).status == 0 and ctypes.sizeof(bridge.task(1)) == 13 * 8
     engine.close()
 
 

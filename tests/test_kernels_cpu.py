@@ -305,10 +305,11 @@ def test_every_isa_variant_compiles(build_root, isa):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_cold_task_of_a_decode_step_computes_only_the_cold_routes(kernel, dtype):
-    """ost_cold_task_run (the decode graph's host node; called directly without CUDA) over k routes of
-    which some are hot: its out equals the reference over the cold ones and is fully overwritten."""
-    from ostinato.runtime.kernels.cold_task import ColdBridge
+@pytest.mark.parametrize("T", [1, 5])
+def test_cold_task_of_a_step_computes_only_the_cold_routes(kernel, dtype, T):
+    """ost_cold_task_run (a step graph's host node; called directly without CUDA) over T tokens' k routes
+    of which some are hot: its out equals the reference over the cold ones and is fully overwritten."""
+    from ostinato.runtime.kernels.cold_task import ColdBridge, ColdStaging
 
     D, I = TINY
     kern = kernel(D, I)
@@ -317,16 +318,19 @@ def test_cold_task_of_a_decode_step_computes_only_the_cold_routes(kernel, dtype)
     experts = [random_packed_expert(D, I, g) for _ in cold]
     cold_of = torch.full((E,), -1, dtype=torch.int64)
     cold_of[cold] = torch.arange(len(cold))
-    bridge = ColdBridge(kern, kern.table(experts), cold_of, k, dtype, torch.device("cpu"), n_threads=2)
-    trials = [torch.randperm(E, generator=g)[:k] for _ in range(4)] + [torch.tensor([0, 2, 5, 6, 7, 10])]  # last: all hot
-    for ids in trials:
-        w, x = torch.rand(1, k, generator=g), torch.randn(1, D, generator=g).to(dtype)
-        bridge.out.fill_(float("nan"))  # poisoned: every element must be written
-        bridge.start(x, ids[None], w)
+    staging = ColdStaging(D, k, 8, dtype, torch.device("cpu"))
+    bridge = ColdBridge(kern, kern.table(experts), cold_of, staging, n_threads=2)
+    hot = torch.tensor([0, 2, 5, 6, 7, 10])
+    trials = [torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(T)]) for _ in range(4)]
+    trials.append(hot.expand(T, k))  # last: all hot
+    for ids in trials:  # [T, k]
+        w, x = torch.rand(T, k, generator=g), torch.randn(T, D, generator=g).to(dtype)
+        staging.out.fill_(float("nan"))  # poisoned: every element must be written
+        bridge.start(x, ids, w)
         bridge.check()
-        got = bridge.finish()
-        ref = moe_experts_reference(x.float(), group_routes(cold_of[ids][None], w, len(cold)), experts,
-                                    torch.zeros(1, D))
+        got = bridge.finish(T)
+        ref = moe_experts_reference(x.float(), group_routes(cold_of[ids], w, len(cold)), experts,
+                                    torch.zeros(T, D))
         assert torch.isfinite(got).all()
         bound = 1e-5 if dtype == torch.float32 else BF16_BOUND  # bf16: h rounded to bf16 (vdpbf16ps builds)
         assert (got - ref).abs().max() <= bound * ref.abs().max().clamp(min=1e-30), ids

@@ -72,6 +72,37 @@ def test_one_turn_split_wait_is_hand_computed():
     assert run.seconds == pytest.approx(prefill + 1 * MS + 10 * MS + 2 * ACT)
 
 
+def test_bucket_steps_are_hand_computed():
+    """6 tokens as 4 + 2 steps; each step gets its share of the trace's routes, each hot route reads its
+    expert (the step's per-route launch), cold ones run on the host as in split-route."""
+    c = cost()
+    pol = Ostinato(c, c.layers[0].hot[None], threshold=None, buckets=[2, 4, 8])
+    f = pol.prefill(routing(1, 4, [{0: 3, 2: 3}]), 6)  # 3 routes to hot e0, 3 to cold e2
+    step4 = max(4 / 6 * 3 * MS, 10 * MS + 2 * 4 * ACT)   # 2 hot reads on the GPU | one cold expert on the host
+    step2 = max(2 / 6 * 3 * MS, 10 * MS + 2 * 2 * ACT)
+    assert f.mode == "bucket" and f.seconds == pytest.approx(step4 + step2)
+    assert pol.prefill(routing(1, 4, [{0: 9}]), 9).mode == "split"  # past the largest bucket
+    assert c.bucket_prefill(6, [2, 4]) == pytest.approx(c.bucket_step(4) + c.bucket_step(2))
+
+
+def test_buckets_are_kept_only_where_every_prompt_gains():
+    """No dispatch or launch cost in the hand-built machine: a step (hot routes read per route) never
+    beats the eager forward (hot experts read once), so no bucket is kept; with op dispatch priced and
+    a free graph launch, buckets are kept until per-route reads outweigh the dispatch they save."""
+    c = cost(hot=(0, 1, 2, 3))
+    assert c.choose_buckets(None, context=10 ** 6) == []
+    dispatch = HW.replace(host=HW.host.replace(op_dispatch_s=MS / 1000))
+    d = CostModel(c.cfg, dispatch, c.layers, EXPERT, 0, 0)
+    d.eager_ops_per_layer = 8000  # 8 ms of dispatch per eager forward; a hot route reads 1 ms
+    buckets = d.choose_buckets(None, context=10 ** 6)
+    assert buckets and buckets == [2 ** i for i in range(1, len(buckets) + 1)]
+    B = buckets[-1]
+    assert all(d.bucket_prefill(n, buckets) < d.eager_prefill(n, None) for n in range(1, B + 1))
+    assert any(d.bucket_prefill(n, buckets + [2 * B]) >= d.eager_prefill(n, None) for n in range(1, 2 * B + 1))
+    assert d.choose_buckets(None, context=3 * 4) == [b for b in buckets if b <= 4]  # 3 x B <= context
+    assert d.choose_buckets(2, context=10 ** 6) == [2]                               # B <= the threshold
+
+
 def test_upload_once_above_the_threshold_is_hand_computed():
     c = cost()
     pol = Ostinato(c, c.layers[0].hot[None], threshold=1)

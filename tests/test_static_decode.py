@@ -17,7 +17,7 @@ from conftest import assert_close_to_scale
 from graph_safety import GraphUnsafe, first_difference, graph_safe_trace, segment_owners
 from ostinato.runtime import load_model
 from ostinato.runtime.model.experts import swiglu
-from ostinato.runtime.model.static_decode import StaticDecodeStep
+from ostinato.runtime.model.static_decode import StaticStep
 
 MAX_CONTEXT = 512
 # Relative to the logit scale; observed max |diff| / scale: 5e-7 (tiny), 8e-7 (small).
@@ -42,11 +42,11 @@ def _tokens(model, n: int, seed: int) -> torch.Tensor:
     return torch.randint(0, model.config.vocab_size, (n,), generator=torch.Generator().manual_seed(seed))
 
 
-def static_decode(step: StaticDecodeStep, tokens) -> torch.Tensor:
+def static_decode(step: StaticStep, tokens) -> torch.Tensor:
     """Feed tokens one by one -> logits [N, V]."""
     out = []
     for t in tokens:
-        step.set_token(int(t))
+        step.set_tokens([int(t)])
         out.append(step.run().clone())
     return torch.stack(out)
 
@@ -67,16 +67,16 @@ def test_decode_matches_dynamic(model, length):
     ids = _tokens(model, p + n, 10)
     session = model.new_session()
     session.prefill(ids[:p])
-    step = StaticDecodeStep(model, MAX_CONTEXT)
+    step = StaticStep(model, MAX_CONTEXT)
     step.load(session.cache)
     recorder = RouteRecorder()
     model.set_observer(recorder)
     try:
         for i, t in enumerate(ids[p:]):
             ref = session.decode(t)  # the dynamic reference; step.load took a copy of the cache before
-            step.set_token(int(t))
+            step.set_tokens([int(t)])
             assert_close(step.run(), ref, f"{model.preset}: token {i} at position {p + i}")
-            got_ids, got_weights = step.routes()
+            got_ids, got_weights = (r[:, 0] for r in step.routes())  # [L, 1, k] -> [L, k]
             assert torch.equal(got_ids.sort(dim=-1).values, torch.stack([recorder.ids[k] for k in sorted(recorder.ids)]))
             assert torch.allclose(got_weights.sum(dim=-1), torch.full((len(got_ids),), model.config.routed_scaling_factor))
     finally:
@@ -94,7 +94,7 @@ def test_store_then_dynamic_prefill_continues_exactly(model):
 
     session = model.new_session()
     session.prefill(first)
-    step = StaticDecodeStep(model, MAX_CONTEXT)
+    step = StaticStep(model, MAX_CONTEXT)
     step.load(session.cache)
     assert_close(static_decode(step, decoded[:6]), ref_decoded[:6], "static decode")
     step.store(session.cache)  # mid-way: the buffers stay valid, decoding goes on without a reload
@@ -129,7 +129,7 @@ def test_load_store_without_steps_keeps_the_cache(model, p):
     session = model.new_session()
     session.prefill(_tokens(model, p, 5))
     before = _cache_items(session.cache.clone())
-    step = StaticDecodeStep(model, MAX_CONTEXT)
+    step = StaticStep(model, MAX_CONTEXT)
     step.load(session.cache)
     step.store(session.cache)
     after = _cache_items(session.cache)
@@ -144,7 +144,7 @@ def test_greedy_tokens_match_dynamic(model):
     """40 greedy steps; on small they cross the indexer's selection onset (256 tokens)."""
     session = model.new_session()
     logits = session.prefill(_tokens(model, {"tiny": 100, "small": 250}[model.preset], 6))[-1]
-    step = StaticDecodeStep(model, MAX_CONTEXT)
+    step = StaticStep(model, MAX_CONTEXT)
     step.load(session.cache)
     ref_logits, ours = logits, logits
     ref_tokens, our_tokens = [], []
@@ -152,7 +152,7 @@ def test_greedy_tokens_match_dynamic(model):
         ref_tokens.append(int(ref_logits.argmax()))
         our_tokens.append(int(ours.argmax()))
         ref_logits = session.decode(ref_tokens[-1])
-        step.set_token(our_tokens[-1])
+        step.set_tokens([our_tokens[-1]])
         ours = step.run()
     assert our_tokens == ref_tokens
 
@@ -160,9 +160,9 @@ def test_greedy_tokens_match_dynamic(model):
 def test_max_context(model):
     session = model.new_session()
     session.prefill(_tokens(model, 9, 8))
-    step = StaticDecodeStep(model, 10)
+    step = StaticStep(model, 10)
     step.load(session.cache)
-    step.set_token(1)
+    step.set_tokens([1])
     step.run()  # position 9 -> a context of 10: the limit
     with pytest.raises(ValueError, match="max_context=10"):
         step.run()
@@ -176,7 +176,7 @@ def test_store_detects_a_step_the_host_did_not_count(model):
     """A graph runner replays segments and must call note_step(); store() checks the device positions."""
     session = model.new_session()
     session.prefill(_tokens(model, 5, 12))
-    step = StaticDecodeStep(model, MAX_CONTEXT)
+    step = StaticStep(model, MAX_CONTEXT)
     step.load(session.cache)
     step.run_segment(0)  # one segment, no note_step()
     with pytest.raises(RuntimeError, match="note_step"):
@@ -215,12 +215,12 @@ def test_segments_are_graph_safe_with_fixed_shapes(pipelined):
     ids = _tokens(pipelined, 130, 11)
     session = pipelined.new_session()
     session.prefill(ids[:127])
-    step = StaticDecodeStep(pipelined, MAX_CONTEXT)
+    step = StaticStep(pipelined, MAX_CONTEXT)
     assert [tuple(s) for s in step.segments] == [(torch.device("cpu"), 0, 2), (torch.device("cpu", 0), 2, 4)]
     step.load(session.cache)
     owners, traces = segment_owners(step), []
     for t in ids[127:129]:  # position 127 completes a CSA and the first HCA window; 128 opens new ones
-        step.set_token(int(t))
+        step.set_tokens([int(t)])
         step.check_room()
         traces.append([])
         for i in range(len(step.segments)):  # each touching only its own segment's buffers
@@ -236,7 +236,7 @@ def test_segments_are_graph_safe_with_fixed_shapes(pipelined):
 
 def test_checker_catches_host_reads(model):
     """The plain DenseExpertExecutor reads per-expert counts on the host: not capturable."""
-    step = StaticDecodeStep(model, MAX_CONTEXT)
+    step = StaticStep(model, MAX_CONTEXT)
     with pytest.raises(GraphUnsafe, match="_local_scalar_dense|bincount"):
         graph_safe_trace(step.run_segment, 0)
     x = torch.arange(6)

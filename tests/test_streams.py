@@ -19,7 +19,7 @@ import torch
 from graph_safety import storage_of
 from ostinato.runtime.engine.decode_graphs import WARMUP_RUNS, SegmentGraphs
 from ostinato.runtime.engine.streams import CPU_STREAMS, CpuStreams, TwinStream
-from ostinato.runtime.model.static_decode import StaticDecodeStep
+from ostinato.runtime.model.static_decode import StaticStep
 from stream_order import StreamWork, capture_problems, races
 from test_engine import IDS, _close, compiled, reference  # noqa: F401  (fixtures)
 from test_engine_decode_step import pipeline_engine
@@ -83,12 +83,12 @@ def test_upload_copies_and_computes_are_ordered_per_staging_buffer(engine, refer
 def test_capture_warms_up_on_its_stream_and_joins_what_it_forks(engine, reference):
     session, ref = engine.new_session(), reference.new_session()
     _close(session.prefill(IDS[:40]), ref.prefill(IDS[:40]))
-    graphs = SegmentGraphs(engine.decode_runner.step)
+    graphs = SegmentGraphs(engine.step_runner.step)
     with CPU_STREAMS.recording() as log, StreamWork(CPU_STREAMS):
         graphs.capture()
     assert not graphs.captured  # nothing to capture on the CPU
     begins = [n for n, e in enumerate(log) if e.op == "capture_begin"]
-    assert len(begins) == len(engine.decode_runner.step.segments) == 2
+    assert len(begins) == len(engine.step_runner.step.segments) == 2
     for begin in begins:
         stream = log[begin].stream
         assert stream != TwinStream(0) and (stream, "new", None) in log[:begin]
@@ -109,15 +109,15 @@ def test_warm_up_from_a_session_at_max_context_minus_one(engine, reference):
     max_context = 128  # a multiple of every compressor ratio (4, 128): position 128 has no row
     session, ref = engine.new_session(), reference.new_session()
     session.prefill(IDS[:max_context - 1]), ref.prefill(IDS[:max_context - 1])
-    step = StaticDecodeStep(engine.model, max_context, [lp.gpu for lp in engine.plan.layers])
+    step = StaticStep(engine.model, max_context, [lp.gpu for lp in engine.plan.layers])
     step.load(session.session.cache)
     graphs = SegmentGraphs(step)
     graphs.capture()  # WARMUP_RUNS + 1 runs of each segment
     step.load(session.session.cache)
-    step.set_token(int(IDS[max_context - 1]))
+    step.set_tokens([int(IDS[max_context - 1])])
     _close(graphs.run(), ref.decode(int(IDS[max_context - 1])))
     with pytest.raises(ValueError, match=f"max_context={max_context}"):
         graphs.run()
-    small = StaticDecodeStep(engine.model, WARMUP_RUNS, [lp.gpu for lp in engine.plan.layers])
+    small = StaticStep(engine.model, WARMUP_RUNS, [lp.gpu for lp in engine.plan.layers])
     with pytest.raises(ValueError, match="beyond max_context"):
         SegmentGraphs(small).capture()

@@ -54,16 +54,16 @@ class OursStatic(Ours):
     name = "ostinato-static"
 
     def decode(self, prompt: torch.Tensor, steps: list[int]) -> float:
-        from ostinato.runtime.model.static_decode import StaticDecodeStep
+        from ostinato.runtime.model.static_decode import StaticStep
 
         session = self.model.new_session()
         session.prefill(prompt)
-        step = StaticDecodeStep(self.model, max_context=prompt.numel() + len(steps))
+        step = StaticStep(self.model, max_context=prompt.numel() + len(steps))
         step.load(session.cache)
 
         def run():
             for tok in steps:
-                step.set_token(tok)
+                step.set_tokens([tok])
                 step.run()
 
         return _timed(run)

@@ -22,6 +22,9 @@ One command, a few minutes on an H200; prints one table row per measurement and 
             their logits; (g) the same bf16 engine vs the float32 model on the CPU, fed the float32
             model's greedy tokens: max logit error over the logit scale and greedy agreement (a
             different pick is allowed only where float32's top two are within 1% of the scale)
+  bucket    (i) short prefills of 16, 64 and 120 tokens (after 100) on the same tiny engine with buckets
+            8..64: the bucket steps replayed from their CUDA graphs vs the same steps eagerly vs the
+            dynamic model (median of 5), and the graphs' logits vs the eager steps'
   memory    (f) an engine filled to the plan's context: its tensors by planned row and component
             (runtime/engine/held_memory.py) vs the plan's rows; torch.cuda.memory_allocated growth
             vs the plan's row without its headroom
@@ -70,7 +73,7 @@ if TYPE_CHECKING:
     from ostinato.compiler.cost_model import CostModel
     from ostinato.plan import Plan
 
-MEASUREMENTS = ("kernels", "decode", "prefill", "upload", "hostnode", "step", "memory", "fp8")
+MEASUREMENTS = ("kernels", "decode", "prefill", "upload", "hostnode", "step", "bucket", "memory", "fp8")
 ROUTES_PER_EXPERT = (16, 64, 256, 1024, 4096)
 NEAR_TIE = 0.01         # of the logit scale: where float32's top two are closer, bf16 may pick the other
 CONTEXT = 512           # the tiny plan's context: the memory check fills a session to it
@@ -462,7 +465,7 @@ def host_node(ctx: Context) -> list[Row]:
 
         def bridges():
             for _ in range(n):
-                bridge.start(x, ids, weights)
+                bridge.start(x, ids[None], weights[None])
                 bridge.finish()
 
         sec = per_call(captured(bridges, le.device), le.device, 20 if ctx.cuda else 2) / n
@@ -522,6 +525,45 @@ def decode_step(ctx: Context) -> list[Row]:
                 f"{compared - flips} of {compared} agree", f"flips only at near-ties (<{NEAR_TIE:.0%})",
                 (compared - flips) / compared, "greedy_agree",
                 ok=not clear_flips and flips <= max(1, compared // 8))]
+
+
+def bucket_steps(ctx: Context) -> list[Row]:
+    """(i) Short prefills as captured bucket steps vs the same steps eagerly vs the dynamic model, and
+    the graphs' logits vs the eager steps'."""
+    from ostinato.runtime.engine.loader import load_engine
+
+    buckets, prompt, sizes, reps = [8, 16, 32, 64], 100, (16, 64, 120), (5 if ctx.cuda else 1)
+    plan = ctx.plan.replace(policy=ctx.plan.policy.replace(prefill_buckets=buckets))
+    kinds = {"graph": (plan, True), "eager steps": (plan, False),
+             "dynamic": (plan.replace(policy=plan.policy.replace(prefill_buckets=[])), False)}
+    engines = {name: load_engine(p, ctx.ckpt, device=ctx.device.type, decode_graphs=g) for name, (p, g) in kinds.items()}
+    rows = []
+    try:
+        vocab = engines["graph"].model.config.vocab_size
+        ids = torch.randint(0, vocab, (prompt + max(sizes),), generator=torch.Generator().manual_seed(1))
+        for n in sizes:
+            times, logits = {}, {}
+            for name, engine in engines.items():
+                times[name] = []
+                for r in range(reps + 1):  # the first run binds (and captures, for the graph engine)
+                    s = engine.new_session()
+                    s.prefill(ids[:prompt], last_only=True)
+                    sync(ctx.device)
+                    start = time.perf_counter()
+                    logits[name] = s.prefill(ids[prompt:prompt + n], last_only=True)[-1].float().cpu()
+                    sync(ctx.device)
+                    if r:
+                        times[name].append(time.perf_counter() - start)
+            g, e, d = (sorted(times[k])[len(times[k]) // 2] * 1e3 for k in ("graph", "eager steps", "dynamic"))
+            diff = ((logits["graph"] - logits["eager steps"]).abs().max() / logits["eager steps"].abs().max()).item()
+            rows.append(Row("bucket", f"(i) {n}-token prefill after {prompt}, tiny: bucket graphs vs eager steps",
+                            f"{g:.2f} ms", f"eager steps {e:.2f} ms, dynamic {d:.2f} ms", d / g, "dynamic/graph"))
+            rows.append(Row("bucket", f"(i) {n}-token prefill: graph vs eager-step logits", f"max diff {diff:.1e}",
+                            "tol 1e-3", ok=diff <= 1e-3))
+    finally:
+        for engine in engines.values():
+            engine.close()
+    return rows
 
 
 def memory(ctx: Context) -> list[Row]:
@@ -598,7 +640,8 @@ def fp8_dense(ctx: Context) -> list[Row]:
 
 
 RUNS = {"kernels": check_kernels, "decode": hot_decode, "prefill": prefill_rate, "upload": upload,
-        "hostnode": host_node, "step": decode_step, "memory": memory, "fp8": fp8_dense}
+        "hostnode": host_node, "step": decode_step, "bucket": bucket_steps, "memory": memory,
+        "fp8": fp8_dense}
 
 
 # ----- output ---------------------------------------------------------------------------------------

@@ -18,6 +18,20 @@ from ..compile import CompileError, CompileOptions, compile_plan
 from ..explain import explain
 
 
+def _buckets(text: str) -> tuple[int, ...]:
+    """--prefill-buckets: 'none' or comma-separated powers of two >= 2."""
+    if text.strip().lower() == "none":
+        return ()
+    try:
+        sizes = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated token counts or 'none', got {text!r}") from None
+    bad = [T for T in sizes if T < 2 or T & (T - 1)]
+    if bad:
+        raise argparse.ArgumentTypeError(f"bucket {bad[0]} is not a power of two >= 2")
+    return sizes
+
+
 def parse_args(argv: list[str] | None) -> tuple[CompileOptions, bool]:
     p = argparse.ArgumentParser(
         prog="ostinato-compile",
@@ -41,6 +55,9 @@ def parse_args(argv: list[str] | None) -> tuple[CompileOptions, bool]:
                    help="fp8: dense FP8 matrices kept as stored, computed in bf16; bf16 / float32: dequantized to "
                         "that compute dtype; activations and KV rows use the compute dtype (default: float32 on "
                         "cpu-only hardware, fp8 with GPUs)")
+    p.add_argument("--prefill-buckets", type=_buckets, metavar="T,T,..|none",
+                   help="token counts of the captured short-prefill steps, powers of two (e.g. 8,16,32,64), or "
+                        "'none' (default: the cost model keeps those predicted faster than an eager forward)")
     p.add_argument("--max-hot-per-layer", type=int, help="cap on hot experts per layer (default: memory decides)")
     p.add_argument("--no-kernels", action="store_true", help="skip rendering and building the expert kernels")
     p.add_argument("--kernel-dir", type=Path, help="content-addressed folder for generated kernels "
@@ -56,7 +73,7 @@ def parse_args(argv: list[str] | None) -> tuple[CompileOptions, bool]:
     logging.basicConfig(level=logging.INFO if a.verbose else logging.WARNING, format="%(name)s: %(message)s")
     return CompileOptions(model=a.model, output=a.plan, hardware=a.hardware, profile=a.profile, context=a.context,
                           sessions=a.sessions, prefill_chunk=a.prefill_chunk, upload_group=a.upload_group,
-                          snapshots=a.snapshots,
+                          snapshots=a.snapshots, prefill_buckets=a.prefill_buckets,
                           dense_format=a.dense_format, max_hot_per_layer=a.max_hot_per_layer,
                           build_kernels=not a.no_kernels, kernel_dir=a.kernel_dir), a.explain
 

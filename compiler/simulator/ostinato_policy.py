@@ -1,5 +1,6 @@
 """Ostinato as its plan says (runtime/engine/session.py): the plan's hot experts resident on the GPUs;
-prefills of up to `policy.prefill_threshold` tokens split-route (hot routes on the GPU, cold routes on
+prefills of up to the largest of `policy.prefill_buckets` run as captured bucket steps, longer ones
+of up to `policy.prefill_threshold` tokens split-route (hot routes on the GPU, cold routes on
 the host, concurrently), longer ones upload each distinct cold expert once; decode splits too."""
 
 from __future__ import annotations
@@ -7,17 +8,19 @@ from __future__ import annotations
 import numpy as np
 
 from ..cost_model import CostModel
-from .policy import Forward, Policy, split_pass, static_decode, upload_pass
+from .policy import Forward, Policy, bucket_pass, split_pass, static_decode, upload_pass
 
 
 class Ostinato(Policy):
     name = "Ostinato"
 
-    def __init__(self, cost: CostModel, hot: np.ndarray, threshold: int | None):
+    def __init__(self, cost: CostModel, hot: np.ndarray, threshold: int | None, buckets: list[int] = ()):
         super().__init__(cost)
-        self.hot, self.threshold = hot, threshold          # hot [L, E] bool
+        self.hot, self.threshold, self.buckets = hot, threshold, sorted(buckets)  # hot [L, E] bool
 
     def prefill(self, counts: np.ndarray, n: int) -> Forward:
+        if self.buckets and 0 < n <= self.buckets[-1]:
+            return bucket_pass(self.cost, counts, n, self.hot, self.buckets)
         if self.threshold is not None and n > self.threshold:
             return upload_pass(self.cost, counts, n, (counts > 0) & ~self.hot, "upload")
         return split_pass(self.cost, counts, n, self.hot)

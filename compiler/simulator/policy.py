@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ostinato.buckets import bucket_pieces
+
 from ..cost_model import CostModel
 
 
@@ -73,6 +75,26 @@ def upload_pass(cost: CostModel, counts: np.ndarray, n: int, upload: np.ndarray,
         g_sum, u_sum = g_sum + g, u_sum + u
     return Forward(float(cost.forward_time(cost.pipelined(per), n, False, eager)), g_sum, 0.0, u_sum, mode,
                    int(upload.sum()))
+
+
+def bucket_pass(cost: CostModel, counts: np.ndarray, n: int, gpu: np.ndarray, buckets: list[int]) -> Forward:
+    """A short prefill as fixed-shape bucket steps (cost.bucket_step with the trace's counts): each step
+    of T tokens gets T / n of every expert's routes; on a GPU each hot route reads its expert (the step's
+    per-route launch), the host's cold part is split-route's; replayed graphs (eager on a cpu-only spec)."""
+    total = g_sum = c_sum = 0.0
+    touched = counts > 0
+    for T in bucket_pieces(n, buckets):
+        share, step = T / n, 0.0
+        for l in range(counts.shape[0]):
+            c, m = counts[l], gpu[l]
+            hot_routes, cold_routes = share * float(c[m].sum()), share * float(c[~m].sum())
+            hot_reads = min(hot_routes, float((touched[l] & m).sum())) if cost.hw.cpu_only else hot_routes
+            g = cost.gpu_experts_time(hot_reads, hot_routes)
+            h = cost.cpu_experts_time(T, min(cold_routes, float((touched[l] & ~m).sum())), cold_routes)
+            step += cost.overlap(cost.attention_time(l, T) + g, h)
+            g_sum, c_sum = g_sum + g, c_sum + h
+        total += float(cost.forward_time(step, T, True, cost.decode_is_eager()))
+    return Forward(total, g_sum, c_sum, 0.0, "bucket")
 
 
 def decode_table(cost: CostModel, k: int) -> np.ndarray:

@@ -27,7 +27,7 @@ class World:
 
     def policies(self, kt_threshold: int = KT_PREFILL_THRESHOLD) -> list[Policy]:
         cost = self.build.cost
-        return [Ostinato(cost, self.hot, self.build.threshold), KTransformers(cost, kt_threshold),
+        return [Ostinato(cost, self.hot, self.build.threshold, cost.buckets), KTransformers(cost, kt_threshold),
                 LayerPlacement(cost, self.gpu_layers), LruCache(cost, self.hot)]
 
 

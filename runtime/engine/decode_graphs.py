@@ -1,6 +1,6 @@
-"""CUDA graphs of the fixed-shape decode step: one graph per GPU segment of the pipeline, captured once.
+"""CUDA graphs of a fixed-shape step (decode or a prefill bucket): one graph per GPU segment, captured once.
 
-`StaticDecodeStep.run_segment(i)` has fixed shapes, no host reads and touches only its segment's
+`StaticStep.run_segment(i)` has fixed shapes, no host reads and touches only its segment's
 buffers (tested on the CPU by the graph safety checker), so each GPU segment is captured once and
 replayed every token: attention, routing, the hot experts' launch, the shared expert, and the cold
 routes' memcpy / host-function / memcpy nodes (kernels/cold_task.py). Between segments the host
@@ -18,15 +18,23 @@ from __future__ import annotations
 
 import torch
 
-from ..model.static_decode.step import StaticDecodeStep
+from ..model.static_decode.step import StaticStep
 from .streams import streams_for
 
 WARMUP_RUNS = 2
 
 
+def graph_pool():
+    """A memory pool for several steps' graphs. Sharing is safe because the steps never run at the same
+    time and every tensor a capture allocates is dead at its end: outputs go to the steps' static
+    buffers, and caches (route-token maps, Triton launchers) fill during the uncaptured warm-up runs."""
+    return torch.cuda.graph_pool_handle()
+
+
 class SegmentGraphs:
-    def __init__(self, step: StaticDecodeStep):
-        self.step = step
+    def __init__(self, step: StaticStep, pool=None):
+        """`pool`: graph_pool() to share with other steps' graphs (None: a private pool)."""
+        self.step, self.pool = step, pool
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
 
     @property
@@ -48,7 +56,7 @@ class SegmentGraphs:
             with s.on(stream):
                 for _ in range(WARMUP_RUNS):
                     step.run_segment(i)
-            with s.capture(stream) as graph:
+            with s.capture(stream, self.pool) as graph:
                 step.run_segment(i)
             s.wait_stream(s.current(seg.device), stream)
             step.hand_off(i)  # the next segment warms up on a real residual, as in a step
@@ -59,7 +67,7 @@ class SegmentGraphs:
                 torch.cuda.synchronize(device)
 
     def run(self) -> torch.Tensor:
-        """One decode token: replay (or run) every segment in order, each followed by its hand-off ->
+        """One step (the step's T tokens): replay (or run) every segment in order, each followed by its hand-off ->
         the step's logits buffer [V]."""
         step = self.step
         step.check_room()

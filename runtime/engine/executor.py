@@ -27,7 +27,7 @@ import torch
 
 from ostinato.checkpoint.reader import PackedExpert
 
-from ..kernels.cold_task import ColdBridge
+from ..kernels.cold_task import ColdBridge, ColdStaging
 from ..kernels.cpu_experts import CpuExpertKernel, ExpertTable
 from ..kernels.routes import group_flat_routes
 from ..kernels.triton_experts import HotPool
@@ -53,7 +53,9 @@ class LayerExperts:
 
 class PlacementExecutor:
     def __init__(self, layers: list[LayerExperts], pool_compute, cpu_kernel: CpuExpertKernel | None, cpu_threads: int,
-                 upload_group: int, expert_bytes: int, compute_dtype: torch.dtype, top_k: int):
+                 upload_group: int, expert_bytes: int, compute_dtype: torch.dtype, top_k: int, max_step_tokens: int = 1):
+        """`max_step_tokens`: the most tokens a fixed-shape step takes (1: decode only; else the plan's
+        largest prefill bucket), what the cold bridges' staging is sized for."""
         self.layers, self.compute, self.cpu_kernel = layers, pool_compute, cpu_kernel
         self.cpu_threads, self.upload_group, self.expert_bytes = cpu_threads, upload_group, expert_bytes
         self.dtype, self.top_k = compute_dtype, top_k
@@ -63,9 +65,14 @@ class PlacementExecutor:
         self._copy_streams: dict = {}  # one upload stream per GPU, made once (not per layer-forward)
         self._read_done: dict = {}     # id(staging buffer) -> event after the last compute that read it
         # Decode-step buffers, made before any graph capture (pinned memory and streams cannot be made in one).
-        self.bridges = [ColdBridge(cpu_kernel, le.cold_table, le.cold_of, top_k, compute_dtype, le.device, cpu_threads)
+        self.max_step_tokens = max_step_tokens
+        self.staging = {le.device: ColdStaging(cpu_kernel.D, top_k, max_step_tokens, compute_dtype, le.device)
+                        for le in layers if le.cold_table is not None}  # one per device, shared by its layers
+        self.bridges = [ColdBridge(cpu_kernel, le.cold_table, le.cold_of, self.staging[le.device], cpu_threads)
                         if le.cold_table is not None else None for le in layers]
-        self._route_token = {le.device: torch.zeros(top_k, dtype=torch.int64, device=le.device) for le in layers}
+        # device -> [max_step_tokens * k] int64: route slot r's token, r // k; a T-token step uses its first T * k
+        self._route_token = {le.device: torch.arange(max_step_tokens, device=le.device).repeat_interleave(top_k)
+                             for le in layers}
         self._hot_of = torch.stack([le.cold_of < 0 for le in layers])  # [L, E] bool on CPU: counts decode steps
 
     def set_mode(self, mode: str) -> None:
@@ -104,23 +111,25 @@ class PlacementExecutor:
 
     # ----- the fixed-shape decode step ---------------------------------------------------------
     def decode_step(self, layer: int, x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        """x [1, D], expert_ids / weights [1, k] -> [1, D]: all k route slots launched on the device (cold
-        ones masked as slot -1) while the CPU computes the cold ones; no host reads, fixed shapes."""
+        """x [T, D], expert_ids / weights [T, k] -> [T, D]: all T * k route slots launched on the device
+        (cold ones masked as slot -1) while the CPU computes the cold ones; no host reads, fixed shapes."""
         le, bridge = self.layers[layer], self.bridges[layer]
-        ids, w = expert_ids.reshape(-1), weights.reshape(-1).float()  # [k]
+        T = x.shape[0]
+        ids, w = expert_ids.reshape(-1), weights.reshape(-1).float()  # [T * k]
         if bridge is not None:
-            bridge.start(x, ids, w)
-        out = torch.zeros(1, x.shape[1], dtype=torch.float32, device=le.device)  # [1, D]
+            bridge.start(x, expert_ids, weights.float())
+        out = torch.zeros(T, x.shape[1], dtype=torch.float32, device=le.device)  # [T, D]
         if le.hot_pool.w1.shape[0]:
-            self.compute.decode(le.hot_pool, x, le.slot_of[ids], self._route_token[le.device], w, out)
+            self.compute.decode(le.hot_pool, x, le.slot_of[ids], self._route_token[le.device][:ids.numel()], w, out)
         if bridge is not None:
-            out = out + bridge.finish()
+            out = out + bridge.finish(T)
         return out.to(x.dtype)
 
     def count_decode(self, expert_ids: torch.Tensor, seconds: float) -> None:
-        """Host side, after a decode step: count its routes (expert_ids [L, k] on the CPU) and check
-        that every cold task succeeded."""
+        """Host side, after a fixed-shape step: count its routes (expert_ids [L, T, k] or [L, k] on the CPU)
+        and check that every cold task succeeded."""
         c = self.counters
+        expert_ids = expert_ids.reshape(expert_ids.shape[0], -1)  # [L, T * k]
         hot = self._hot_of.gather(1, expert_ids)  # [L, k]
         touched = torch.zeros_like(self._hot_of).scatter_(1, expert_ids, True)  # [L, E]
         c.forwards += expert_ids.shape[0]

@@ -25,9 +25,10 @@ from dataclasses import dataclass, field, fields, is_dataclass
 import torch
 
 # plan components that bound memory rather than count it: transient activations (prefill workspace,
-# the decode graphs' pools), the allocator's fragmentation reserve, and the session snapshots (held
-# as turns go by, up to policy.snapshots)
-BOUNDS = frozenset({"workspace", "cpu_workspace", "decode_graph", "headroom", "kv_snapshots"})
+# the decode graphs' pools), the allocator's fragmentation reserve, the session snapshots (held
+# as turns go by, up to policy.snapshots) and the prefill buckets' graph pool (whose I/O buffers and
+# cold-route staging are filed under it but the pool itself is not a tensor)
+BOUNDS = frozenset({"workspace", "cpu_workspace", "decode_graph", "headroom", "kv_snapshots", "prefill_graphs"})
 
 
 @dataclass
@@ -96,7 +97,7 @@ def held_memory(engine, sessions=()) -> HeldMemory:
     plan, model, ex = engine.plan, engine.model, engine.executor
     held = HeldMemory()
     gpu = [f"gpu{lp.gpu}" for lp in plan.layers]  # [L] the row of each layer
-    step = engine.decode_runner.step if engine.decode_runner is not None else None
+    step = engine.step_runner.step if engine.step_runner is not None else None
     for l, lw in enumerate(model.weights.layers):
         held.add(gpu[l], "dense_weights", tensors_in(lw))
         le = ex.layers[l]
@@ -108,6 +109,18 @@ def held_memory(engine, sessions=()) -> HeldMemory:
         for s in sessions:
             held.add(gpu[l], "kv_cache", tensors_in(s.session.cache.layers[l]))
             held.add(gpu[l], "kv_snapshots", tensors_in([snap.layers[l] for snap in s.session.snapshots]))
+    runner = engine.step_runner
+    if runner is not None:
+        for T, s in runner.steps.items():
+            if T > 1:  # the buckets' own I/O buffers, per segment (the state is the decode step's)
+                for i, seg in enumerate(s.segments):
+                    held.add(gpu[seg.first_layer], "prefill_graphs", tensors_in(
+                        [s.token_in[i], s.streams_in[i], s.streams_out[i], s.expert_ids[i], s.expert_weights[i],
+                         s.offsets[i]] + ([s.token, s.logits] if i == len(s.segments) - 1 else [])))
+    for device, staging in ex.staging.items():  # cold-route staging: sized for the largest bucket
+        layer = next(l for l, le in enumerate(ex.layers) if le.device == device)
+        held.add(gpu[layer], "prefill_graphs", tensors_in(staging.out_device))
+        held.add("host", "prefill_graphs", tensors_in(staging))
     w = model.weights
     held.add(gpu[0], "embedding", tensors_in(w.embed))
     held.add(gpu[-1], "head", tensors_in((w.head, w.norm, w.hc_head)))

@@ -126,16 +126,18 @@ class CpuPoolCompute:
 
     def decode(self, pool: HotPool, x: torch.Tensor, slot: torch.Tensor, token: torch.Tensor,
                weight: torch.Tensor, out: torch.Tensor) -> None:
-        """One token's K route slots (slot -1: padding): the kernel's decode task (the one a decode step's
-        cold routes use) groups them itself, so this reads nothing on the host and issues two torch ops."""
-        if x.shape[0] != 1:
-            raise ValueError(f"decode computes one token, got x of shape {tuple(x.shape)}")
+        """T tokens' K = T * k route slots (slot -1: padding; slot r belongs to token r // k, the order
+        decode_step lays them out in): the kernel's decode task (the one a step's cold routes use) groups
+        them itself, so this reads nothing on the host and issues two torch ops."""
+        T = x.shape[0]
+        if slot.numel() % T:
+            raise ValueError(f"decode takes k route slots per token: {slot.numel()} slots for {T} tokens")
         table, slot_map = self._table(pool)
         x = (x if x.dtype in (torch.float32, torch.bfloat16) else x.float()).contiguous()
-        ids = (slot + 1).reshape(1, -1)  # [1, K] into slot_map
+        ids = (slot + 1).reshape(T, -1)  # [T, k] into slot_map
         w = weight.to(torch.float32).contiguous()
-        result = torch.empty_like(out)  # [1, D] float32, overwritten by the task
-        task = ColdTask(x.data_ptr(), int(x.dtype == torch.bfloat16), 1, ids.shape[1], ids.data_ptr(), w.data_ptr(),
+        result = torch.empty_like(out)  # [T, D] float32, overwritten by the task
+        task = ColdTask(x.data_ptr(), int(x.dtype == torch.bfloat16), T, ids.shape[1], ids.data_ptr(), w.data_ptr(),
                         slot_map.data_ptr(), slot_map.numel(), table.n_experts, ctypes.cast(table.ptrs, ctypes.c_void_p),
                         result.data_ptr(), self.n_threads, 0)
         self.kernel.lib.ost_cold_task_run(ctypes.byref(task))
@@ -170,6 +172,5 @@ class TritonPoolCompute:
 
     def decode(self, pool: HotPool, x: torch.Tensor, slot: torch.Tensor, token: torch.Tensor,
                weight: torch.Tensor, out: torch.Tensor) -> None:
-        n = self.decode_mod.MAX_ROUTES
-        h = torch.empty(n, self.decode_mod.I, dtype=torch.float32, device=x.device)
+        h = torch.empty(slot.numel(), self.decode_mod.I, dtype=torch.float32, device=x.device)  # [T * k, I]
         decode_experts(self.decode_mod, self._activations(x), slot.int(), token.int(), weight.float(), pool, out, h)

@@ -33,10 +33,10 @@ from ..kernels.hc_mix import HcMixKernel
 from ..kernels.triton_experts import HotPool, load_triton_module
 from ..model.model import Model, load_model
 from .cpu_threads import CpuThreads, cpu_threads
-from .decode_runner import DecodeRunner
 from .executor import LayerExperts, PlacementExecutor
 from .hot_compute import CpuPoolCompute, TorchPoolCompute, TritonPoolCompute
 from .session import EngineSession
+from .step_runner import StepRunner
 
 DENSE_DTYPES = {"fp8": torch.bfloat16, "bf16": torch.bfloat16, "float32": torch.float32}  # dense_format -> compute
 
@@ -48,12 +48,12 @@ class Engine:
     model: Model
     executor: PlacementExecutor
     devices: list
-    decode_runner: DecodeRunner | None  # the fixed-shape decode step; None: dynamic decode
+    step_runner: StepRunner | None      # the fixed-shape steps (decode, prefill buckets); None: dynamic
     cpu_threads: CpuThreads             # the cold kernel's threads: the plan's, clamped to this machine
 
     def new_session(self) -> EngineSession:
         return EngineSession(self.model.new_session(), self.executor, self.plan.policy.prefill_threshold,
-                             self.decode_runner)
+                             self.step_runner)
 
     def close(self) -> None:
         self.executor.close()
@@ -205,7 +205,8 @@ def load_engine(plan: str | Path | Plan, model_dir: str | Path | None = None, de
                                        cpu_kernel.table(cold_packed) if cold else None, staging[lp.gpu]))
             bar.update()
     executor = PlacementExecutor(layers, compute, cpu_kernel, threads.threads, plan.policy.upload_group,
-                                 plan.model.expert_bytes, dtype, cfg.num_experts_per_tok)
+                                 plan.model.expert_bytes, dtype, cfg.num_experts_per_tok,
+                                 max(plan.policy.prefill_buckets, default=1))
     with tqdm(total=len(plan.layers), desc="loading layers", unit="layer", file=sys.stderr, disable=disable) as bar:
         model = load_model(model_dir, dtype=dtype, device=devices[plan.layers[0].gpu], executor=executor,
                            prefill_chunk=plan.policy.prefill_chunk,
@@ -215,7 +216,7 @@ def load_engine(plan: str | Path | Plan, model_dir: str | Path | None = None, de
     model.hc_mix = _hc_mix_kernel(plan, cfg, cuda)
     model.dense_ops = DenseOpsKernel(_artifact(plan, plan.kernel(KernelName.DENSE_OPS_CPU)), load_triton_module(
         _artifact(plan, plan.kernel(KernelName.DENSE_OPS_TRITON))) if cuda else None)
-    runner = DecodeRunner(model, executor, plan.policy.context, decode_graphs,
-                          [lp.gpu for lp in plan.layers]) if static_decode else None
+    runner = StepRunner(model, executor, plan.policy.context, decode_graphs, [lp.gpu for lp in plan.layers],
+                        plan.policy.prefill_buckets) if static_decode else None
     return Engine(plan, model_dir, model, executor, devices, runner, threads)
 

@@ -1,8 +1,9 @@
 """An engine session: the model's session, with the executor's mode chosen per forward by the plan.
 
-Prefills of more tokens than the plan's threshold run upload-once, shorter ones split-route.
-Decode steps run the engine's fixed-shape decode step (a CUDA graph per GPU, eager on the CPU)
-when the engine has a DecodeRunner, else the dynamic model with the executor in decode mode.
+Prefills of more tokens than the plan's threshold run upload-once, shorter ones split-route; with
+a StepRunner, prefills of up to its largest bucket (that only need the last token's logits) run
+as its fixed-shape bucket steps instead, and decode steps as its decode step (a CUDA graph per
+GPU, eager on the CPU); without one, the dynamic model with the executor in decode mode.
 Everything else (cache kept across turns, truncate, fork) is the model session's; before any of it
 the decode runner stores back what its steps added to this session's cache.
 """
@@ -12,13 +13,13 @@ from __future__ import annotations
 import torch
 
 from ..model.session import Session
-from .decode_runner import DecodeRunner
 from .executor import PlacementExecutor
+from .step_runner import StepRunner
 
 
 class EngineSession:
     def __init__(self, session: Session, executor: PlacementExecutor, threshold: int | None,
-                 runner: DecodeRunner | None = None):
+                 runner: StepRunner | None = None):
         self.session, self.executor, self.threshold, self.runner = session, executor, threshold, runner
 
     def __len__(self) -> int:
@@ -29,6 +30,8 @@ class EngineSession:
 
     def prefill(self, token_ids, last_only: bool = False) -> torch.Tensor:
         ids = torch.as_tensor(token_ids, dtype=torch.long).reshape(-1)
+        if last_only and self.runner is not None and 0 < ids.numel() <= self.runner.largest_bucket:
+            return self.runner.prefill(self.session, ids)
         self._release()
         self.executor.set_mode(self.prefill_mode(ids.numel()))
         return self.session.prefill(ids, last_only)

@@ -50,10 +50,11 @@ class CudaStreams:
         stream.wait_stream(other)
 
     @contextmanager
-    def capture(self, stream: torch.cuda.Stream) -> Iterator[torch.cuda.CUDAGraph]:
-        """Capture the work queued inside on `stream` (made the current stream) into a new graph."""
+    def capture(self, stream: torch.cuda.Stream, pool=None) -> Iterator[torch.cuda.CUDAGraph]:
+        """Capture the work queued inside on `stream` (made the current stream) into a new graph (its
+        memory from `pool`, a torch.cuda.graph_pool_handle(), when given)."""
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.device(stream.device), torch.cuda.graph(graph, stream=stream):
+        with torch.cuda.device(stream.device), torch.cuda.graph(graph, pool=pool, stream=stream):
             yield graph
 
 
@@ -117,7 +118,7 @@ class CpuStreams:
         self._note(stream, "wait_stream", other)
 
     @contextmanager
-    def capture(self, stream: TwinStream) -> Iterator[None]:
+    def capture(self, stream: TwinStream, pool=None) -> Iterator[None]:
         """The work inside runs eagerly on `stream`; nothing is captured."""
         self._note(stream, "capture_begin", None)
         with self.on(stream):

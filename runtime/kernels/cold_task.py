@@ -1,8 +1,9 @@
 """Cold routes inside the fixed-shape decode step: a host task the CUDA graph calls, or the CPU calls.
 
-A decode step knows its routes only on the device. Per layer, a `ColdBridge` owns (pinned, with a
-GPU) host buffers for the step's activations and routes, the CPU kernel's result, and a `ColdTask`
-struct pointing at them and at the layer's cold expert table. The step copies x and the routes into
+A fixed-shape step (decode: T = 1; a short-prefill bucket: T tokens) knows its routes only on the
+device. Per layer, a `ColdBridge` owns one `ColdTask` struct per token count, pointing at host
+buffers (pinned, with a GPU) for the step's activations and routes and the CPU kernel's result (a
+`ColdStaging`, shared by one device's layers) and at the layer's cold expert table. The step copies x and the routes into
 those buffers, runs the generated `ost_cold_task_run(task)` (templates/cpu/moe_experts.cpp.j2) and
 copies the result back:
 - the three stages go on a side stream forked from the current one (start) and joined back before
@@ -13,7 +14,7 @@ copies the result back:
   directly when its turn comes (the twin, whose stream log tests check).
 A host node cannot report an error, so the task leaves a status code that `check()` reads after
 the step.
-Legend: D hidden, k routes per token, E experts of the model.
+Legend: T tokens of the step, D hidden, k routes per token, E experts of the model.
 """
 
 from __future__ import annotations
@@ -48,65 +49,90 @@ def _libcuda():
     return lib
 
 
-class ColdBridge:
-    """One layer's cold routes in the decode step (T = 1 token, k routes)."""
+class ColdStaging:
+    """Host buffers for up to `max_tokens` tokens' cold routes, shared by the bridges of one device's
+    layers: a step's layers run one after another (each bridge's finish() joins its side stream before
+    the next layer's start()), so one set serves them all."""
 
-    def __init__(self, kernel: CpuExpertKernel, table: ExpertTable, cold_of: torch.Tensor, k: int,
-                 x_dtype: torch.dtype, device: torch.device, n_threads: int):
-        self.kernel, self.table, self.device = kernel, table, torch.device(device)
+    def __init__(self, D: int, k: int, max_tokens: int, x_dtype: torch.dtype, device: torch.device):
+        self.device, self.max_tokens = torch.device(device), max_tokens
         cuda = self.device.type == "cuda"
 
         def host(shape, dtype):  # pinned with a GPU: the copies are then true async DMA
             t = torch.zeros(shape, dtype=dtype)
             return t.pin_memory() if cuda else t
 
-        host_dtype = torch.float32 if x_dtype == torch.float32 else torch.bfloat16
-        self.x = host((1, kernel.D), host_dtype)           # [1, D]
-        self.ids = host((1, k), torch.int64)               # [1, k]
-        self.weights = host((1, k), torch.float32)         # [1, k]
-        self.out = host((1, kernel.D), torch.float32)      # [1, D]
+        self.x_dtype = torch.float32 if x_dtype == torch.float32 else torch.bfloat16
+        self.x = host((max_tokens, D), self.x_dtype)            # [Tmax, D]
+        self.ids = host((max_tokens, k), torch.int64)           # [Tmax, k]
+        self.weights = host((max_tokens, k), torch.float32)     # [Tmax, k]
+        self.out = host((max_tokens, D), torch.float32)         # [Tmax, D]
+        self.out_device = torch.zeros(max_tokens, D, device=self.device)  # [Tmax, D] float32
+
+    @property
+    def nbytes(self) -> tuple[int, int]:
+        """(host bytes, device bytes) these buffers hold."""
+        host = sum(t.numel() * t.element_size() for t in (self.x, self.ids, self.weights, self.out))
+        return host, self.out_device.numel() * 4
+
+
+class ColdBridge:
+    """One layer's cold routes in a fixed-shape step of T tokens (T <= the staging's max_tokens), k routes each."""
+
+    def __init__(self, kernel: CpuExpertKernel, table: ExpertTable, cold_of: torch.Tensor, staging: ColdStaging,
+                 n_threads: int):
+        self.kernel, self.table, self.staging, self.n_threads = kernel, table, staging, n_threads
+        self.device = staging.device
         self.cold_of = cold_of.to("cpu", torch.int64).contiguous()  # [E]
-        self.task = ColdTask(self.x.data_ptr(), int(host_dtype == torch.bfloat16), 1, k, self.ids.data_ptr(),
-                             self.weights.data_ptr(), self.cold_of.data_ptr(), self.cold_of.numel(), table.n_experts,
-                             ctypes.cast(table.ptrs, ctypes.c_void_p), self.out.data_ptr(), n_threads, 0)
+        self.tasks: dict[int, ColdTask] = {}  # T -> its task struct (a captured host node keeps its address)
         self.fn = ctypes.cast(kernel.lib.ost_cold_task_run, ctypes.c_void_p)
-        self.out_device = torch.zeros(1, kernel.D, device=self.device)  # [1, D] float32
         self.streams = streams_for(self.device)
         self.side = self.streams.new(self.device)  # made here: a capture cannot make streams
-        self.libcuda = _libcuda() if cuda else None
+        self.libcuda = _libcuda() if self.device.type == "cuda" else None
+
+    def task(self, T: int) -> ColdTask:
+        """The task over the staging's first T rows (made once per T, then kept: its address is captured)."""
+        if T not in self.tasks:
+            st = self.staging
+            if not 1 <= T <= st.max_tokens:
+                raise ValueError(f"a cold bridge stages 1..{st.max_tokens} tokens, not {T}")
+            self.tasks[T] = ColdTask(st.x.data_ptr(), int(st.x_dtype == torch.bfloat16), T, st.ids.shape[1],
+                                     st.ids.data_ptr(), st.weights.data_ptr(), self.cold_of.data_ptr(),
+                                     self.cold_of.numel(), self.table.n_experts,
+                                     ctypes.cast(self.table.ptrs, ctypes.c_void_p), st.out.data_ptr(),
+                                     self.n_threads, 0)
+        return self.tasks[T]
 
     def start(self, x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor) -> None:
-        """Begin the cold routes of x [1, D] with expert_ids / weights [1, k] (capturable on a GPU)."""
-        s = self.streams
+        """Begin the cold routes of x [T, D] with expert_ids / weights [T, k] (capturable on a GPU)."""
+        T, st, s = x.shape[0], self.staging, self.streams
+        task = self.task(T)
         s.wait_stream(self.side, s.current(self.device))  # fork: x and the routes are ready
         with s.on(self.side):
-            self._stage(x, expert_ids, weights)
-            self._run_task()
-            self.out_device.copy_(self.out, non_blocking=True)
+            st.x[:T].copy_(x, non_blocking=True)
+            st.ids[:T].copy_(expert_ids.reshape(T, -1), non_blocking=True)
+            st.weights[:T].copy_(weights.reshape(T, -1), non_blocking=True)
+            self._run_task(task)
+            st.out_device[:T].copy_(st.out[:T], non_blocking=True)
 
-    def finish(self) -> torch.Tensor:
-        """The cold routes' sum [1, D] float32 on the layer's device, ordered after start()'s work."""
+    def finish(self, T: int = 1) -> torch.Tensor:
+        """The cold routes' sums [T, D] float32 on the layer's device, ordered after start()'s work."""
         self.streams.wait_stream(self.streams.current(self.device), self.side)  # join
-        return self.out_device
+        return self.staging.out_device[:T]
 
     def check(self) -> None:
-        """Raise if the last host task rejected its input (host side, after the step)."""
-        status = self.task.status
-        if status:
-            raise ValueError(f"cold expert task failed: {HOST_FN_ERRORS.get(status) or kernel_error(status)}")
+        """Raise if a host task rejected its input (host side, after the step)."""
+        for task in self.tasks.values():
+            if task.status:
+                raise ValueError(f"cold expert task failed: {HOST_FN_ERRORS.get(task.status) or kernel_error(task.status)}")
 
-    def _stage(self, x, expert_ids, weights) -> None:
-        self.x.copy_(x.reshape(1, -1), non_blocking=True)
-        self.ids.copy_(expert_ids.reshape(1, -1), non_blocking=True)
-        self.weights.copy_(weights.reshape(1, -1), non_blocking=True)
-
-    def _run_task(self) -> None:
+    def _run_task(self, task: ColdTask) -> None:
         """The CPU kernel over the staged buffers: a host function on the side stream with a GPU, a call
         now on the CPU (where the copies before it are already done)."""
         if self.libcuda is None:
-            self.kernel.lib.ost_cold_task_run(ctypes.byref(self.task))
+            self.kernel.lib.ost_cold_task_run(ctypes.byref(task))
             return
         rc = self.libcuda.cuLaunchHostFunc(ctypes.c_void_p(self.side.cuda_stream), self.fn,
-                                          ctypes.c_void_p(ctypes.addressof(self.task)))
+                                          ctypes.c_void_p(ctypes.addressof(task)))
         if rc != 0:
             raise RuntimeError(f"cuLaunchHostFunc failed with CUresult {rc}")

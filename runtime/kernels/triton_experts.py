@@ -90,12 +90,15 @@ def prefill_experts(mod: ModuleType, x: torch.Tensor, routes: GroupedRoutes, poo
 
 def decode_experts(mod: ModuleType, x: torch.Tensor, slot: torch.Tensor, token: torch.Tensor, weight: torch.Tensor,
                    pool: HotPool, out: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
-    """Fixed-shape launch: slot/token/weight [MAX_ROUTES] (slot -1 = padding), h [MAX_ROUTES, I] float32
-    scratch kept by the caller (a CUDA graph captures its address). out += the valid routes' results."""
+    """Fixed-shape launch: slot/token/weight [n] (slot -1 = padding; n = T * k, MAX_ROUTES for one token),
+    h [n, I] float32 scratch kept by the caller (a CUDA graph captures its address). One program per
+    route slot and row block, so a T-token bucket reads each route's weights once (no grouping by
+    expert: that needs host-known counts). out += the valid routes' results."""
     _check(mod, "decode", x, out)
-    n = mod.MAX_ROUTES
-    if slot.shape != (n,) or token.shape != (n,) or weight.shape != (n,) or h.shape != (n, mod.I):
-        raise ValueError(f"decode launch needs slot/token/weight [{n}] and h [{n}, {mod.I}]")
+    n = slot.numel()
+    if n % mod.MAX_ROUTES or slot.shape != (n,) or token.shape != (n,) or weight.shape != (n,) or h.shape != (n, mod.I):
+        raise ValueError(f"decode launch needs slot/token/weight [T * {mod.MAX_ROUTES}] and h [n, {mod.I}], got "
+                         f"slot {tuple(slot.shape)}, token {tuple(token.shape)}, h {tuple(h.shape)}")
     mod.gate_up_kernel[(n, mod.I // mod.BLOCK_N)](x, pool.w1, pool.w1_scale, pool.w3, pool.w3_scale, h, slot, token)
     mod.down_kernel[(n, mod.D // mod.BLOCK_N)](h, pool.w2, pool.w2_scale, out, slot, token, weight)
     return out

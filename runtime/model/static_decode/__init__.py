@@ -13,9 +13,9 @@ Module map:
     indexer.py     fixed-k top-k over all index rows
     attention.py   window ring, HCA over all rows, CSA over the picked rows
     moe.py         routing into static buffers, the executor's decode_step
-    step.py        StaticDecodeStep: segments, host API
+    step.py        StaticStep: segments, host API
 """
 
-from .step import StaticDecodeStep
+from .step import StaticStep
 
-__all__ = ["StaticDecodeStep"]
+__all__ = ["StaticStep"]

@@ -1,13 +1,17 @@
-"""Attention's decode step at a fixed shape (static twin of ../attention.py).
+"""Attention's step at a fixed shape (static twin of ../attention.py), for T new tokens.
 
 The same projections, softmax with sinks and grouped output as the dynamic path (shared functions);
 only the key sets are read from the static buffers:
-- window: the token's key goes to ring slot p mod W, then the W slots are gathered in position
-  order p-W+1 .. p; positions before the context, or not held by their slot, are masked;
-- HCA: all R rows, masked beyond the (p+1) // m visible ones;
-- CSA: the k rows the fixed-shape indexer picks, gathered, dropped picks masked.
+- window: the W-1 positions before the first new token are gathered from the ring in position
+  order (slot = position mod W), the new keys appended, and query i sees rows i .. i+W-1 of that
+  band (as the dynamic path); positions before the context, or not held by their slot, are masked.
+  Then the last min(T, W) new keys go into the ring (distinct slots);
+- HCA: all R rows, masked per query beyond its (p+1) // m visible ones;
+- CSA: the k rows the fixed-shape indexer picks per query, gathered, dropped picks masked.
+T = 1 is the decode step.
 
-Legend: H heads, hd head_dim, W sliding_window, R rows capacity, k CSA picks, D hidden, ql q_lora_rank.
+Legend: T new tokens, H heads, hd head_dim, W sliding_window, R rows capacity, k CSA picks, D hidden,
+ql q_lora_rank.
 """
 
 from __future__ import annotations
@@ -24,46 +28,52 @@ from .state import LayerState
 NEG_INF = float("-inf")
 
 
-def attention_step(w: AttentionWeights, state: LayerState, x: torch.Tensor, rope: Rope, eps: float) -> torch.Tensor:
-    """x [1, D] at position state.position -> [1, D]; updates the layer's static buffers."""
-    cos, sin = rope.cos_sin(state.position)  # [1, R/2] each
-    qr, q, kv = project_qkv(w, x, cos, sin, eps)  # [1, ql], [1, H, hd], [1, hd]
-    lw, vw = window_keys(w, state, q, kv)
-    lc, vc = compressed_keys(w, state, q, qr, x, rope, cos, sin, eps) if w.compressor else (None, None)
+def attention_step(w: AttentionWeights, state: LayerState, x: torch.Tensor, positions: torch.Tensor, rope: Rope,
+                   eps: float) -> torch.Tensor:
+    """x [T, D] at consecutive positions [T] (the first = state.position) -> [T, D]; updates the buffers."""
+    cos, sin = rope.cos_sin(positions)  # [T, R/2] each
+    qr, q, kv = project_qkv(w, x, cos, sin, eps)  # [T, ql], [T, H, hd], [T, hd]
+    lw, vw = window_keys(w, state, q, kv, positions)
+    lc, vc = compressed_keys(w, state, q, qr, x, positions, rope, cos, sin, eps) if w.compressor else (None, None)
     return attend_and_project(w, lw, vw, lc, vc, cos, sin)
 
 
-def window_keys(w: AttentionWeights, state: LayerState, q: torch.Tensor, kv: torch.Tensor
+def window_keys(w: AttentionWeights, state: LayerState, q: torch.Tensor, kv: torch.Tensor, positions: torch.Tensor
                 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Write kv [1, hd] into the ring -> (logits [1, H, W] float32, values [1, W, hd])."""
-    pos, W, hd = state.position, w.window, w.head_dim
-    slot = pos % W  # [1]
-    state.window.index_copy_(0, slot, kv)
-    state.window_pos.index_copy_(0, slot, pos)
-    wanted = pos + state.window_offsets  # [W] positions p-W+1 .. p (negative: before the context)
-    ring = wanted % W  # [W]
-    keys = state.window.index_select(0, ring).unsqueeze(0)  # [1, W, hd] in position order
-    valid = (state.window_pos.index_select(0, ring) == wanted) & (wanted >= 0)  # [W]: held, and in the context
-    logits = torch.bmm(q, keys.transpose(1, 2)).float() * hd ** -0.5  # [1, H, W]
-    return logits.masked_fill(~valid, NEG_INF), keys
+    """Keys kv [T, hd] at positions [T] -> (logits [T, H, W] float32, values [T, W, hd]); writes the ring."""
+    W, hd, t = w.window, w.head_dim, kv.shape[0]
+    before = positions[:1] + state.window_offsets[:-1]  # [W-1] positions p-W+1 .. p-1 (negative: none)
+    ring = before % W  # [W-1]
+    held = (state.window_pos.index_select(0, ring) == before) & (before >= 0)  # [W-1] in the ring and the context
+    keys = torch.cat((state.window.index_select(0, ring), kv.to(state.window.dtype)))  # [W-1+T, hd]
+    valid = torch.cat((held, held.new_ones(t)))  # [W-1+T]
+    band = keys.unfold(0, W, 1)  # [T, hd, W] view: query i's window
+    logits = torch.bmm(q, band).float() * hd ** -0.5  # [T, H, W]
+    logits = logits.masked_fill(~valid.unfold(0, W, 1)[:, None, :], NEG_INF)
+    keep = min(t, W)  # the next steps need only the last W-1 keys
+    slots = positions[t - keep:] % W  # [keep] distinct
+    state.window.index_copy_(0, slots, kv[t - keep:].to(state.window.dtype))
+    state.window_pos.index_copy_(0, slots, positions[t - keep:])
+    return logits, band.transpose(1, 2)
 
 
 def compressed_keys(w: AttentionWeights, state: LayerState, q: torch.Tensor, qr: torch.Tensor, x: torch.Tensor,
-                    rope: Rope, cos: torch.Tensor, sin: torch.Tensor, eps: float
+                    positions: torch.Tensor, rope: Rope, cos: torch.Tensor, sin: torch.Tensor, eps: float
                     ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Advance the compressors -> HCA (logits [1, H, R], rows [R, hd]) or CSA (logits [1, H, k],
-    picked rows [1, k, hd])."""
-    c, ix, pos = w.compressor, w.indexer, state.position
+    """Advance the compressors -> HCA (logits [T, H, R], rows [R, hd]) or CSA (logits [T, H, k],
+    picked rows [T, k, hd])."""
+    c, ix = w.compressor, w.indexer
     scale = w.head_dim ** -0.5
-    compressor_step(c, state.comp, x, pos, rope, eps)
-    visible = (pos + 1) // c.ratio  # [1] complete windows
+    compressor_step(c, state.comp, x, positions, rope, eps)
+    visible = (positions + 1) // c.ratio  # [T] complete windows per query
     rows = state.comp.rows  # [R, hd]
     if ix is None:  # HCA: every visible entry
-        future = state.comp.row_ids >= visible  # [R]
-        return ((q @ rows.T).float() * scale).masked_fill(future, NEG_INF), rows
-    compressor_step(ix.compressor, state.index, x, pos, rope, eps)
-    qi, hw = index_queries(ix, qr, x, cos, sin)  # [1, HI, dI], [1, HI]
-    picks, keep = select_fixed(qi, hw, state.index.rows, state.index.row_ids, visible, ix.topk)  # [1, k] each
-    picked = rows.index_select(0, picks[0]).unsqueeze(0)  # [1, k, hd]
-    logits = torch.bmm(q, picked.transpose(1, 2)).float() * scale  # [1, H, k]
+        future = state.comp.row_ids >= visible[:, None]  # [T, R]
+        return ((q @ rows.T).float() * scale).masked_fill(future[:, None, :], NEG_INF), rows
+    compressor_step(ix.compressor, state.index, x, positions, rope, eps)
+    qi, hw = index_queries(ix, qr, x, cos, sin)  # [T, HI, dI], [T, HI]
+    picks, keep = select_fixed(qi, hw, state.index.rows, state.index.row_ids, visible, ix.topk)  # [T, k] each
+    t, k = picks.shape
+    picked = rows.index_select(0, picks.reshape(-1)).view(t, k, -1)  # [T, k, hd]
+    logits = torch.bmm(q, picked.transpose(1, 2)).float() * scale  # [T, H, k]
     return logits.masked_fill(~keep[:, None, :], NEG_INF), picked

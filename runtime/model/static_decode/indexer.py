@@ -1,4 +1,4 @@
-"""The lightning indexer's selection at a fixed shape (static twin of ../indexer.py `select`).
+"""The lightning indexer's selection at a fixed shape (static twin of ../indexer.py `select`), per query.
 
 The dynamic path keeps the top min(index_topk, n) of the n entries so far; here all R rows of the
 index-key buffer are scored, rows not yet visible are masked to -inf, and a fixed k =
@@ -14,15 +14,22 @@ from __future__ import annotations
 
 import torch
 
-from ..indexer import index_scores, top_k_earliest
+from ..indexer import SCORE_BLOCK_ELEMENTS, index_scores, top_k_earliest
 
 
 def select_fixed(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor, row_ids: torch.Tensor,
                  visible: torch.Tensor, topk: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """q [1, HI, dI], weights [1, HI], keys [R, dI], row_ids [R] (= arange), visible [1] (complete
-    windows) -> (picks [1, k] int64 row indices, keep [1, k] bool: the pick is visible)."""
+    """q [T, HI, dI], weights [T, HI], keys [R, dI], row_ids [R] (= arange), visible [T] (complete
+    windows per query) -> (picks [T, k] int64 row indices, keep [T, k] bool: the pick is visible).
+    Queries are scored in blocks (a static size: it depends on shapes only) so that T x HI x R float32
+    scores stay under SCORE_BLOCK_ELEMENTS."""
+    t, h = weights.shape
     k = min(topk, keys.shape[0])
-    scores = index_scores(q, weights, keys)  # [1, R]
-    future = row_ids >= visible[:, None]  # [1, R]
-    picks = top_k_earliest(scores.masked_fill(future, float("-inf")), k)  # [1, k]
+    block = max(1, SCORE_BLOCK_ELEMENTS // max(1, h * keys.shape[0]))
+    picks = []
+    for s in range(0, t, block):
+        scores = index_scores(q[s:s + block], weights[s:s + block], keys)  # [Tb, R]
+        future = row_ids >= visible[s:s + block, None]  # [Tb, R]
+        picks.append(top_k_earliest(scores.masked_fill(future, float("-inf")), k))  # [Tb, k]
+    picks = picks[0] if len(picks) == 1 else torch.cat(picks)  # [T, k]
     return picks, picks < visible[:, None]

@@ -2,7 +2,7 @@
 
 The CUDA-graph runner captures one graph per segment (one per GPU of the pipeline); between
 segments the host copies the residual streams and the token id into the next segment's input
-buffers (StaticDecodeStep.hand_off). Segments follow the plan's GPUs, not torch devices: a plan
+buffers (StaticStep.hand_off). Segments follow the plan's GPUs, not torch devices: a plan
 whose GPUs all map to the CPU keeps its segments, so CPU runs hand off where GPU runs do.
 """
 

@@ -134,8 +134,8 @@ class LayerState:
 class DecodeState:
     """All layers' static buffers, the segments' position tensors and the host's copy of the position.
 
-    `position` (host int) is what the position tensors hold; `synced` is the position at which the
-    dynamic cache last agreed with these buffers (load or store): store() requires the cache to be
+    `position` (host int) is what the position tensors hold; `loaded_at` the position of the last
+    load; `synced` is the position at which the dynamic cache last agreed with these buffers (load or store): store() requires the cache to be
     still there, so it only has to append what the steps added."""
 
     def __init__(self, layers: tuple[LayerWeights, ...], segments: list[Segment], max_context: int,
@@ -146,7 +146,7 @@ class DecodeState:
         self.positions = [torch.zeros(1, dtype=torch.long, device=s.device) for s in segments]  # [1] each
         self.layers = [LayerState(layers[i], max_context, dtype, s.device, pos)
                        for s, pos in zip(segments, self.positions) for i in range(s.first_layer, s.end_layer)]
-        self.position = self.synced = 0
+        self.position = self.synced = self.loaded_at = 0
 
     def load(self, cache: KvCache) -> None:
         check_context(cache.position, self.max_context, "load(cache)")
@@ -154,7 +154,7 @@ class DecodeState:
             ls.load(lc, cache.position)
         for pos in self.positions:
             pos.fill_(cache.position)
-        self.position = self.synced = cache.position
+        self.position = self.synced = self.loaded_at = cache.position
 
     def store(self, cache: KvCache) -> None:
         if cache.position != self.synced:

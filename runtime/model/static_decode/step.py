@@ -1,24 +1,27 @@
-"""The whole model's decode step at a fixed shape: one token through every layer, no host reads.
+"""The whole model's step at a fixed shape: T tokens through every layer, no host reads.
 
-    step = StaticDecodeStep(model, max_context=4096)
+    step = StaticStep(model, max_context=4096)          # T = 1: the decode step
     step.load(session.cache)          # host: copy the dynamic cache in
-    step.set_token(tok); step.run()   # step.logits [V] float32: the next token's logits
+    step.set_tokens([tok]); step.run()   # step.logits [V] float32: the next token's logits
     step.store(session.cache)         # host: write back what the steps added
+    bucket = StaticStep(model, 4096, tokens=16, state=step.state)   # a prefill bucket on the same buffers
 
 Every tensor shape is independent of the position and `run_segment(i)` reads no device data on the
-host, so a CUDA graph can capture each segment once and replay it every token. Segments are the runs
+host, so a CUDA graph can capture each segment once and replay it every step. Steps of several
+token counts (the decode step and the short-prefill buckets, engine/static_runner.py) share one
+`DecodeState`: a session's cache is loaded once and every step continues where the last one ended. Segments are the runs
 of consecutive layers on one planned GPU (segments.py); `run_segment(i)` touches only segment i's
 buffers (one device: a capture records one device's work, and RTX 4090s have no peer access): it
 reads its input buffers (segment 0: the `token` buffer and the embedding, which must live on the
 first layer's device), advances its own position tensor by 1 in place and writes its output buffer
-(the last one: the logits buffer). `hand_off(i)`, on the host between segments, copies segment i's
+(the last one: the logits buffer, the last token's logits). `hand_off(i)`, on the host between segments, copies segment i's
 output and token into segment i+1's inputs. The routes of every layer land in per-segment buffers
 (`routes()` reads them on the host).
 
 `run()` runs segments and hand-offs eagerly; a graph runner (engine/decode_graphs.py) instead calls
 `check_room()`, replays each segment's graph followed by its hand-off, and `note_step()`.
 
-Legend: N hc_mult streams, D hidden, V vocab, k experts per token, L layers.
+Legend: T tokens per step, N hc_mult streams, D hidden, V vocab, k experts per token, L layers.
 """
 
 from __future__ import annotations
@@ -33,12 +36,16 @@ from .segments import Segment, pipeline_segments
 from .state import DecodeState, check_context
 
 
-class StaticDecodeStep:
-    """One model's fixed-shape decode step for contexts up to max_context tokens (buffers sized for it)."""
+class StaticStep:
+    """One model's fixed-shape step of `tokens` tokens for contexts up to max_context tokens."""
 
-    def __init__(self, model: Model, max_context: int, layer_gpus: list[int] | None = None):
-        """`layer_gpus`: the plan's GPU of each layer, for the segments (default: by torch device)."""
-        cfg = model.config
+    def __init__(self, model: Model, max_context: int, layer_gpus: list[int] | None = None, tokens: int = 1,
+                 state: DecodeState | None = None):
+        """`layer_gpus`: the plan's GPU of each layer, for the segments (default: by torch device);
+        `state`: another step's buffers to share (same model and max_context), else new ones."""
+        if tokens < 1:
+            raise ValueError(f"a static step takes at least 1 token, not {tokens}")
+        cfg, T = model.config, tokens
         self.model = model
         self.segments: list[Segment] = pipeline_segments(model.layer_devices, layer_gpus)
         first, last = self.segments[0].device, self.segments[-1].device
@@ -46,20 +53,23 @@ class StaticDecodeStep:
         if (embed.type, embed.index or 0) != (first.type, first.index or 0):
             raise ValueError(f"static decode: the embedding is on {embed}, the first layer on {first}; load the "
                              f"model with device={first} (segment 0's graph cannot read another device)")
-        self.state = DecodeState(model.weights.layers, self.segments, max_context, model.dtype)
-        self.loaded_at = 0  # host: position of the last load()
+        if state is not None and state.max_context != max_context:
+            raise ValueError(f"a shared state holds max_context={state.max_context}, not {max_context}")
+        self.state = state or DecodeState(model.weights.layers, self.segments, max_context, model.dtype)
+        self.tokens = T
         N, D, k = cfg.hc_mult, cfg.hidden_size, cfg.num_experts_per_tok
-        self.token = torch.zeros(1, dtype=torch.long, device=first)  # [1] input
-        # Per segment: token id and residual streams in (segment 0: `token` and the embedding), streams
-        # out (the last one: `logits`), routes of its layers.
-        self.token_in = [self.token] + [torch.zeros(1, dtype=torch.long, device=s.device)
-                                        for s in self.segments[1:]]  # [1] each
-        self.streams_in = [None] + [torch.zeros(1, N, D, device=s.device) for s in self.segments[1:]]  # [1, N, D]
-        self.streams_out = [torch.zeros(1, N, D, device=s.device) for s in self.segments[:-1]] + [None]  # float32
-        self.expert_ids = [torch.zeros(s.end_layer - s.first_layer, k, dtype=torch.long, device=s.device)
-                           for s in self.segments]  # [layers of the segment, k]
-        self.expert_weights = [torch.zeros(s.end_layer - s.first_layer, k, device=s.device)
+        self.token = torch.zeros(T, dtype=torch.long, device=first)  # [T] input
+        # Per segment: token ids and residual streams in (segment 0: `token` and the embedding), streams
+        # out (the last one: `logits`), routes of its layers, the tokens' offsets from the position.
+        self.token_in = [self.token] + [torch.zeros(T, dtype=torch.long, device=s.device)
+                                        for s in self.segments[1:]]  # [T] each
+        self.streams_in = [None] + [torch.zeros(T, N, D, device=s.device) for s in self.segments[1:]]  # [T, N, D]
+        self.streams_out = [torch.zeros(T, N, D, device=s.device) for s in self.segments[:-1]] + [None]  # float32
+        self.expert_ids = [torch.zeros(s.end_layer - s.first_layer, T, k, dtype=torch.long, device=s.device)
+                           for s in self.segments]  # [layers of the segment, T, k]
+        self.expert_weights = [torch.zeros(s.end_layer - s.first_layer, T, k, device=s.device)
                                for s in self.segments]
+        self.offsets = [torch.arange(T, device=s.device) for s in self.segments]  # [T]
         self.logits = torch.zeros(cfg.vocab_size, device=last)  # [V] float32 output
 
     # Host side.
@@ -75,40 +85,43 @@ class StaticDecodeStep:
 
     @property
     def steps_taken(self) -> int:
-        """Steps since the last load()."""
-        return self.state.position - self.loaded_at
+        """Tokens stepped (by any step on this state) since the last load()."""
+        return self.state.position - self.state.loaded_at
 
     def load(self, cache) -> None:
         """Copy a dynamic KvCache in (it stays valid; store() brings it up to date later)."""
         self.state.load(cache)
-        self.loaded_at = cache.position
 
     def store(self, cache) -> None:
         """Write what the steps added into `cache`, the cache last loaded (or stored) and not advanced since."""
         self.state.store(cache)
 
-    def set_token(self, token_id: int) -> None:
-        self.token.fill_(token_id)
+    def set_tokens(self, token_ids) -> None:
+        """The next step's T token ids (ints, or a tensor [T])."""
+        ids = torch.as_tensor(token_ids, dtype=torch.long).reshape(-1)
+        if ids.numel() != self.tokens:
+            raise ValueError(f"this step takes {self.tokens} tokens, got {ids.numel()}")
+        self.token.copy_(ids)
 
     def check_room(self, steps: int = 1) -> None:
         """Raise before `steps` steps that would go beyond max_context."""
-        check_context(self.state.position + steps, self.max_context,
-                      f"{steps} decode step(s) at position {self.state.position}")
+        check_context(self.state.position + steps * self.tokens, self.max_context,
+                      f"{steps} step(s) of {self.tokens} token(s) at position {self.state.position}")
 
     def rewind(self) -> None:
         """Position 0 without a cache, for warm-up runs (engine/decode_graphs.py): they write stale rows
         and slots, which the load() that must follow replaces or masks; store() refuses until then."""
         for pos in self.state.positions:
             pos.zero_()
-        self.state.position = self.loaded_at = 0
+        self.state.position = self.state.loaded_at = 0
         self.state.synced = None
 
     def note_step(self) -> None:
         """Host bookkeeping after all segments ran once."""
-        self.state.position += 1
+        self.state.position += self.tokens
 
     def run(self) -> torch.Tensor:
-        """One token (the `token` buffer) through the model, eagerly -> the `logits` buffer [V]."""
+        """T tokens (the `token` buffer) through the model, eagerly -> the `logits` buffer [V] (the last one's)."""
         self.check_room()
         for i in range(len(self.segments)):
             self.run_segment(i)
@@ -125,11 +138,11 @@ class StaticDecodeStep:
             self.token_in[i + 1].copy_(self.token_in[i])
 
     def route_ids(self) -> torch.Tensor:
-        """The last step's expert ids, on the CPU: [L, k] int64 (what counters need every token)."""
+        """The last step's expert ids, on the CPU: [L, T, k] int64 (what counters need every step)."""
         return torch.cat([t.cpu() for t in self.expert_ids])
 
     def routes(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The last step's routes, on the CPU: (expert ids [L, k] int64, weights [L, k] float32)."""
+        """The last step's routes, on the CPU: (expert ids [L, T, k] int64, weights [L, T, k] float32)."""
         return self.route_ids(), torch.cat([t.cpu() for t in self.expert_weights])
 
     # Device side: capturable, no host reads, fixed shapes.
@@ -140,28 +153,30 @@ class StaticDecodeStep:
             self._run_segment(i)
 
     def _run_segment(self, i: int) -> None:
-        seg, token = self.segments[i], self.token_in[i]  # [1]
-        streams = self._embed() if i == 0 else self.streams_in[i]  # [1, N, D] float32
+        seg, token = self.segments[i], self.token_in[i]  # [T]
+        positions = self.state.positions[i] + self.offsets[i]  # [T]
+        streams = self._embed() if i == 0 else self.streams_in[i]  # [T, N, D] float32
         for layer in range(seg.first_layer, seg.end_layer):
-            streams = self._layer(layer, streams, token, i)
+            streams = self._layer(layer, streams, token, positions, i)
         if i + 1 < len(self.segments):
             self.streams_out[i].copy_(streams)
         else:
-            self.logits.copy_(self.model.head(streams)[0])
-        self.state.positions[i].add_(1)
+            self.logits.copy_(self.model.head(streams[-1:])[0])
+        self.state.positions[i].add_(self.tokens)
 
     def _embed(self) -> torch.Tensor:
-        """The `token` buffer's embedding -> residual streams [1, N, D] float32."""
-        x = self.model.weights.embed.index_select(0, self.token).float()  # [1, D]
-        return x.unsqueeze(1).expand(1, self.model.config.hc_mult, -1).contiguous()  # [1, N, D]
+        """The `token` buffer's embeddings -> residual streams [T, N, D] float32."""
+        x = self.model.weights.embed.index_select(0, self.token).float()  # [T, D]
+        return x.unsqueeze(1).expand(self.tokens, self.model.config.hc_mult, -1).contiguous()  # [T, N, D]
 
-    def _layer(self, layer: int, streams: torch.Tensor, token: torch.Tensor, seg: int) -> torch.Tensor:
+    def _layer(self, layer: int, streams: torch.Tensor, token: torch.Tensor, positions: torch.Tensor,
+               seg: int) -> torch.Tensor:
         m, lw, ls = self.model, self.model.weights.layers[layer], self.state.layers[layer]
         dev, eps = self.segments[seg].device, self.model.config.rms_norm_eps
         rope = m.ropes[dev]["main" if lw.kind == "sliding" else "compress"]
         row = layer - self.segments[seg].first_layer
         return decoder_block(
             lw, streams, m.hc_settings(),
-            lambda x: attention_step(lw.attn, ls, x, rope, eps),
+            lambda x: attention_step(lw.attn, ls, x, positions, rope, eps),
             lambda x: moe_step(lw.moe, layer, x, token, m.executor, self.expert_ids[seg][row],
                                self.expert_weights[seg][row]))

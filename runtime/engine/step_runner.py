@@ -1,0 +1,110 @@
+"""The engine's fixed-shape steps, lent to one session at a time: the decode step and the short-prefill buckets.
+
+One `StaticStep` per token count serves every session of an engine: T = 1 (decode) and each of the
+plan's prefill buckets (`policy.prefill_buckets`, powers of two), all on one `DecodeState` (the
+static KV buffers for the plan's context). A session binds the state (loads its cache into the
+buffers, after storing the previous owner's); a dynamic prefill, truncate or fork releases it first
+(stores back what the steps added), so the dynamic cache is always current when anything else reads it.
+
+A short prefill of n tokens (n <= the largest bucket) runs as exact-size bucket steps, largest
+first: 120 tokens = 64 + 32 + 16 + 8, at most one step per bucket size plus the decode step for an
+odd n. Chunking a prefill is exact (the model attends causally over the cache either way) and no
+token is padded, so the steps give the dynamic model's logits; the price is up to log2(largest) + 1
+replays instead of one. After the steps the state is stored into the session's cache (which stays
+bound) and the session snapshots there, as a dynamic prefill does, so truncate and fork see the same
+cache and snapshots either way. Longer prompts run on the dynamic model (split-route or upload-once
+by the plan's threshold): at those lengths experts and attention, not dispatch, set the time.
+
+On GPUs each segment of each step is captured once as a CUDA graph (decode_graphs.py, all in one
+memory pool: the steps never run at the same time) and replayed; on the CPU the same steps run
+eagerly. Counters get each step's routes afterwards.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from ostinato.buckets import bucket_pieces
+
+from ..model.session import Session
+from ..model.static_decode.step import StaticStep
+from .decode_graphs import SegmentGraphs, graph_pool
+from .executor import PlacementExecutor
+
+
+class StepRunner:
+    def __init__(self, model, executor: PlacementExecutor, max_context: int, graphs: bool = True,
+                 layer_gpus: list[int] | None = None, buckets: list[int] = ()):
+        """`layer_gpus`: the plan's GPU of each layer (the steps' segments, see StaticStep);
+        `buckets`: the prefill buckets' token counts (> 1; the decode step is T = 1)."""
+        if any(b < 2 for b in buckets):
+            raise ValueError(f"prefill buckets take at least 2 tokens, got {list(buckets)}")
+        self.step = StaticStep(model, max_context, layer_gpus)  # T = 1: the decode step
+        self.steps = {1: self.step} | {T: StaticStep(model, max_context, layer_gpus, tokens=T, state=self.step.state)
+                                       for T in sorted(set(buckets))}
+        self.buckets = sorted(set(buckets))
+        self.executor = executor
+        self.owner: Session | None = None
+        self.use_graphs = graphs and any(s.device.type == "cuda" for s in self.step.segments)
+        pool = graph_pool() if self.use_graphs else None
+        self.graphs = {T: SegmentGraphs(step, pool) for T, step in self.steps.items()}
+
+    @property
+    def largest_bucket(self) -> int:
+        return self.buckets[-1] if self.buckets else 0
+
+    def bind(self, session: Session) -> None:
+        """Make `session`'s cache the one the steps work on (host side)."""
+        if self.owner is session:
+            return
+        self.release()
+        if self.use_graphs and not self.graphs[1].captured:
+            for graphs in self.graphs.values():  # their runs leave stale state: the load replaces it
+                graphs.capture()
+        self.step.load(session.cache)
+        self.owner = session
+
+    def release(self, session: Session | None = None) -> None:
+        """Store the steps' additions into the owner's cache (only if it is `session`, when given)."""
+        if self.owner is None or (session is not None and self.owner is not session):
+            return
+        self.step.store(self.owner.cache)
+        self.owner = None
+
+    @torch.no_grad()
+    def decode(self, session: Session, token_id: int) -> torch.Tensor:
+        """One token of `session` -> its logits [V] float32 (a copy: the step's buffer is reused)."""
+        self.bind(session)
+        logits = self._run(1, [int(token_id)]).clone()
+        session.tokens.append(int(token_id))
+        return logits
+
+    @torch.no_grad()
+    def prefill(self, session: Session, token_ids) -> torch.Tensor:
+        """n tokens of `session` (1 <= n <= the largest bucket) as bucket steps -> the last one's logits
+        [1, V] float32; the session's cache is current afterwards and snapshotted, as after a dynamic prefill."""
+        ids = [int(t) for t in torch.as_tensor(token_ids).reshape(-1)]
+        if not 1 <= len(ids) <= self.largest_bucket:
+            raise ValueError(f"a bucketed prefill takes 1..{self.largest_bucket} tokens, not {len(ids)}")
+        self.bind(session)
+        self.step.check_room(len(ids))  # all or nothing: no step runs if the whole prompt does not fit
+        done = 0
+        for T in bucket_pieces(len(ids), self.buckets):
+            logits = self._run(T, ids[done:done + T])
+            done += T
+        logits = logits.clone()[None]  # [1, V]
+        self.step.store(session.cache)  # stays bound: the next decode goes on without a reload
+        session.tokens.extend(ids)
+        session.snapshot()
+        return logits
+
+    def _run(self, T: int, ids: list[int]) -> torch.Tensor:
+        """One step of T tokens -> its logits buffer [V]; counts its routes."""
+        step = self.steps[T]
+        start = time.perf_counter()
+        step.set_tokens(ids)
+        logits = self.graphs[T].run()  # segments without a captured graph run eagerly
+        self.executor.count_decode(step.route_ids(), time.perf_counter() - start)
+        return logits
