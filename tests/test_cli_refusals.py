@@ -94,6 +94,10 @@ CASES = {
         lambda ckpt, plan, tmp: (compile_cli.main, [str(ckpt), str(tmp / "p.yaml"), "--no-kernels", "--hardware",
                                                     _spec_with(tmp, lambda d: d["host"].update(cores="2"))]),
         r"hw.yaml: field 'host\.cores': Input should be a valid integer, got '2'"),
+    "compile with a bucket past context / 3": (
+        lambda ckpt, plan, tmp: (compile_cli.main, [str(ckpt), str(tmp / "p.yaml"), "--no-kernels", "--hardware",
+                                                    "cpu-only", "--context", "60", "--prefill-buckets", "8,32"]),
+        r"prefill bucket 32: buckets are powers of two from 2 up to context / 3 \(20"),
     "compile a model path that is a file": (
         lambda ckpt, plan, tmp: (compile_cli.main, [_a_file(tmp), str(tmp / "p.yaml"), "--hardware", "cpu-only"]),
         r"MODEL .*afile: is a file, expected a checkpoint directory"),
@@ -134,7 +138,9 @@ def test_device_cuda_without_cuda_is_refused(compiled, capsys):
     assert "--device cuda: this machine has no CUDA device" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("argv", [[], ["MODEL"], ["MODEL", "p.yaml", "--context", "0", "--hardware", "cpu-only"]])
+@pytest.mark.parametrize("argv", [[], ["MODEL"], ["MODEL", "p.yaml", "--context", "0", "--hardware", "cpu-only"],
+                                  ["MODEL", "p.yaml", "--hardware", "cpu-only", "--prefill-buckets", "8,12"],
+                                  ["MODEL", "p.yaml", "--hardware", "cpu-only", "--prefill-buckets", "eight"]])
 def test_usage_errors_exit_2(argv, capsys):
     with pytest.raises(SystemExit) as e:
         compile_cli.main(argv)

@@ -38,6 +38,15 @@ measure() {  # $1: label, run inside the tree to measure
     grep -E "wait after tool output|decode: median" "$out/demo-$1.log"
     .venv/bin/python tools/count_ops.py "$out/demo-$1/plan.yaml" | tail -1
     .venv/bin/python tools/bench_engine_speed.py "$out/demo-$1/plan.yaml" | tail -1
+    if .venv/bin/ostinato-compile --help | grep -q -- --prefill-buckets; then
+        # the same demo plan with bucket steps forced on (a cpu-only plan keeps none: both run eagerly)
+        .venv/bin/ostinato-compile "$out/demo-$1/tiny" "$out/demo-$1/buckets.yaml" --hardware cpu-only \
+            --profile "$out/demo-$1/profile.safetensors" --context 8192 --max-hot-per-layer 4 \
+            --prefill-buckets 2,4,8,16,32,64 --kernel-dir "$out/demo-$1/kernels" > /dev/null
+        .venv/bin/ostinato-run "$out/demo-$1/buckets.yaml" --device cpu --session plans/workloads/agent_turns.csv \
+            --session-index 30 --limit-turns 8 --scale 0.1 --max-generated 16 2>/dev/null \
+            | grep -E "wait after tool output|decode: median" | sed 's/^/buckets 2..64: /'
+    fi
     if [ -n "$ckpt" ]; then
         .venv/bin/ostinato-compile "$ckpt" "$out/ckpt-$1/plan.yaml" --hardware cpu-only --context 4096 \
             --max-hot-per-layer 4 --kernel-dir "$out/ckpt-$1/kernels" > /dev/null
