@@ -318,7 +318,7 @@ def test_cold_task_of_a_step_computes_only_the_cold_routes(kernel, dtype, T):
     experts = [random_packed_expert(D, I, g) for _ in cold]
     cold_of = torch.full((E,), -1, dtype=torch.int64)
     cold_of[cold] = torch.arange(len(cold))
-    staging = ColdStaging(D, k, 8, dtype, torch.device("cpu"))
+    staging = ColdStaging(D, k, [1, 8], dtype, torch.device("cpu"))
     bridge = ColdBridge(kern, kern.table(experts), cold_of, staging, n_threads=2)
     hot = torch.tensor([0, 2, 5, 6, 7, 10])
     trials = [torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(T)]) for _ in range(4)]

@@ -53,9 +53,10 @@ class LayerExperts:
 
 class PlacementExecutor:
     def __init__(self, layers: list[LayerExperts], pool_compute, cpu_kernel: CpuExpertKernel | None, cpu_threads: int,
-                 upload_group: int, expert_bytes: int, compute_dtype: torch.dtype, top_k: int, max_step_tokens: int = 1):
-        """`max_step_tokens`: the most tokens a fixed-shape step takes (1: decode only; else the plan's
-        largest prefill bucket), what the cold bridges' staging is sized for."""
+                 upload_group: int, expert_bytes: int, compute_dtype: torch.dtype, top_k: int,
+                 step_tokens: list[int] = (1,)):
+        """`step_tokens`: the token counts of the fixed-shape steps (1: decode; the plan's prefill buckets),
+        what the cold bridges' staging is sized and laid out for."""
         self.layers, self.compute, self.cpu_kernel = layers, pool_compute, cpu_kernel
         self.cpu_threads, self.upload_group, self.expert_bytes = cpu_threads, upload_group, expert_bytes
         self.dtype, self.top_k = compute_dtype, top_k
@@ -65,8 +66,8 @@ class PlacementExecutor:
         self._copy_streams: dict = {}  # one upload stream per GPU, made once (not per layer-forward)
         self._read_done: dict = {}     # id(staging buffer) -> event after the last compute that read it
         # Decode-step buffers, made before any graph capture (pinned memory and streams cannot be made in one).
-        self.max_step_tokens = max_step_tokens
-        self.staging = {le.device: ColdStaging(cpu_kernel.D, top_k, max_step_tokens, compute_dtype, le.device)
+        self.max_step_tokens = max_step_tokens = max(step_tokens)
+        self.staging = {le.device: ColdStaging(cpu_kernel.D, top_k, list(step_tokens), compute_dtype, le.device)
                         for le in layers if le.cold_table is not None}  # one per device, shared by its layers
         self.bridges = [ColdBridge(cpu_kernel, le.cold_table, le.cold_of, self.staging[le.device], cpu_threads)
                         if le.cold_table is not None else None for le in layers]
@@ -117,7 +118,7 @@ class PlacementExecutor:
         T = x.shape[0]
         ids, w = expert_ids.reshape(-1), weights.reshape(-1).float()  # [T * k]
         if bridge is not None:
-            bridge.start(x, expert_ids, weights.float())
+            bridge.start(x, ids, w)
         out = torch.zeros(T, x.shape[1], dtype=torch.float32, device=le.device)  # [T, D]
         if le.hot_pool.w1.shape[0]:
             self.compute.decode(le.hot_pool, x, le.slot_of[ids], self._route_token[le.device][:ids.numel()], w, out)

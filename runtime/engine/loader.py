@@ -206,7 +206,7 @@ def load_engine(plan: str | Path | Plan, model_dir: str | Path | None = None, de
             bar.update()
     executor = PlacementExecutor(layers, compute, cpu_kernel, threads.threads, plan.policy.upload_group,
                                  plan.model.expert_bytes, dtype, cfg.num_experts_per_tok,
-                                 max(plan.policy.prefill_buckets, default=1))
+                                 [1, *plan.policy.prefill_buckets])
     with tqdm(total=len(plan.layers), desc="loading layers", unit="layer", file=sys.stderr, disable=disable) as bar:
         model = load_model(model_dir, dtype=dtype, device=devices[plan.layers[0].gpu], executor=executor,
                            prefill_chunk=plan.policy.prefill_chunk,

@@ -54,8 +54,10 @@ class ColdStaging:
     layers: a step's layers run one after another (each bridge's finish() joins its side stream before
     the next layer's start()), so one set serves them all."""
 
-    def __init__(self, D: int, k: int, max_tokens: int, x_dtype: torch.dtype, device: torch.device):
-        self.device, self.max_tokens = torch.device(device), max_tokens
+    def __init__(self, D: int, k: int, token_counts: list[int], x_dtype: torch.dtype, device: torch.device):
+        """`token_counts`: the steps' T (their row views are made now, so every step issues the same ops)."""
+        self.device, self.max_tokens = torch.device(device), max(token_counts)
+        max_tokens = self.max_tokens
         cuda = self.device.type == "cuda"
 
         def host(shape, dtype):  # pinned with a GPU: the copies are then true async DMA
@@ -68,6 +70,17 @@ class ColdStaging:
         self.weights = host((max_tokens, k), torch.float32)     # [Tmax, k]
         self.out = host((max_tokens, D), torch.float32)         # [Tmax, D]
         self.out_device = torch.zeros(max_tokens, D, device=self.device)  # [Tmax, D] float32
+        self._rows: dict[int, tuple] = {}
+        self.token_counts = sorted(set(token_counts))
+        for T in self.token_counts:
+            self.rows(T)
+
+    def rows(self, T: int) -> tuple[torch.Tensor, ...]:
+        """Views of the first T rows (x, ids, weights, out, out_device), made once per T: slicing on every
+        step would cost five dispatches per layer."""
+        if T not in self._rows:
+            self._rows[T] = tuple(t[:T] for t in (self.x, self.ids, self.weights, self.out, self.out_device))
+        return self._rows[T]
 
     @property
     def nbytes(self) -> tuple[int, int]:
@@ -89,6 +102,8 @@ class ColdBridge:
         self.streams = streams_for(self.device)
         self.side = self.streams.new(self.device)  # made here: a capture cannot make streams
         self.libcuda = _libcuda() if self.device.type == "cuda" else None
+        for T in staging.token_counts:
+            self.task(T)
 
     def task(self, T: int) -> ColdTask:
         """The task over the staging's first T rows (made once per T, then kept: its address is captured)."""
@@ -105,20 +120,21 @@ class ColdBridge:
 
     def start(self, x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor) -> None:
         """Begin the cold routes of x [T, D] with expert_ids / weights [T, k] (capturable on a GPU)."""
-        T, st, s = x.shape[0], self.staging, self.streams
+        T, s = x.shape[0], self.streams
         task = self.task(T)
+        x_rows, ids, w, out, out_device = self.staging.rows(T)
         s.wait_stream(self.side, s.current(self.device))  # fork: x and the routes are ready
         with s.on(self.side):
-            st.x[:T].copy_(x, non_blocking=True)
-            st.ids[:T].copy_(expert_ids.reshape(T, -1), non_blocking=True)
-            st.weights[:T].copy_(weights.reshape(T, -1), non_blocking=True)
+            x_rows.copy_(x, non_blocking=True)
+            ids.copy_(expert_ids.view(T, -1), non_blocking=True)
+            w.copy_(weights.view(T, -1), non_blocking=True)
             self._run_task(task)
-            st.out_device[:T].copy_(st.out[:T], non_blocking=True)
+            out_device.copy_(out, non_blocking=True)
 
     def finish(self, T: int = 1) -> torch.Tensor:
         """The cold routes' sums [T, D] float32 on the layer's device, ordered after start()'s work."""
         self.streams.wait_stream(self.streams.current(self.device), self.side)  # join
-        return self.staging.out_device[:T]
+        return self.staging.rows(T)[4]
 
     def check(self) -> None:
         """Raise if a host task rejected its input (host side, after the step)."""

@@ -5,7 +5,8 @@ only the key sets are read from the static buffers:
 - window: the W-1 positions before the first new token are gathered from the ring in position
   order (slot = position mod W), the new keys appended, and query i sees rows i .. i+W-1 of that
   band (as the dynamic path); positions before the context, or not held by their slot, are masked.
-  Then the last min(T, W) new keys go into the ring (distinct slots);
+  Then the last min(T, W) new keys go into the ring (distinct slots). The decode step (T = 1) writes
+  its key first and reads the whole window from the ring: fewer ops on every generated token;
 - HCA: all R rows, masked per query beyond its (p+1) // m visible ones;
 - CSA: the k rows the fixed-shape indexer picks per query, gathered, dropped picks masked.
 T = 1 is the decode step.
@@ -42,6 +43,8 @@ def window_keys(w: AttentionWeights, state: LayerState, q: torch.Tensor, kv: tor
                 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Keys kv [T, hd] at positions [T] -> (logits [T, H, W] float32, values [T, W, hd]); writes the ring."""
     W, hd, t = w.window, w.head_dim, kv.shape[0]
+    if t == 1:
+        return _decode_window_keys(w, state, q, kv, positions)
     before = positions[:1] + state.window_offsets[:-1]  # [W-1] positions p-W+1 .. p-1 (negative: none)
     ring = before % W  # [W-1]
     held = (state.window_pos.index_select(0, ring) == before) & (before >= 0)  # [W-1] in the ring and the context
@@ -55,6 +58,22 @@ def window_keys(w: AttentionWeights, state: LayerState, q: torch.Tensor, kv: tor
     state.window.index_copy_(0, slots, kv[t - keep:].to(state.window.dtype))
     state.window_pos.index_copy_(0, slots, positions[t - keep:])
     return logits, band.transpose(1, 2)
+
+
+def _decode_window_keys(w: AttentionWeights, state: LayerState, q: torch.Tensor, kv: torch.Tensor,
+                        positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """T = 1, the decode step's path (10 fewer ops than the band, on every token): write the key first,
+    then the ring holds the whole window p-W+1 .. p."""
+    W, hd = w.window, w.head_dim
+    slot = positions % W  # [1]
+    state.window.index_copy_(0, slot, kv.to(state.window.dtype))
+    state.window_pos.index_copy_(0, slot, positions)
+    wanted = positions + state.window_offsets  # [W] positions p-W+1 .. p (negative: before the context)
+    ring = wanted % W  # [W]
+    keys = state.window.index_select(0, ring).unsqueeze(0)  # [1, W, hd] in position order
+    valid = (state.window_pos.index_select(0, ring) == wanted) & (wanted >= 0)  # [W]: held, and in the context
+    logits = torch.bmm(q, keys.transpose(1, 2)).float() * hd ** -0.5  # [1, H, W]
+    return logits.masked_fill(~valid, NEG_INF), keys
 
 
 def compressed_keys(w: AttentionWeights, state: LayerState, q: torch.Tensor, qr: torch.Tensor, x: torch.Tensor,

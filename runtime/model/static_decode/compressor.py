@@ -14,7 +14,8 @@ first, clamped to the last row, and the real windows are written after it.
 The window buffer keeps the last min(T, m) new tokens' projections (slot = position mod m): what
 the next step needs of the incomplete window. For overlapped (CSA) compressors prev_kv / prev_gate
 become the first halves of the last complete window when the step completed one (torch.where on a
-device flag: no branch on data). T = 1 is the decode step.
+device flag: no branch on data). T = 1 is the decode step, which has its own shorter path: it runs
+on every generated token.
 
 Legend: m ratio, C projection width, width entry width, D hidden, R rows capacity, T new tokens,
 nW windows touched.
@@ -38,6 +39,8 @@ def compressor_step(w: CompressorWeights, buf: CompressorBuffers, x: torch.Tenso
                     rope: Rope, eps: float) -> None:
     """x [T, D] at consecutive positions [T] int64: update buf's window slots, entry rows, (CSA) prev state."""
     m, width, t = w.ratio, w.width, x.shape[0]
+    if t == 1:
+        return _decode_step(w, buf, x, positions, rope, eps)
     n_win = windows_touched(t, m)
     first = positions[:1]  # [1]
     buffered, w0 = first % m, first // m  # [1] each
@@ -70,3 +73,27 @@ def compressor_step(w: CompressorWeights, buf: CompressorBuffers, x: torch.Tenso
         pick = last.clamp(min=0)
         buf.prev_kv.copy_(torch.where(done, first_kv.index_select(0, pick)[0], buf.prev_kv))  # [m, width]
         buf.prev_gate.copy_(torch.where(done, first_gate.index_select(0, pick)[0], buf.prev_gate))
+
+
+def _decode_step(w: CompressorWeights, buf: CompressorBuffers, x: torch.Tensor, pos: torch.Tensor, rope: Rope,
+                 eps: float) -> None:
+    """T = 1, the decode step's path (half the ops of the general one, on every token): the token goes to
+    slot p mod m first, then its window's entry is computed from the whole buffer in slot order."""
+    m, width = w.ratio, w.width
+    slot = pos % m  # [1]
+    new_kv, new_gate = (x.float() @ w.wkv_gate.T).chunk(2, dim=-1)  # [1, C] each
+    buf.kv.index_copy_(0, slot, new_kv)  # [m, C]
+    buf.gate.index_copy_(0, slot, new_gate)  # [m, C]
+    kv, gate = buf.kv.unsqueeze(0), (buf.gate + w.ape).unsqueeze(0)  # [1, m, C] the window in slot order
+    if w.overlap:  # slots 0..m-1: the previous window's first half; m..2m-1: this window's second half
+        slots_kv = torch.cat((buf.prev_kv.unsqueeze(0), kv[..., width:]), dim=1)  # [1, 2m, width]
+        slots_gate = torch.cat((buf.prev_gate.unsqueeze(0), gate[..., width:]), dim=1)
+    else:
+        slots_kv, slots_gate = kv, gate  # [1, m, width]
+    row = pos // m  # [1]
+    entry = pool_entries(w, slots_kv, slots_gate, row * m, rope, eps)  # [1, width] float32
+    buf.rows.index_copy_(0, row, entry.to(buf.rows.dtype))
+    if w.overlap:
+        complete = slot == m - 1  # [1] bool: this token closes its window
+        buf.prev_kv.copy_(torch.where(complete, kv[0, :, :width], buf.prev_kv))  # [m, width]
+        buf.prev_gate.copy_(torch.where(complete, gate[0, :, :width], buf.prev_gate))
