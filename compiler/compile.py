@@ -42,7 +42,7 @@ from .profile import PHASES, RoutingProfile, load_profile, synthetic_profile, un
 
 log = logging.getLogger("ostinato.compile")
 
-PREDICTED_TURNS = (16, 64, 120, 512, 1500, 4096, 16384)
+PREDICTED_TURNS = (8, 16, 64, 120, 512, 1500, 4096, 16384)
 
 
 class CompileError(ValueError):

@@ -92,10 +92,14 @@ def test_flash_plan_content(in_repo):
     assert any("SYNTHETIC" in n for n in plan.notes) and plan.provenance.profile_source.startswith("synthetic zipf")
     assert plan.provenance.index_sha256 is None  # config.json alone: said in the plan
     assert 0.5 < plan.predictions.hot_route_share < 1.0
-    t = plan.policy.prefill_threshold
+    t, buckets = plan.policy.prefill_threshold, plan.policy.prefill_buckets
+    assert buckets and buckets == [2 ** i for i in range(1, len(buckets) + 1)] and 3 * buckets[-1] <= plan.policy.context
     for row in plan.predictions.prefill:
-        assert row.mode == ("upload" if t is not None and row.tokens > t else "split")
+        bucketed = row.tokens <= buckets[-1]
+        assert row.mode == ("bucket" if bucketed else "upload" if t is not None and row.tokens > t else "split")
+        assert (row.bucket_ms is not None) == bucketed and (not bucketed or row.bucket_ms < row.split_ms)
         assert (row.split_ms <= row.upload_ms) == (t is None or row.tokens <= t)
+    assert any(r.mode == "bucket" for r in plan.predictions.prefill)  # the 8-token row
 
 
 def test_compile_is_deterministic(in_repo):
