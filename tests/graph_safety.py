@@ -114,6 +114,19 @@ def segment_owners(step) -> dict[int, int]:
     return owners
 
 
+def traced_step(step, token_ids, owners: dict[int, int]) -> list[list]:
+    """One step of `step` (a StaticStep) on token_ids, each segment run under the checker (touching only
+    its own buffers) and handed off -> the segments' op traces."""
+    step.set_tokens(token_ids)
+    step.check_room()
+    traces = []
+    for i in range(len(step.segments)):
+        traces.append(graph_safe_trace(step.run_segment, i, owners=owners, segment=i))
+        step.hand_off(i)
+    step.note_step()
+    return traces
+
+
 class GraphSafetyMode(TorchDispatchMode):
     """Records every aten op (see the module docstring) and raises GraphUnsafe on uncapturable ones."""
 

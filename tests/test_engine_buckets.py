@@ -8,7 +8,7 @@ bucket (hot launch + cold host task inside, equal op traces at two positions, on
 import pytest
 import torch
 
-from graph_safety import first_difference, graph_safe_trace, segment_owners
+from graph_safety import first_difference, segment_owners, traced_step
 from ostinato.runtime.engine.loader import load_engine
 from test_engine import IDS, _close, _variant, compiled, reference  # noqa: F401  (fixtures)
 from test_engine_decode_step import on_gpus
@@ -95,13 +95,7 @@ def test_every_bucket_is_graph_safe_with_the_cold_host_task(compiled, tiny_ckpt,
         runner.bind(session.session)
         traces, owners = [], segment_owners(step)
         for p in (110, 110 + T):
-            step.set_tokens(ids[p:p + T])
-            step.check_room()
-            traces.append([])
-            for i in range(len(step.segments)):
-                traces[-1].append(graph_safe_trace(step.run_segment, i, owners=owners, segment=i))
-                step.hand_off(i)
-            step.note_step()
+            traces.append(traced_step(step, ids[p:p + T], owners))
             _close(step.logits, ref.prefill(ids[p:p + T])[-1])
         for a, b in zip(*traces):
             assert a and first_difference(a, b) is None, (T, first_difference(a, b))

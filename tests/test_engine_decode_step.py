@@ -10,7 +10,7 @@ import ctypes
 import pytest
 import torch
 
-from graph_safety import first_difference, graph_safe_trace, segment_owners
+from graph_safety import first_difference, segment_owners, traced_step
 from ostinato.runtime.engine.loader import load_engine
 from test_engine import IDS, _close, _engine, _variant, compiled, reference  # noqa: F401  (fixtures)
 
@@ -82,13 +82,7 @@ def test_the_step_is_graph_safe_with_the_placement_executor(compiled, tiny_ckpt,
     step, traces, owners = runner.step, [], segment_owners(runner.step)
     assert [(s.first_layer, s.end_layer) for s in step.segments] == {1: [(0, 4)], 2: [(0, 2), (2, 4)]}[gpus]
     for t in IDS[127:129]:
-        step.set_tokens([int(t)])
-        step.check_room()
-        traces.append([])
-        for i in range(len(step.segments)):
-            traces[-1].append(graph_safe_trace(step.run_segment, i, owners=owners, segment=i))
-            step.hand_off(i)
-        step.note_step()
+        traces.append(traced_step(step, [int(t)], owners))
         _close(step.logits, ref.decode(t))
     for a, b in zip(*traces):
         assert a and first_difference(a, b) is None, first_difference(a, b)

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from conftest import assert_close_to_scale
-from graph_safety import GraphUnsafe, first_difference, graph_safe_trace, segment_owners
+from graph_safety import GraphUnsafe, first_difference, graph_safe_trace, segment_owners, traced_step
 from ostinato.runtime import load_model
 from ostinato.runtime.model.experts import swiglu
 from ostinato.runtime.model.static_decode import StaticStep
@@ -220,13 +220,7 @@ def test_segments_are_graph_safe_with_fixed_shapes(pipelined):
     step.load(session.cache)
     owners, traces = segment_owners(step), []
     for t in ids[127:129]:  # position 127 completes a CSA and the first HCA window; 128 opens new ones
-        step.set_tokens([int(t)])
-        step.check_room()
-        traces.append([])
-        for i in range(len(step.segments)):  # each touching only its own segment's buffers
-            traces[-1].append(graph_safe_trace(step.run_segment, i, owners=owners, segment=i))
-            step.hand_off(i)
-        step.note_step()
+        traces.append(traced_step(step, [int(t)], owners))  # each segment touching only its own buffers
         assert_close(step.logits, session.decode(t), "two segments, gathered experts")
     for i in range(len(step.segments)):
         assert traces[0][i], "nothing traced"
