@@ -97,7 +97,7 @@ def child(plan_path: str, context_tokens: int, tool_tokens: int, decode_tokens: 
         peak_rss=resident().peak, file_rss=resident().file,
         planned_bytes=sum(d.total_bytes for d in p.memory), wait_s=wait_s, decode_tps=decode_tps,
         predicted_wait_s=p.predictions.wait_after_tool_output_120_tokens_ms / 1e3,
-        predicted_decode_tps=p.predictions.decode_tokens_per_s, mode=session.prefill_mode(tool_tokens))))
+        predicted_decode_tps=p.predictions.decode_tokens_per_s, mode=session.prefill_mode(tool_tokens, last_only=True))))
     engine.close()
 
 

@@ -16,7 +16,8 @@ class Counters:
     hot_s: float = 0.0           # wall time of the hot part
     cold_s: float = 0.0          # wall time of the CPU cold part (overlaps hot_s in split mode)
     upload_s: float = 0.0        # wall time of copies into staging buffers
-    decode_step_s: float = 0.0   # wall time of fixed-shape decode steps (hot and cold parts not separable)
+    decode_step_s: float = 0.0   # wall time of fixed-shape steps: decode and prefill buckets (hot and cold
+                                 # parts not separable)
 
     def copy(self) -> "Counters":
         return Counters(**{f.name: getattr(self, f.name) for f in fields(self)})

@@ -52,7 +52,7 @@ def replay(engine: Engine, shape: SessionShape, tokens: TokenSource, on_turn=Non
         start = time.perf_counter()
         mode = "none"
         if turn.appended:
-            mode = session.prefill_mode(turn.appended)
+            mode = session.prefill_mode(turn.appended, last_only=True)
             logits = session.prefill(tokens.take(turn.appended), last_only=True)
             nxt = int(logits[-1].argmax())
         prefill = counters.minus(before)

@@ -25,12 +25,16 @@ class EngineSession:
     def __len__(self) -> int:
         return len(self.session)
 
-    def prefill_mode(self, n: int) -> str:
+    def prefill_mode(self, n: int, last_only: bool = False) -> str:
+        """How a prefill of n tokens runs: bucket steps (only the last logits wanted, n within the largest
+        bucket), else split-route up to the plan's threshold, upload-once above."""
+        if last_only and self.runner is not None and 0 < n <= self.runner.largest_bucket:
+            return "bucket"
         return "upload" if self.threshold is not None and n > self.threshold else "split"
 
     def prefill(self, token_ids, last_only: bool = False) -> torch.Tensor:
         ids = torch.as_tensor(token_ids, dtype=torch.long).reshape(-1)
-        if last_only and self.runner is not None and 0 < ids.numel() <= self.runner.largest_bucket:
+        if self.prefill_mode(ids.numel(), last_only) == "bucket":
             return self.runner.prefill(self.session, ids)
         self._release()
         self.executor.set_mode(self.prefill_mode(ids.numel()))
