@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from ostinato.compiler.cost_model import CostModel, LayerCostInputs
-from ostinato.compiler.simulator.ktransformers import KTransformers
-from ostinato.compiler.simulator.llamacpp import LayerPlacement, LruCache, layers_that_fit
+from ostinato.compiler.simulator.ktransformers import KTransformers, frequency_placed
+from ostinato.compiler.simulator.llamacpp import CpuExperts, LayerPlacement, LruCache, layers_that_fit
 from ostinato.compiler.simulator.ostinato_policy import Ostinato
 from ostinato.compiler.simulator.replay import simulate, summarize
 from ostinato.compiler.simulator.trace import TraceSampler, at_coverage, counts_of
@@ -133,6 +133,29 @@ def test_layer_placement_op_offload_starts_at_32_tokens(n, mode, seconds):
     f = pol.prefill(routing(2, 4, [{0: a, 1: n - a}, {0: a, 1: n - a}]), n)
     # layer 0 on the GPU (2 experts, 2 ms); layer 1 on the host (20 ms), or uploaded (200 ms) + GPU (2 ms)
     assert f.mode == mode and f.seconds == pytest.approx(seconds)
+
+
+def test_ktransformers_gpu_experts_are_each_layers_most_frequent():
+    shares = np.array([[0.1, 0.4, 0.2, 0.3], [0.25, 0.25, 0.4, 0.1]])
+    assert frequency_placed(shares, 2).tolist() == [[False, True, False, True], [True, False, True, False]]
+    c = cost(hot=())                                           # Ostinato's hot set plays no part here
+    kt = KTransformers(c, threshold=4, gpu_experts=frequency_placed(np.array([[0.4, 0.3, 0.2, 0.1]]), 1))
+    f = kt.prefill(routing(1, 4, [{0: 2, 1: 2}]), 4)           # e0 on the GPU (1 ms) | e1 on the host
+    assert kt.name == "KTransformers-like + GPU experts"
+    assert f.mode == "cpu" and f.seconds == pytest.approx(10 * MS + 2 * 4 * ACT)
+
+
+@pytest.mark.parametrize("n, mode, seconds", [(31, "cpu", 20 * MS + 2 * 31 * ACT), (32, "offload", 200 * MS + 2 * MS)])
+def test_llamacpp_cpu_experts_offload_at_32_tokens(n, mode, seconds):
+    """Experts on the host below 32 tokens (two touched: 10 ms each, activations both ways each time);
+    from 32 the touched experts are uploaded (100 ms each) and run on the GPU (1 ms each), serially."""
+    c = cost()
+    pol = CpuExperts(c)
+    a = n // 2
+    f = pol.prefill(routing(1, 4, [{0: a, 1: n - a}]), n)
+    assert f.mode == mode and f.seconds == pytest.approx(seconds)
+    steps, _ = pol.decode(np.array([[[0]], [[3]]]))            # one route per step, on the host either way
+    assert steps == pytest.approx([10 * MS + 2 * ACT] * 2)
 
 
 def test_lru_cache_evicts_the_least_recently_used_and_big_batches_only_read():

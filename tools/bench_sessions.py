@@ -1,7 +1,11 @@
 """Session benchmark: Ostinato against its baselines, MODELED on the paper's workstation (the cost model
 + sampled routing) and MEASURED here (the real engine on the CPU, tiny model, plan variants).
 
-    .venv/bin/python tools/bench_sessions.py [--sessions N] [--skip-measured]
+    .venv/bin/python tools/bench_sessions.py [--sessions FILE] [--per-workload N] [--skip-measured]
+
+--sessions: any workload CSV (plans/workloads/README.md; default: the shipped agent_turns.csv); its
+sessions are grouped by workload (the shipped sources as coding / customer service, any other source
+by its name).
 
 Writes build/bench/{modeled.md, measured.md, *.png}. Ratios only compare systems within one run.
 """
@@ -16,26 +20,33 @@ from pathlib import Path
 from ostinato.compiler.simulator.bench import run_modeled
 from ostinato.compiler.simulator.world import build_world
 from ostinato.plans import plans_dir
-from ostinato.workload import read_sessions
+from ostinato.workload import WorkloadError, read_sessions
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, default=Path("build/bench"))
-    p.add_argument("--sessions", type=int, default=6, help="sessions per workload in the modeled tables (6)")
+    p.add_argument("--sessions", type=Path, default=plans_dir() / "workloads" / "agent_turns.csv",
+                   help="workload CSV to replay (default: the shipped agent sessions)")
+    p.add_argument("--per-workload", type=int, default=6, help="sessions per workload in the modeled tables (6)")
     p.add_argument("--sweep-sessions", type=int, default=2, help="sessions per workload in the coverage sweep (2)")
     p.add_argument("--coverages", default="0.5,0.7,0.84,0.95")
     p.add_argument("--skip-measured", action="store_true")
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args(argv)
-    sessions = read_sessions(plans_dir() / "workloads" / "agent_turns.csv")
+    try:
+        sessions = read_sessions(a.sessions)
+    except WorkloadError as e:
+        p.error(f"--sessions {e}")
+    if not sessions:
+        p.error(f"--sessions {a.sessions}: no sessions in the file")
     t0 = time.perf_counter()
     world = build_world()
     print(f"MODELED on {world.build.hardware.name} with DeepSeek-V4-Flash sizes; routing: synthetic profile "
           f"({world.build.profile.source}); plan hot share {world.build.cost.hot_share():.1%}, "
           f"upload threshold {world.build.threshold} tokens; llama.cpp layer placement: {world.gpu_layers} of "
           f"{len(world.build.cost.layers)} layers on the GPUs")
-    print(run_modeled(world, sessions, a.out, a.sessions, a.sweep_sessions,
+    print(run_modeled(world, sessions, a.out, a.per_workload, a.sweep_sessions,
                       tuple(float(c) for c in a.coverages.split(",")), max_generated=64, seed=a.seed))
     print(f"(modeled half: {time.perf_counter() - t0:.0f} s; plots: {a.out}/modeled_wait_vs_coverage.png, "
           f"{a.out}/modeled_session_timeline.png)")

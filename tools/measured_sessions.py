@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from ostinato.compiler.compile import CompileOptions, compile_plan
+from ostinato.compiler.simulator.bench import by_workload
 from ostinato.compiler.simulator.replay import simulate
 from ostinato.compiler.simulator.trace import TraceSampler
 from ostinato.compiler.simulator.world import build_world
@@ -63,8 +64,7 @@ def _replay(engine, sessions, model_dir, vocab, seed):
 def run_measured(all_sessions, out: Path, seed: int = 0) -> str:
     work = Path(tempfile.mkdtemp(prefix="ostinato-bench-"))
     ckpt = write_tiny_checkpoint(work / "tiny", "tiny", seed=0, popularity=1.0, progress=False)
-    shrunk = shrink_sessions([s for s in all_sessions if s.name.startswith("mini")][:1]
-                             + [s for s in all_sessions if s.name.startswith("tau")][:1],
+    shrunk = shrink_sessions([group[0] for group in by_workload(all_sessions, 1).values()][:2],
                              scale=0.1, max_turns=6, max_generated=8)
     prof = work / "profile.safetensors"
     subprocess.run([sys.executable, "-m", "ostinato.runtime.cli.record", str(ckpt), "--sessions",

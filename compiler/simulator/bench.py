@@ -31,8 +31,19 @@ def table(title: str, runs: dict) -> str:
     return "\n".join(rows)
 
 
+def workload_of(session: SessionShape) -> str:
+    """The shipped sources by their kind of agent, any other by its source's first path part."""
+    return next((w for w, p in WORKLOADS.items() if session.name.startswith(p)), session.name.split("/")[0])
+
+
 def by_workload(sessions: list[SessionShape], limit: int | None) -> dict[str, list[SessionShape]]:
-    return {w: [s for s in sessions if s.name.startswith(p)][:limit] for w, p in WORKLOADS.items()}
+    """Sessions grouped by workload (in the order they first appear), at most `limit` per workload."""
+    groups: dict[str, list[SessionShape]] = {}
+    for s in sessions:
+        group = groups.setdefault(workload_of(s), [])
+        if limit is None or len(group) < limit:
+            group.append(s)
+    return groups
 
 
 def run_modeled(world: World, sessions: list[SessionShape], out: Path, limit: int | None, sweep_sessions: int,

@@ -15,11 +15,25 @@ from ..cost_model import UNFUSED_EAGER_OPS_PER_LAYER, CostModel
 from .policy import Forward, Policy, split_pass, static_decode, upload_pass
 
 
+def frequency_placed(shares: np.ndarray, per_layer: int) -> np.ndarray:
+    """[L, E] bool: each layer's `per_layer` most-routed experts by the profile's shares [L, E] (what
+    `--kt-num-gpu-experts N` keeps on the GPU: N per layer, chosen by activation frequency; ties to the
+    lower id)."""
+    L, E = shares.shape
+    top = np.argsort(-shares, axis=1, kind="stable")[:, :min(per_layer, E)]  # [L, N]
+    gpu = np.zeros((L, E), dtype=bool)
+    gpu[np.arange(L)[:, None], top] = True
+    return gpu
+
+
 class KTransformers(Policy):
     name = "KTransformers-like"
 
     def __init__(self, cost: CostModel, threshold: int, gpu_experts: np.ndarray | None = None):
+        """`gpu_experts` [L, E] bool: the experts it keeps on the GPUs (frequency_placed; None: none)."""
         super().__init__(cost.with_eager_ops(UNFUSED_EAGER_OPS_PER_LAYER))  # its forward is not ours
+        if gpu_experts is not None:
+            self.name = "KTransformers-like + GPU experts"
         E = cost.layers[0].hot.size
         self.threshold = threshold
         self.gpu = gpu_experts if gpu_experts is not None else np.zeros((self.L, E), dtype=bool)

@@ -1,9 +1,15 @@
-"""llama.cpp's two ways to run a MoE model larger than the GPUs, as its options document them.
+"""llama.cpp's ways to run a MoE model larger than the GPUs, as its options document them.
 
-Layer placement (`-ngl` with the default split, or `--n-cpu-moe N`): whole layers (dense + experts)
-on the GPUs as far as they fit, the rest on the CPU. Host-resident weights are copied to the GPU
-for an op whose batch is >= GGML_OP_OFFLOAD_MIN_BATCH (32) tokens ("op offload"): the layer's dense
-weights and the experts the batch uses; smaller batches compute them on the CPU. The scheduler copies
+Layer placement (`-ngl` with the default split): whole layers (dense + experts) on the GPUs as far as
+they fit, the rest on the CPU.
+
+CPU experts (`-ngl 99 --cpu-moe`, `--n-cpu-moe L` or `-ot exps=CPU`: the common recipe for MoE models larger than
+the GPUs): every layer's dense part (attention, router, shared expert) on the GPUs, every routed
+expert in host memory. A layer's GPU and CPU splits run one after another (no overlap); batches
+below 32 tokens compute the experts on the CPU, the activations crossing the link both ways.
+Both: host-resident weights are copied to the GPU Host-resident weights are copied to the GPU
+for an op whose batch is >= GGML_OP_OFFLOAD_MIN_BATCH (32) tokens ("op offload"): the host layers'
+dense weights and the experts the batch uses; smaller batches compute them on the CPU. The scheduler copies
 a split's inputs before running it, so upload and compute are serial here. Its graphs are built and
 run in C, so no per-op Python dispatch is added (cost.dispatch_time applies to PyTorch systems).
 
@@ -54,6 +60,33 @@ class LayerPlacement(Policy):
     def decode(self, ids: np.ndarray) -> tuple[np.ndarray, Forward]:
         parts = np.array([self._layer(l, 1, self.k, self.k) for l in range(self.L)]).sum(0)
         step = parts[0] + self.cost.forward_overheads(1, decode=True)   # routing does not change the step
+        T = ids.shape[0]
+        return np.full(T, step), Forward(step * T, parts[1] * T, parts[2] * T, 0.0, "decode")
+
+
+class CpuExperts(Policy):
+    name = "llama.cpp CPU experts"
+
+    def _layer(self, l: int, n: int, touched: int, routes: float) -> tuple[float, float, float, float]:
+        """(seconds, gpu experts s, host experts s, upload s) of layer l: its dense part on the GPU, then
+        its experts on the host, or (op offload) uploaded and computed on the GPU."""
+        c = self.cost
+        if n >= OP_OFFLOAD_MIN_BATCH:
+            u, g = c.upload_time(touched), c.gpu_experts_time(touched, routes)
+            return c.attention_time(l, n) + u + g, g, 0.0, u
+        h = c.cpu_experts_time(n, touched, routes)
+        return c.attention_time(l, n) + h, 0.0, h, 0.0
+
+    def prefill(self, counts: np.ndarray, n: int) -> Forward:
+        parts = np.array([self._layer(l, n, int((counts[l] > 0).sum()), float(counts[l].sum()))
+                          for l in range(self.L)])
+        mode = "offload" if n >= OP_OFFLOAD_MIN_BATCH else "cpu"
+        up = int((counts > 0).sum()) if mode == "offload" else 0
+        return Forward(parts[:, 0].sum() + self.cost.forward_overheads(n, False), *parts[:, 1:].sum(0), mode, up)
+
+    def decode(self, ids: np.ndarray) -> tuple[np.ndarray, Forward]:
+        parts = np.array([self._layer(l, 1, self.k, self.k) for l in range(self.L)]).sum(0)
+        step = parts[0] + self.cost.forward_overheads(1, decode=True)   # every step: k experts per layer on the host
         T = ids.shape[0]
         return np.full(T, step), Forward(step * T, parts[1] * T, parts[2] * T, 0.0, "decode")
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 
 from ..compile import Build, CompileOptions, compile_plan
-from .ktransformers import KTransformers
-from .llamacpp import LayerPlacement, LruCache, layers_that_fit
+from .ktransformers import KTransformers, frequency_placed
+from .llamacpp import CpuExperts, LayerPlacement, LruCache, layers_that_fit
 from .ostinato_policy import Ostinato
 from .policy import Policy
 
@@ -27,8 +27,11 @@ class World:
 
     def policies(self, kt_threshold: int = KT_PREFILL_THRESHOLD) -> list[Policy]:
         cost = self.build.cost
+        # KTransformers' GPU experts fill the GPU memory Ostinato's hot set gets: the same count, N per layer
+        kt_gpu = frequency_placed(self.shares, int(self.hot.sum()) // self.hot.shape[0])
         return [Ostinato(cost, self.hot, self.build.threshold, cost.buckets), KTransformers(cost, kt_threshold),
-                LayerPlacement(cost, self.gpu_layers), LruCache(cost, self.hot)]
+                KTransformers(cost, kt_threshold, kt_gpu), LayerPlacement(cost, self.gpu_layers),
+                CpuExperts(cost), LruCache(cost, self.hot)]
 
 
 def build_world(model: Path = V4_FLASH, hardware: str = "rtx4090d-x4", profile: str = "synthetic:1.0",

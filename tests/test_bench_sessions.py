@@ -1,0 +1,37 @@
+"""tools/bench_sessions.py replays any workload CSV (--sessions FILE), grouped by workload, with every system."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from ostinato.compiler.simulator.bench import by_workload
+from ostinato.plans import plans_dir
+from ostinato.workload import read_sessions
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+import bench_sessions  # noqa: E402
+
+SYSTEMS = ("Ostinato", "KTransformers-like", "KTransformers-like + GPU experts", "llama.cpp layers",
+           "llama.cpp CPU experts", "llama.cpp LRU cache")
+
+
+def test_the_shipped_sessions_group_as_coding_and_customer_service():
+    groups = by_workload(read_sessions(plans_dir() / "workloads" / "agent_turns.csv"), 3)
+    assert list(groups) == ["coding", "customer service"] and all(len(g) == 3 for g in groups.values())
+
+
+def test_another_workload_file_is_replayed(tmp_path, capsys):
+    csv = tmp_path / "mine.csv"
+    rows = ["source,session,turn,appended_tokens,generated_tokens"]
+    rows += [f"my-agents/helpdesk,s{s},{t},{[900, 40, 130][t]},{[30, 12, 50][t]}" for s in range(2) for t in range(3)]
+    csv.write_text("\n".join(rows) + "\n")
+    assert bench_sessions.main(["--sessions", str(csv), "--per-workload", "2", "--sweep-sessions", "1",
+                                "--coverages", "0.8", "--skip-measured", "--out", str(tmp_path / "out")]) == 0
+    report = (tmp_path / "out" / "modeled.md").read_text()
+    assert "### my-agents: 2 sessions" in report
+    for name in SYSTEMS:
+        assert f"| {name} |" in report, name
+    with pytest.raises(SystemExit) as e:
+        bench_sessions.main(["--sessions", str(tmp_path / "nope.csv"), "--skip-measured"])
+    assert e.value.code == 2 and "nope.csv: sessions file not found" in capsys.readouterr().err
