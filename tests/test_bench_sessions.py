@@ -29,9 +29,20 @@ def test_another_workload_file_is_replayed(tmp_path, capsys):
     assert bench_sessions.main(["--sessions", str(csv), "--per-workload", "2", "--sweep-sessions", "1",
                                 "--coverages", "0.8", "--skip-measured", "--out", str(tmp_path / "out")]) == 0
     report = (tmp_path / "out" / "modeled.md").read_text()
-    assert "### my-agents: 2 sessions" in report
+    assert "#### my-agents: 2 sessions" in report
     for name in SYSTEMS:
         assert f"| {name} |" in report, name
     with pytest.raises(SystemExit) as e:
         bench_sessions.main(["--sessions", str(tmp_path / "nope.csv"), "--skip-measured"])
     assert e.value.code == 2 and "nope.csv: sessions file not found" in capsys.readouterr().err
+
+
+def test_the_readme_tables_are_the_tools_output():
+    """The README's modeled tables, regenerated from the committed plan inputs, workload and seed."""
+    from ostinato.compiler.simulator.bench import README_BEGIN, README_END, README_SESSIONS, modeled_tables
+    from ostinato.compiler.simulator.world import build_world
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    block = readme[readme.index(README_BEGIN) + len(README_BEGIN):readme.index(README_END)].strip()
+    tables, _ = modeled_tables(build_world(), read_sessions(bench_sessions.SHIPPED), README_SESSIONS, seed=0)
+    assert block == tables, "README's modeled tables are stale: run tools/bench_sessions.py --skip-measured --readme README.md"

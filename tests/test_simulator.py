@@ -158,6 +158,24 @@ def test_llamacpp_cpu_experts_offload_at_32_tokens(n, mode, seconds):
     assert steps == pytest.approx([10 * MS + 2 * ACT] * 2)
 
 
+def test_each_ablation_removes_one_mechanism():
+    from ostinato.compiler.simulator.ablation import FULL, ablations
+
+    c = cost()
+    d = CostModel(c.cfg, HW.replace(host=HW.host.replace(op_dispatch_s=MS / 1000)), c.layers, EXPERT, 0, 0)
+    d.eager_ops_per_layer = 2000                                    # 2 ms per eager forward
+    pols = ablations(d, c.layers[0].hot[None], threshold=2, buckets=[2])
+    assert pols[0].name == FULL and len({p.name for p in pols}) == 6
+    full, no_hot, no_split, no_upload, no_graphs, no_buckets = pols
+    two, three = routing(1, 4, [{0: 1, 2: 1}]), routing(1, 4, [{0: 2, 2: 1}])
+    assert [p.prefill(two, 2).mode for p in pols] == ["bucket", "bucket", "upload", "bucket", "bucket", "split"]
+    assert full.prefill(three, 3).mode == "upload" and no_upload.prefill(three, 3).mode == "split"
+    hot_token = np.array([[[0]]])                                   # e0: resident in the plan
+    assert full.decode(hot_token)[0][0] == pytest.approx(1 * MS)    # a replayed graph: no dispatch
+    assert no_graphs.decode(hot_token)[0][0] == pytest.approx(2 * MS)  # the host's dispatch, not the GPU, sets it
+    assert no_hot.decode(hot_token)[0][0] == pytest.approx(10 * MS + 2 * ACT)
+
+
 def test_lru_cache_evicts_the_least_recently_used_and_big_batches_only_read():
     c = cost()
     lru = LruCache(c, c.layers[0].hot[None].copy())            # capacity 2, warm {0, 1}

@@ -17,21 +17,25 @@ import sys
 import time
 from pathlib import Path
 
-from ostinato.compiler.simulator.bench import run_modeled
+from ostinato.compiler.simulator.bench import README_SESSIONS, readme_with, run_modeled
 from ostinato.compiler.simulator.world import build_world
 from ostinato.plans import plans_dir
 from ostinato.workload import WorkloadError, read_sessions
+
+SHIPPED = plans_dir() / "workloads" / "agent_turns.csv"
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, default=Path("build/bench"))
-    p.add_argument("--sessions", type=Path, default=plans_dir() / "workloads" / "agent_turns.csv",
+    p.add_argument("--sessions", type=Path, default=SHIPPED,
                    help="workload CSV to replay (default: the shipped agent sessions)")
-    p.add_argument("--per-workload", type=int, default=6, help="sessions per workload in the modeled tables (6)")
+    p.add_argument("--per-workload", type=int, default=README_SESSIONS, help="sessions per workload in the modeled tables (6)")
     p.add_argument("--sweep-sessions", type=int, default=2, help="sessions per workload in the coverage sweep (2)")
     p.add_argument("--coverages", default="0.5,0.7,0.84,0.95")
     p.add_argument("--skip-measured", action="store_true")
+    p.add_argument("--readme", type=Path, help="rewrite the modeled tables in this README (only with the shipped "
+                                               "sessions, the default --per-workload and --seed)")
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args(argv)
     try:
@@ -40,14 +44,21 @@ def main(argv=None) -> int:
         p.error(f"--sessions {e}")
     if not sessions:
         p.error(f"--sessions {a.sessions}: no sessions in the file")
+    if a.readme and (a.sessions.resolve() != SHIPPED.resolve() or a.per_workload != README_SESSIONS or a.seed != 0):
+        p.error("--readme: the README's tables are those of the shipped sessions with the default "
+                "--per-workload and --seed")
     t0 = time.perf_counter()
     world = build_world()
     print(f"MODELED on {world.build.hardware.name} with DeepSeek-V4-Flash sizes; routing: synthetic profile "
           f"({world.build.profile.source}); plan hot share {world.build.cost.hot_share():.1%}, "
           f"upload threshold {world.build.threshold} tokens; llama.cpp layer placement: {world.gpu_layers} of "
           f"{len(world.build.cost.layers)} layers on the GPUs")
-    print(run_modeled(world, sessions, a.out, a.per_workload, a.sweep_sessions,
-                      tuple(float(c) for c in a.coverages.split(",")), max_generated=64, seed=a.seed))
+    report = run_modeled(world, sessions, a.out, a.per_workload, a.sweep_sessions,
+                         tuple(float(c) for c in a.coverages.split(",")), max_generated=64, seed=a.seed)
+    print(report)
+    if a.readme:
+        a.readme.write_text(readme_with(a.readme.read_text(), report))
+        print(f"(rewrote the modeled tables in {a.readme})")
     print(f"(modeled half: {time.perf_counter() - t0:.0f} s; plots: {a.out}/modeled_wait_vs_coverage.png, "
           f"{a.out}/modeled_session_timeline.png)")
     if not a.skip_measured:

@@ -14,12 +14,17 @@ from .trace import TraceSampler, at_coverage
 from .world import World
 
 WORKLOADS = {"coding": "mini-swe-agent/", "customer service": "tau2-bench/"}
+# The README's modeled tables sit between these lines (tools/bench_sessions.py --readme rewrites them; a test
+# regenerates them from the committed inputs and fails on a difference).
+README_BEGIN = "<!-- modeled tables: written by tools/bench_sessions.py --readme README.md; do not edit -->"
+README_END = "<!-- end of the modeled tables -->"
+README_SESSIONS = 6  # sessions per workload the README's tables replay (the default of --per-workload)
 PAPER_COVERAGE = 0.84
 
 
 def table(title: str, runs: dict) -> str:
-    base = summarize(runs["Ostinato"])
-    rows = [f"### {title} (modeled)", "",
+    base = summarize(next(iter(runs.values())))  # the first system: Ostinato
+    rows = [f"#### {title} (modeled)", "",
             "| system | median wait s | p90 wait s | decode tok/s | median session s | wait / Ostinato | "
             "session / Ostinato | decode / Ostinato |", "|---|---|---|---|---|---|---|---|"]
     for name, r in runs.items():
@@ -46,19 +51,37 @@ def by_workload(sessions: list[SessionShape], limit: int | None) -> dict[str, li
     return groups
 
 
-def run_modeled(world: World, sessions: list[SessionShape], out: Path, limit: int | None, sweep_sessions: int,
-                coverages: tuple[float, ...], max_generated: int | None, seed: int = 0) -> str:
-    out.mkdir(parents=True, exist_ok=True)
+def modeled_tables(world: World, sessions: list[SessionShape], limit: int | None, seed: int = 0
+                   ) -> tuple[str, tuple[str, dict]]:
+    """The systems' table and the ablation table per workload (markdown), and one session's runs for the
+    timeline plot. Deterministic from the seed: the README embeds this text (readme_with)."""
     k = world.build.config.num_experts_per_tok
     text, timeline = [], None
     for w, ss in by_workload(sessions, limit).items():
         runs = simulate(ss, world.policies(), TraceSampler(world.shares, k, seed))
         text.append(table(f"{w}: {len(ss)} sessions, {world.build.hardware.name}, DeepSeek-V4-Flash sizes", runs))
         timeline = timeline or (ss[0].name, runs)
+    for w, ss in by_workload(sessions, limit).items():
+        runs = simulate(ss, world.ablations(), TraceSampler(world.shares, k, seed))
+        text.append(table(f"ablation, {w}: {len(ss)} sessions, Ostinato with one mechanism removed", runs))
+    return "\n\n".join(text), timeline
+
+
+def readme_with(readme: str, tables: str) -> str:
+    """The README text with its block between README_BEGIN and README_END replaced by `tables`."""
+    start, end = readme.find(README_BEGIN), readme.find(README_END)
+    if start < 0 or end < start:
+        raise ValueError(f"the README has no '{README_BEGIN}' ... '{README_END}' block")
+    return readme[:start + len(README_BEGIN)] + "\n\n" + tables + "\n\n" + readme[end:]
+
+
+def run_modeled(world: World, sessions: list[SessionShape], out: Path, limit: int | None, sweep_sessions: int,
+                coverages: tuple[float, ...], max_generated: int | None, seed: int = 0) -> str:
+    out.mkdir(parents=True, exist_ok=True)
+    report, timeline = modeled_tables(world, sessions, limit, seed)
     sweep = coverage_sweep(world, by_workload(sessions, sweep_sessions), coverages, max_generated, seed)
     plot_sweep(sweep, out / "modeled_wait_vs_coverage.png", world.build.hardware.name)
     plot_timeline(*timeline, out / "modeled_session_timeline.png")
-    report = "\n\n".join(text)
     (out / "modeled.md").write_text(report + "\n")
     return report
 

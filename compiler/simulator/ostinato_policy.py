@@ -14,9 +14,13 @@ from .policy import Forward, Policy, bucket_pass, split_pass, static_decode, upl
 class Ostinato(Policy):
     name = "Ostinato"
 
-    def __init__(self, cost: CostModel, hot: np.ndarray, threshold: int | None, buckets: list[int] = ()):
+    def __init__(self, cost: CostModel, hot: np.ndarray, threshold: int | None, buckets: list[int] = (),
+                 decode_graphs: bool = True, name: str | None = None):
+        """`decode_graphs` False: decode steps dispatched op by op (an ablation); `name`: the row's label."""
         super().__init__(cost)
         self.hot, self.threshold, self.buckets = hot, threshold, sorted(buckets)  # hot [L, E] bool
+        self.decode_graphs = decode_graphs
+        self.name = name or self.name
 
     def prefill(self, counts: np.ndarray, n: int) -> Forward:
         if self.buckets and 0 < n <= self.buckets[-1]:
@@ -26,4 +30,4 @@ class Ostinato(Policy):
         return split_pass(self.cost, counts, n, self.hot)
 
     def decode(self, ids: np.ndarray) -> tuple[np.ndarray, Forward]:
-        return static_decode(self.cost, self.hot, ids)
+        return static_decode(self.cost, self.hot, ids, eager=None if self.decode_graphs else True)

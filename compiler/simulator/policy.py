@@ -108,13 +108,14 @@ def decode_table(cost: CostModel, k: int) -> np.ndarray:
     return t
 
 
-def static_decode(cost: CostModel, gpu: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray, Forward]:
+def static_decode(cost: CostModel, gpu: np.ndarray, ids: np.ndarray, eager: bool | None = None
+                  ) -> tuple[np.ndarray, Forward]:
     """Decode steps with a fixed GPU-resident set: per step and layer, the routes that hit it; the step
-    is a replayed graph (eager only on a cpu-only spec)."""
+    is a replayed graph (eager only on a cpu-only spec, or when `eager` says so)."""
     k = ids.shape[2]
     hits = np.take_along_axis(gpu[None], ids, axis=2).sum(axis=2)         # [T, L]
     steps = decode_table(cost, k)[np.arange(ids.shape[1])[None], hits].sum(axis=1)  # [T]
-    steps = cost.forward_time(steps, 1, True, cost.decode_is_eager())
+    steps = cost.forward_time(steps, 1, True, cost.decode_is_eager() if eager is None else eager)
     gtab = np.array([cost.gpu_experts_time(h, h) for h in range(k + 1)])
     ctab = np.array([cost.cpu_experts_time(1, k - h, k - h) for h in range(k + 1)])
     return steps, Forward(float(steps.sum()), float(gtab[hits].sum()), float(ctab[hits].sum()), 0.0, "decode")

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from ..compile import Build, CompileOptions, compile_plan
+from .ablation import ablations
 from .ktransformers import KTransformers, frequency_placed
 from .llamacpp import CpuExperts, LayerPlacement, LruCache, layers_that_fit
 from .ostinato_policy import Ostinato
@@ -32,6 +33,11 @@ class World:
         return [Ostinato(cost, self.hot, self.build.threshold, cost.buckets), KTransformers(cost, kt_threshold),
                 KTransformers(cost, kt_threshold, kt_gpu), LayerPlacement(cost, self.gpu_layers),
                 CpuExperts(cost), LruCache(cost, self.hot)]
+
+
+    def ablations(self) -> list[Policy]:
+        cost = self.build.cost
+        return ablations(cost, self.hot, self.build.threshold, cost.buckets)
 
 
 def build_world(model: Path = V4_FLASH, hardware: str = "rtx4090d-x4", profile: str = "synthetic:1.0",

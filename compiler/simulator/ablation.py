@@ -1,0 +1,28 @@
+"""What each of Ostinato's mechanisms buys, modeled: its plan with one mechanism removed at a time.
+
+Every variant is the Ostinato policy on the same plan, hardware and routing traces, so a row's ratio to
+the full system is that mechanism's share of the wait. Not ablated: the CPU expert kernel (pricing it at
+kt-kernel's speed needs the side-by-side kernel measurement of the baselines issue).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .ostinato_policy import Ostinato
+from .policy import Policy
+
+FULL = "Ostinato (all mechanisms)"
+
+
+def ablations(cost, hot: np.ndarray, threshold: int | None, buckets: list[int]) -> list[Policy]:
+    """The full policy first, then one variant per mechanism removed."""
+    none = np.zeros_like(hot)
+    return [
+        Ostinato(cost, hot, threshold, buckets, name=FULL),
+        Ostinato(cost, none, threshold, buckets, name="- resident hot set (every routed expert cold)"),
+        Ostinato(cost, hot, 0, [], name="- split-route (every prefill uploads the cold experts it touches)"),
+        Ostinato(cost, hot, None, buckets, name="- upload-once (every prefill splits)"),
+        Ostinato(cost, hot, threshold, buckets, decode_graphs=False, name="- decode graphs (decode dispatched op by op)"),
+        Ostinato(cost, hot, threshold, [], name="- short-prefill graphs (no bucket steps)"),
+    ]
