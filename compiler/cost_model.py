@@ -75,6 +75,7 @@ class CostModel:
         self.expert_bytes, self.head_bytes, self.context = expert_bytes, head_bytes, context
         self.prefill_chunk = prefill_chunk
         self.buckets: list[int] = []  # the plan's prefill buckets (set after choose_buckets)
+        self.host_slowdown = None     # tokens per expert -> another kernel's time over ours (with_host_kernel)
         self.eager_ops_per_layer = EAGER_OPS_PER_LAYER
         k = cfg.num_experts_per_tok
         self.expert_flops = EXPERT_FLOPS_PER_TOKEN_FACTOR * cfg.hidden_size * cfg.moe_intermediate_size
@@ -123,16 +124,20 @@ class CostModel:
         return self._experts_time(distinct, routes, g.bandwidth, g.matmul_flops)
 
     def host_experts_time(self, distinct: float, routes: float) -> float:
-        h = self.hw.host
-        return self._experts_time(distinct, routes, *host_expert_rates(h))
+        """The host's expert kernel over `distinct` experts and their `routes` (another system's kernel:
+        times its measured slowdown at routes / distinct tokens per expert)."""
+        t = self._experts_time(distinct, routes, *host_expert_rates(self.hw.host))
+        if self.host_slowdown is not None and distinct > 0:
+            t *= self.host_slowdown(routes / distinct)
+        return t
 
     def cpu_experts_time(self, n: int, distinct: float, routes: float) -> float:
         """Routes computed by the host's expert kernels, plus n tokens' activations over the link both ways."""
         if routes <= 0:
             return 0.0
-        h, link = self.hw.host, self.hw.link
+        link = self.hw.link
         act = n * self.cfg.hidden_size * 4
-        return (self._experts_time(distinct, routes, *host_expert_rates(h))
+        return (self.host_experts_time(distinct, routes)
                 + 2 * link.latency_s + act / link.d2h_bandwidth + act / link.h2d_bandwidth)
 
     def upload_time(self, experts: float, extra_bytes: int = 0) -> float:
@@ -155,6 +160,12 @@ class CostModel:
         """Host seconds to issue an eager forward of n tokens op by op (one pass per prefill chunk)."""
         chunks = max(1, -(-n // self.prefill_chunk))
         return chunks * len(self.layers) * self.eager_ops_per_layer * self.hw.host.op_dispatch_s
+
+    def with_host_kernel(self, slowdown) -> "CostModel":
+        """The same model for a system whose CPU expert kernel takes slowdown(tokens per expert) times ours."""
+        other = copy.copy(self)
+        other.host_slowdown = slowdown
+        return other
 
     def with_eager_ops(self, ops_per_layer: int) -> "CostModel":
         """The same model for a system that dispatches `ops_per_layer` ops per layer-forward."""

@@ -32,6 +32,11 @@ def test_another_workload_file_is_replayed(tmp_path, capsys):
     assert "#### my-agents: 2 sessions" in report
     for name in SYSTEMS:
         assert f"| {name} |" in report, name
+    assert bench_sessions.main(["--sessions", str(csv), "--per-workload", "1", "--sweep-sessions", "1",
+                                "--coverages", "0.8", "--skip-measured", "--kernels", "none",
+                                "--out", str(tmp_path / "same")]) == 0
+    same = (tmp_path / "same" / "modeled.md").read_text()  # every system at Ostinato's kernel speed
+    assert "kt-kernel's measured speed" not in same and "kt-kernel's measured speed" in report
     with pytest.raises(SystemExit) as e:
         bench_sessions.main(["--sessions", str(tmp_path / "nope.csv"), "--skip-measured"])
     assert e.value.code == 2 and "nope.csv: sessions file not found" in capsys.readouterr().err

@@ -227,3 +227,24 @@ def test_summary_skips_the_first_turn_and_rates_decode_over_all_turns():
     s = summarize(runs)
     assert s.median_wait_s == pytest.approx((10 * MS + 2 * ACT) + 1 * MS)      # turn 1 only
     assert s.decode_tokens_per_s == pytest.approx(1 / MS)
+
+
+def test_a_baselines_kernel_is_priced_by_its_measured_slowdown(tmp_path):
+    from ostinato.compiler.simulator.kernels import load_kernel_speeds
+
+    table = tmp_path / "k.yaml"
+    table.write_text("source: hand\ntokens: [1, 4, 16]\nms:\n  ostinato: [1.0, 2.0, 4.0]\n  other: [3.0, 4.0, 4.0]\n")
+    speeds = load_kernel_speeds(table)
+    assert speeds.slowdown("other", 1) == 3.0 and speeds.slowdown("other", 16) == 1.0
+    assert speeds.slowdown("other", 2) == pytest.approx(2.5)    # halfway in log(tokens) from 1 to 4: 3 -> 2
+    assert speeds.slowdown("other", 0.5) == 3.0 and speeds.slowdown("other", 64) == 1.0  # end values beyond
+    assert speeds.slowdown("ostinato", 7) == 1.0
+    c = cost()
+    kt = KTransformers(c, threshold=4, kernel=speeds.of("other"))
+    f = kt.prefill(routing(1, 4, [{2: 1}]), 1)                  # one route to one cold expert: 1 token per expert
+    assert f.seconds == pytest.approx(3 * 10 * MS + 2 * ACT)   # 3x the host kernel time; the link is the link's
+    with pytest.raises(KeyError, match="'ggml' has no kernel measurement"):
+        speeds.of("ggml")
+    table.write_text("tokens: [1, 4]\nms:\n  other: [1.0, 2.0]\n")
+    with pytest.raises(ValueError, match="an 'ostinato' row"):
+        load_kernel_speeds(table)

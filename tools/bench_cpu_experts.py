@@ -21,7 +21,12 @@ thread.
 kt-kernel 0.7.2 pins torch==2.9.1: `pip install kt-kernel==0.7.2` replaces the project's torch, so
 install it with `pip install --no-deps kt-kernel==0.7.2 gguf` (its extension does not link torch).
 
-Usage: python tools/bench_cpu_experts.py [--threads N] [--build-root DIR]
+`--kernels-out FILE` writes (c)'s side-by-side times as the simulator's kernel table
+(plans/measured/cpu_expert_kernels.yaml, read by compiler/simulator/kernels.py): per token count, ms per
+expert of Ostinato's kernel (its bf16 path, or its GEMM-library path where that is faster: what a plan's
+gemm_min_tokens picks) and of kt-kernel.
+
+Usage: python tools/bench_cpu_experts.py [--threads N] [--build-root DIR] [--kernels-out FILE]
 """
 
 from __future__ import annotations
@@ -166,6 +171,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--build-root", default=None, help="kernel build directory (default build/kernels)")
+    ap.add_argument("--kernels-out", help="write the side-by-side times per expert as the simulator's kernel table")
     args = ap.parse_args()
     threads = args.threads
     torch.set_num_threads(threads)
@@ -247,6 +253,9 @@ def main() -> None:
               f"{b['torch16']:10.2f} | {cell(b['kt']):>8} | {s:12.2f}x | {kt_s:4.2f}x | "
               f"{b['torch32'] / b['f32']:15.2f}x | {expert_bytes / best[T, 'bf16'] / threads / 1e9:16.1f}")
 
+    if args.kernels_out:
+        write_kernel_table(args.kernels_out, best, bool(kt), threads, bw)
+
     # (d) the crossover to plan
     if gemm:
         wins = [T for T in TOKENS if T > 1 and best[T, "gemm"] < best[T, "bf16"]]
@@ -264,6 +273,30 @@ def main() -> None:
     r = kbw[6, torch.bfloat16]
     print(f"cpu_expert_read_bw_ratio={r / bw:.3f} torch_speedup_min={min(speedups):.3f} "
           f"kt_speedup_min={min(kt_speedups) if kt_speedups else float('nan'):.3f} per_core_gbs={r / threads / 1e9:.2f}")
+
+
+def write_kernel_table(path: str, best: dict, with_kt: bool, threads: int, bw: float) -> None:
+    """(c) as plans/measured/cpu_expert_kernels.yaml (compiler/simulator/kernels.py reads it)."""
+    import platform
+    import subprocess
+
+    import yaml
+
+    cpu = next((line.split(":", 1)[1].strip() for line in subprocess.run(
+        ["lscpu"], capture_output=True, text=True, check=False).stdout.splitlines()
+        if line.startswith("Model name")), platform.processor() or "unknown CPU")
+    ms = {"ostinato": [round(min(best[T, "bf16"], best[T, "gemm"]) * 1e3, 3) for T in TOKENS]}
+    if with_kt:
+        ms["kt-kernel"] = [round(best[T, "kt"] * 1e3, 3) for T in TOKENS]
+    data = {"source": f"tools/bench_cpu_experts.py --kernels-out, one run, {cpu}, {threads} threads, read "
+                      f"bandwidth {bw / 1e9:.1f} GB/s, {time.strftime('%Y-%m-%d')}; ms per V4-Flash expert, all "
+                      f"tokens routed to it, best of interleaved rounds",
+            "tokens": list(TOKENS), "ms": ms}
+    with open(path, "w") as f:
+        f.write("# Each system's CPU MXFP4 expert kernel, side by side: written by tools/bench_cpu_experts.py;\n"
+                "# read by compiler/simulator/kernels.py (a baseline's host expert time = ours x its slowdown).\n")
+        yaml.safe_dump(data, f, sort_keys=False, width=120)
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from ostinato.compiler.simulator.bench import README_SESSIONS, readme_with, run_modeled
+from ostinato.compiler.simulator.kernels import KERNELS_FILE
 from ostinato.compiler.simulator.world import build_world
 from ostinato.plans import plans_dir
 from ostinato.workload import WorkloadError, read_sessions
@@ -33,6 +34,9 @@ def main(argv=None) -> int:
     p.add_argument("--per-workload", type=int, default=README_SESSIONS, help="sessions per workload in the modeled tables (6)")
     p.add_argument("--sweep-sessions", type=int, default=2, help="sessions per workload in the coverage sweep (2)")
     p.add_argument("--coverages", default="0.5,0.7,0.84,0.95")
+    p.add_argument("--kernels", default=str(KERNELS_FILE),
+                   help="each system's measured CPU kernel times (default: the shipped side-by-side run), or "
+                        "'none' to price every system at Ostinato's kernel speed")
     p.add_argument("--skip-measured", action="store_true")
     p.add_argument("--readme", type=Path, help="rewrite the modeled tables in this README (only with the shipped "
                                                "sessions, the default --per-workload and --seed)")
@@ -44,11 +48,15 @@ def main(argv=None) -> int:
         p.error(f"--sessions {e}")
     if not sessions:
         p.error(f"--sessions {a.sessions}: no sessions in the file")
-    if a.readme and (a.sessions.resolve() != SHIPPED.resolve() or a.per_workload != README_SESSIONS or a.seed != 0):
+    kernels = None if a.kernels == "none" else Path(a.kernels)
+    if kernels is not None and not kernels.is_file():
+        p.error(f"--kernels {kernels}: no such file")
+    if a.readme and (a.sessions.resolve() != SHIPPED.resolve() or a.per_workload != README_SESSIONS or a.seed != 0
+                     or kernels is None or kernels.resolve() != KERNELS_FILE.resolve()):
         p.error("--readme: the README's tables are those of the shipped sessions with the default "
-                "--per-workload and --seed")
+                "--per-workload, --seed and --kernels")
     t0 = time.perf_counter()
-    world = build_world()
+    world = build_world(kernels=kernels)
     print(f"MODELED on {world.build.hardware.name} with DeepSeek-V4-Flash sizes; routing: synthetic profile "
           f"({world.build.profile.source}); plan hot share {world.build.cost.hot_share():.1%}, "
           f"upload threshold {world.build.threshold} tokens; llama.cpp layer placement: {world.gpu_layers} of "

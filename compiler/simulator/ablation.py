@@ -1,8 +1,8 @@
 """What each of Ostinato's mechanisms buys, modeled: its plan with one mechanism removed at a time.
 
 Every variant is the Ostinato policy on the same plan, hardware and routing traces, so a row's ratio to
-the full system is that mechanism's share of the wait. Not ablated: the CPU expert kernel (pricing it at
-kt-kernel's speed needs the side-by-side kernel measurement of the baselines issue).
+the full system is that mechanism's share of the wait. The last replaces its CPU expert kernel by
+kt-kernel's measured speed (kernels.py), when a measurement is given.
 """
 
 from __future__ import annotations
@@ -15,9 +15,11 @@ from .policy import Policy
 FULL = "Ostinato (all mechanisms)"
 
 
-def ablations(cost, hot: np.ndarray, threshold: int | None, buckets: list[int]) -> list[Policy]:
-    """The full policy first, then one variant per mechanism removed."""
+def ablations(cost, hot: np.ndarray, threshold: int | None, buckets: list[int], kt_kernel=None) -> list[Policy]:
+    """The full policy first, then one variant per mechanism removed (`kt_kernel`: kt-kernel's slowdown)."""
     none = np.zeros_like(hot)
+    kt = [] if kt_kernel is None else [Ostinato(cost.with_host_kernel(kt_kernel), hot, threshold, buckets,
+                                                name="- its CPU kernel (kt-kernel's measured speed instead)")]
     return [
         Ostinato(cost, hot, threshold, buckets, name=FULL),
         Ostinato(cost, none, threshold, buckets, name="- resident hot set (every routed expert cold)"),
@@ -25,4 +27,4 @@ def ablations(cost, hot: np.ndarray, threshold: int | None, buckets: list[int]) 
         Ostinato(cost, hot, None, buckets, name="- upload-once (every prefill splits)"),
         Ostinato(cost, hot, threshold, buckets, decode_graphs=False, name="- decode graphs (decode dispatched op by op)"),
         Ostinato(cost, hot, threshold, [], name="- short-prefill graphs (no bucket steps)"),
-    ]
+    ] + kt

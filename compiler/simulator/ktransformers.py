@@ -29,9 +29,11 @@ def frequency_placed(shares: np.ndarray, per_layer: int) -> np.ndarray:
 class KTransformers(Policy):
     name = "KTransformers-like"
 
-    def __init__(self, cost: CostModel, threshold: int, gpu_experts: np.ndarray | None = None):
-        """`gpu_experts` [L, E] bool: the experts it keeps on the GPUs (frequency_placed; None: none)."""
-        super().__init__(cost.with_eager_ops(UNFUSED_EAGER_OPS_PER_LAYER))  # its forward is not ours
+    def __init__(self, cost: CostModel, threshold: int, gpu_experts: np.ndarray | None = None, kernel=None):
+        """`gpu_experts` [L, E] bool: the experts it keeps on the GPUs (frequency_placed; None: none);
+        `kernel`: kt-kernel's slowdown against Ostinato's CPU kernel (kernels.py; None: the same speed)."""
+        cost = cost.with_eager_ops(UNFUSED_EAGER_OPS_PER_LAYER)  # its forward is not ours
+        super().__init__(cost.with_host_kernel(kernel) if kernel is not None else cost)
         if gpu_experts is not None:
             self.name = "KTransformers-like + GPU experts"
         E = cost.layers[0].hot.size

@@ -33,8 +33,9 @@ CACHE_FILL_MAX_BATCH = 32     # --moe-cache-mib: batches above this only read th
 class LayerPlacement(Policy):
     name = "llama.cpp layers"
 
-    def __init__(self, cost: CostModel, gpu_layers: int):
-        super().__init__(cost)
+    def __init__(self, cost: CostModel, gpu_layers: int, kernel=None):
+        """`kernel`: ggml's CPU expert slowdown against Ostinato's (kernels.py; None: the same speed)."""
+        super().__init__(cost.with_host_kernel(kernel) if kernel is not None else cost)
         self.gpu_layers = gpu_layers
 
     def _layer(self, l: int, n: int, touched: int, routes: float) -> tuple[float, float, float, float]:
@@ -66,6 +67,10 @@ class LayerPlacement(Policy):
 
 class CpuExperts(Policy):
     name = "llama.cpp CPU experts"
+
+    def __init__(self, cost: CostModel, kernel=None):
+        """`kernel`: ggml's CPU expert slowdown against Ostinato's (kernels.py; None: the same speed)."""
+        super().__init__(cost.with_host_kernel(kernel) if kernel is not None else cost)
 
     def _layer(self, l: int, n: int, touched: int, routes: float) -> tuple[float, float, float, float]:
         """(seconds, gpu experts s, host experts s, upload s) of layer l: its dense part on the GPU, then
