@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from ostinato import __version__
+from ostinato.buckets import CAPTURE_RUNS, largest_bucket_for
 from ostinato.checkpoint import model_sizes
 from ostinato.checkpoint.config import ModelConfig
 from ostinato.checkpoint.fingerprint import ModelFingerprint, model_fingerprint
@@ -142,7 +143,7 @@ def max_bucket(o: CompileOptions, hw: HardwareSpec) -> int:
         return max(o.prefill_buckets, default=0)
     if hw.cpu_only:
         return 0
-    limit = min(MAX_BUCKET, o.context // 3)
+    limit = min(MAX_BUCKET, largest_bucket_for(o.context))
     return 1 << (limit.bit_length() - 1) if limit >= 2 else 0
 
 
@@ -221,10 +222,11 @@ def cost_model(b: Build) -> None:
     if o.prefill_buckets is None:
         b.cost.buckets = b.cost.choose_buckets(b.threshold, o.context, b.policy.max_bucket)
     else:
-        bad = [T for T in o.prefill_buckets if T < 2 or T & (T - 1) or 3 * T > o.context]
+        bad = [T for T in o.prefill_buckets if T < 2 or T & (T - 1) or T > largest_bucket_for(o.context)]
         if bad:
             raise CompileError(f"prefill bucket {bad[0]}: buckets are powers of two from 2 up to context / 3 "
-                               f"({o.context // 3}: a step's warm-up and capture take 3 of them)")
+                               f"({largest_bucket_for(o.context)}: a step's warm-up and capture take "
+                               f"{CAPTURE_RUNS} of them)")
         b.cost.buckets = sorted(set(o.prefill_buckets))
 
 

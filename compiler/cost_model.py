@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ostinato.buckets import bucket_pieces
+from ostinato.buckets import bucket_pieces, largest_bucket_for
 from ostinato.checkpoint.config import ModelConfig
 from ostinato.hardware import HardwareSpec
 
@@ -265,7 +265,7 @@ class CostModel:
         """Powers of two 2..B for the largest B such that every prompt of n <= B tokens is predicted strictly
         faster as bucket steps than eagerly (none on a cpu-only spec, where both run eagerly), B at most `largest`, the threshold (past it upload-once wins) and
         context / 3 (a step's warm-up and capture runs take 3 of them from position 0)."""
-        limit = min(largest, context // 3, threshold if threshold is not None else largest)
+        limit = min(largest, largest_bucket_for(context), threshold if threshold is not None else largest)
         best, sizes, T = [], [], 2
         while T <= limit:
             sizes = sizes + [T]

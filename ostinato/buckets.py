@@ -2,6 +2,15 @@
 
 from __future__ import annotations
 
+# A step's graphs are made by running it from position 0 this many times (warm-up runs, then the
+# captured one), so a bucket of T tokens needs a context of at least CAPTURE_RUNS x T.
+CAPTURE_RUNS = 3
+
+
+def largest_bucket_for(context: int) -> int:
+    """The largest bucket a context of `context` tokens can capture: CAPTURE_RUNS x T <= context."""
+    return context // CAPTURE_RUNS
+
 
 def bucket_pieces(n: int, buckets: list[int]) -> list[int]:
     """Token counts of the steps that prefill n tokens, largest first: greedy over `buckets` + [1] (the

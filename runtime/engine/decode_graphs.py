@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import torch
 
+from ostinato.buckets import CAPTURE_RUNS
+
 from ..model.static_decode.step import StaticStep
 from .streams import streams_for
 
-WARMUP_RUNS = 2
+WARMUP_RUNS = CAPTURE_RUNS - 1  # then the captured run
 
 
 def graph_pool():
