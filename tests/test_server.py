@@ -170,3 +170,37 @@ def test_divergence_truncates_and_lru_evicts(server):
     for text in ("alpha", "beta", "gamma"):  # capacity 2: distinct sessions push the oldest out
         ask(server, [{"role": "system", "content": text}, {"role": "user", "content": "q"}], max_tokens=1)
     assert len(cache) == 2 and cache.stats.evictions >= e0 + 1
+
+
+def test_completions_take_token_ids_and_return_them(server):
+    """/v1/completions with a token-id prompt: the same greedy reply as the chat endpoint on the same ids,
+    streamed equal to whole, the ids back (return_token_ids), and the next turn reusing the cached prefix."""
+    from ostinato.runtime.server.chat_encoding import ChatOptions, encode, render
+    tok, client = server["tok"], server["client"]
+    msgs = [{"role": "user", "content": "Count to three"}]
+    ids = encode(tok, render(msgs, [], ChatOptions(False, None)))
+    chat = ask(server, msgs, max_tokens=5)
+    whole = client.completions.create(model="tiny", prompt=ids, max_tokens=5, extra_body={"return_token_ids": True})
+    gen = whole.choices[0].model_extra["token_ids"]
+    assert len(gen) == 5 and whole.choices[0].text == tok.decode(gen, skip_special_tokens=False)
+    assert whole.choices[0].text.startswith(chat.choices[0].message.content)  # chat holds DSML markup back
+    assert whole.model_extra["prompt_token_ids"] == ids
+    chunks = list(client.completions.create(model="tiny", prompt=ids, max_tokens=5, stream=True,
+                                            extra_body={"return_token_ids": True}))
+    assert [i for ch in chunks for i in ch.choices[0].model_extra.get("token_ids", [])] == gen
+    assert "".join(ch.choices[0].text for ch in chunks) == whole.choices[0].text
+    assert chunks[-1].choices[0].finish_reason == "length"
+    turn2 = ids + gen + tok.encode(" four five", add_special_tokens=False).ids
+    r2 = client.completions.create(model="tiny", prompt=turn2, max_tokens=1)
+    assert r2.usage.prompt_tokens_details.cached_tokens == len(ids) + len(gen) - 1  # the last token was never fed back
+    assert r2.usage.prompt_tokens == len(turn2)
+
+
+@pytest.mark.parametrize("extra, param", [({"echo": True}, "echo"), ({"prompt": [5, 10 ** 9]}, "prompt"),
+                                          ({"prompt": [[1, 2], [3]]}, "prompt"), ({"prompt": ""}, "prompt"),
+                                          ({"max_tokens": 10 ** 6}, "prompt"), ({"n": 2}, "n"),
+                                          ({"return_token_ids": "yes"}, "return_token_ids")])
+def test_completions_refuse_what_they_do_not_honour(server, extra, param):
+    body = {"model": "tiny", "prompt": [5, 6, 7], "max_tokens": 1, **extra}
+    r = httpx.post(server["url"] + "/v1/completions", json=body, headers={"Authorization": "Bearer secret"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text

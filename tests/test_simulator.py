@@ -158,6 +158,20 @@ def test_llamacpp_cpu_experts_offload_at_32_tokens(n, mode, seconds):
     assert steps == pytest.approx([10 * MS + 2 * ACT] * 2)
 
 
+@pytest.mark.parametrize("n, mode, seconds", [(31, "cpu", 20 * MS + 2 * 31 * ACT + 2 * MS),
+                                              (32, "offload", 200 * MS + 2 * MS + 2 * MS)])
+def test_llamacpp_n_cpu_moe_keeps_the_last_layers_experts_on_the_gpu(n, mode, seconds):
+    """--n-cpu-moe 1 of 2 layers: layer 0's experts on the host (or offloaded from 32 tokens), layer 1's
+    on the GPU (two touched, 1 ms each) whatever the batch; only layer 0's experts cross the link."""
+    pol = CpuExperts(cost(layers=2), n_cpu_moe=1)
+    a = n // 2
+    f = pol.prefill(routing(2, 4, [{0: a, 1: n - a}, {2: a, 3: n - a}]), n)
+    assert pol.name == "llama.cpp --n-cpu-moe 1"
+    assert f.mode == mode and f.seconds == pytest.approx(seconds) and f.uploaded == (2 if mode == "offload" else 0)
+    steps, _ = pol.decode(np.array([[[0], [3]]]))             # layer 0: host (10 ms); layer 1: GPU (1 ms)
+    assert steps == pytest.approx([10 * MS + 2 * ACT + 1 * MS])
+
+
 def test_each_ablation_removes_one_mechanism():
     from ostinato.compiler.simulator.ablation import FULL, ablations
 

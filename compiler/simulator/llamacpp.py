@@ -1,11 +1,13 @@
 """llama.cpp's ways to run a MoE model larger than the GPUs, as its options document them.
 
 Layer placement (`-ngl` with the default split): whole layers (dense + experts) on the GPUs as far as
-they fit, the rest on the CPU.
+they fit, the rest on the CPU (a cpu-only spec: every layer, with nothing to offload to).
 
 CPU experts (`-ngl 99 --cpu-moe`, `--n-cpu-moe L` or `-ot exps=CPU`: the common recipe for MoE models larger than
 the GPUs): every layer's dense part (attention, router, shared expert) on the GPUs, every routed
-expert in host memory. A layer's GPU and CPU splits run one after another (no overlap); batches
+expert in host memory. `--n-cpu-moe N` with N < L keeps only the first N layers' experts on the host:
+the last L - N layers' experts stay on the GPUs (the tuned form of the recipe: as many whole layers of
+experts as the GPU memory left over holds). A layer's GPU and CPU splits run one after another (no overlap); batches
 below 32 tokens compute the experts on the CPU, the activations crossing the link both ways.
 Both: host-resident weights are copied to the GPU Host-resident weights are copied to the GPU
 for an op whose batch is >= GGML_OP_OFFLOAD_MIN_BATCH (32) tokens ("op offload"): the host layers'
@@ -44,7 +46,7 @@ class LayerPlacement(Policy):
         if l < self.gpu_layers:
             g = c.gpu_experts_time(touched, routes)
             return c.attention_time(l, n) + g, g, 0.0, 0.0
-        if n >= OP_OFFLOAD_MIN_BATCH:  # op offload: dense weights + used experts cross, then the GPU computes
+        if n >= OP_OFFLOAD_MIN_BATCH and not c.hw.cpu_only:  # op offload: weights cross, then the GPU computes
             u = c.upload_time(touched, extra_bytes=c.layers[l].dense_bytes)
             g = c.gpu_experts_time(touched, routes)
             return u + c.attention_time(l, n) + g, g, 0.0, u
@@ -54,7 +56,8 @@ class LayerPlacement(Policy):
     def prefill(self, counts: np.ndarray, n: int) -> Forward:
         parts = np.array([self._layer(l, n, int((counts[l] > 0).sum()), float(counts[l].sum()))
                           for l in range(self.L)])
-        mode = "offload" if n >= OP_OFFLOAD_MIN_BATCH and self.gpu_layers < self.L else "layers"
+        mode = "offload" if n >= OP_OFFLOAD_MIN_BATCH and self.gpu_layers < self.L and not self.cost.hw.cpu_only \
+            else "layers"
         up = int(sum((counts[l] > 0).sum() for l in range(self.gpu_layers, self.L))) if mode == "offload" else 0
         return Forward(parts[:, 0].sum() + self.cost.forward_overheads(n, False), *parts[:, 1:].sum(0), mode, up)
 
@@ -68,14 +71,22 @@ class LayerPlacement(Policy):
 class CpuExperts(Policy):
     name = "llama.cpp CPU experts"
 
-    def __init__(self, cost: CostModel, kernel=None):
-        """`kernel`: ggml's CPU expert slowdown against Ostinato's (kernels.py; None: the same speed)."""
+    def __init__(self, cost: CostModel, kernel=None, n_cpu_moe: int | None = None):
+        """`kernel`: ggml's CPU expert slowdown against Ostinato's (kernels.py; None: the same speed);
+        `n_cpu_moe`: `--n-cpu-moe N`, the leading layers whose experts stay on the host (None: all)."""
         super().__init__(cost.with_host_kernel(kernel) if kernel is not None else cost)
+        self.n_cpu_moe = self.L if n_cpu_moe is None else max(0, min(n_cpu_moe, self.L))
+        if self.n_cpu_moe < self.L:
+            self.name = f"llama.cpp --n-cpu-moe {self.n_cpu_moe}"
 
     def _layer(self, l: int, n: int, touched: int, routes: float) -> tuple[float, float, float, float]:
         """(seconds, gpu experts s, host experts s, upload s) of layer l: its dense part on the GPU, then
-        its experts on the host, or (op offload) uploaded and computed on the GPU."""
+        its experts on the host, or (op offload) uploaded and computed on the GPU, or (a layer past
+        --n-cpu-moe) computed where they live, on the GPU."""
         c = self.cost
+        if l >= self.n_cpu_moe:
+            g = c.gpu_experts_time(touched, routes)
+            return c.attention_time(l, n) + g, g, 0.0, 0.0
         if n >= OP_OFFLOAD_MIN_BATCH:
             u, g = c.upload_time(touched), c.gpu_experts_time(touched, routes)
             return c.attention_time(l, n) + u + g, g, 0.0, u
@@ -86,7 +97,7 @@ class CpuExperts(Policy):
         parts = np.array([self._layer(l, n, int((counts[l] > 0).sum()), float(counts[l].sum()))
                           for l in range(self.L)])
         mode = "offload" if n >= OP_OFFLOAD_MIN_BATCH else "cpu"
-        up = int((counts > 0).sum()) if mode == "offload" else 0
+        up = int((counts[:self.n_cpu_moe] > 0).sum()) if mode == "offload" else 0
         return Forward(parts[:, 0].sum() + self.cost.forward_overheads(n, False), *parts[:, 1:].sum(0), mode, up)
 
     def decode(self, ids: np.ndarray) -> tuple[np.ndarray, Forward]:

@@ -36,10 +36,14 @@ class World:
         cost = self.build.cost
         # KTransformers' GPU experts fill the GPU memory Ostinato's hot set gets: the same count, N per layer
         kt_gpu = frequency_placed(self.shares, int(self.hot.sum()) // self.hot.shape[0])
+        # llama.cpp --n-cpu-moe N: the same GPU memory as whole layers of experts (the last L - N layers)
+        L, E = self.hot.shape
+        n_cpu_moe = L - int(self.hot.sum()) // E
         kt, ggml = self.kernel("kt-kernel"), self.kernel("ggml")
-        return [Ostinato(cost, self.hot, self.build.threshold, cost.buckets), KTransformers(cost, kt_threshold, None, kt),
-                KTransformers(cost, kt_threshold, kt_gpu, kt), LayerPlacement(cost, self.gpu_layers, ggml),
-                CpuExperts(cost, ggml), LruCache(cost, self.hot)]
+        return [Ostinato(cost, self.hot, self.build.threshold, cost.buckets),
+                KTransformers(cost, kt_threshold, None, kt), KTransformers(cost, kt_threshold, kt_gpu, kt),
+                LayerPlacement(cost, self.gpu_layers, ggml),
+                CpuExperts(cost, ggml), CpuExperts(cost, ggml, n_cpu_moe), LruCache(cost, self.hot)]
 
 
     def ablations(self) -> list[Policy]:

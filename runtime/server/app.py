@@ -1,4 +1,5 @@
-"""The OpenAI-compatible ASGI app: /v1/chat/completions (SSE or whole), /v1/models, /health, /metrics.
+"""The OpenAI-compatible ASGI app: /v1/chat/completions (SSE or whole), /v1/completions (completions.py),
+/v1/models, /health, /metrics.
 
     app = create_app(engine, tokenizer, "tiny")      # then uvicorn.run(app, host="127.0.0.1")
 
@@ -21,6 +22,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, StreamingRespon
 from starlette.routing import Route
 
 from .chat_encoding import ChatOptions, ConversationError, encode, render
+from .completions import Completions
 from .dsml import BLOCK_START, DSML, SEPARATOR
 from .errors import APIError
 from .metrics import Metrics
@@ -89,13 +91,25 @@ class Server:
             raise APIError(401, "invalid or missing API key (Authorization: Bearer ...)", None,
                            "invalid_api_key", "authentication_error")
 
-    def _job(self, body: dict, emit) -> tuple[Job, ReplyBuilder]:
+    async def body(self, request: Request) -> dict:
+        """The request's JSON object, after the key check (APIError otherwise)."""
+        self._auth(request)
+        try:
+            body = json.loads(await request.body())
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise APIError(400, f"the request body is not valid JSON: {e}", None, "invalid_json") from None
+        if not isinstance(body, dict):
+            raise APIError(400, "the request body must be a JSON object", None, "invalid_json")
+        return body
+
+    def check_model(self, body: dict) -> None:
         if body.get("model") != self.model_name:
             raise APIError(404, f"model {body.get('model')!r} does not exist; this server has "
                                 f"{self.model_name!r}", "model", "model_not_found")
-        tools = body.get("tools") or []
-        if not isinstance(tools, list):
-            raise APIError(400, "tools must be a list", "tools")
+
+    @staticmethod
+    def sampling(body: dict) -> tuple[int, float, int | None]:
+        """(n, temperature, seed) of a request, checked."""
         if _int(body, "n", 1, 1) != 1:
             raise APIError(400, "only n=1 is supported", "n")
         temperature = body.get("temperature", 0.0)
@@ -103,41 +117,48 @@ class Server:
             temperature = 0.0
         if not isinstance(temperature, (int, float)) or isinstance(temperature, bool) or not 0 <= temperature <= 2:
             raise APIError(400, f"temperature must be a number in [0, 2], got {temperature!r}", "temperature")
+        return 1, float(temperature), _int(body, "seed", 0, None)
+
+    def max_tokens(self, body: dict, prompt_tokens: int, param: str) -> int:
+        """The request's max_tokens (max_completion_tokens first), refused past the context."""
+        room = self.context - prompt_tokens
+        max_tokens = _int(body, "max_completion_tokens", 1, None) or _int(body, "max_tokens", 1, None)
+        if room < 1 or (max_tokens is not None and max_tokens > room):
+            raise APIError(400, f"this model's maximum context length is {self.context} tokens; the {param} "
+                                f"take {prompt_tokens} and max_tokens asks for {max_tokens or 1} more",
+                           param, "context_length_exceeded")
+        return max_tokens or min(DEFAULT_MAX_TOKENS, room)
+
+    def count_request(self, error: bool) -> None:
+        with self.metrics.lock:
+            self.metrics.requests += 1
+            self.metrics.errors += error
+
+    def _job(self, body: dict, emit) -> tuple[Job, ReplyBuilder]:
+        self.check_model(body)
+        tools = body.get("tools") or []
+        if not isinstance(tools, list):
+            raise APIError(400, "tools must be a list", "tools")
+        _, temperature, seed = self.sampling(body)
         try:
             options = ChatOptions(_thinking(body), body.get("reasoning_effort"))
             ids = encode(self.tok, render(body.get("messages"), tools, options))
         except ConversationError as e:
             raise APIError(400, str(e), e.param) from None
         banned, forced, parse_tools = _tool_choice(body, tools, self.tok)
-        room = self.context - len(ids)
-        max_tokens = _int(body, "max_completion_tokens", 1, None) or _int(body, "max_tokens", 1, None)
-        if room < 1 or (max_tokens is not None and max_tokens > room):
-            raise APIError(400, f"this model's maximum context length is {self.context} tokens; the messages "
-                                f"have {len(ids)} and max_tokens asks for {max_tokens or 1} more",
-                           "messages", "context_length_exceeded")
-        job = Job(ids, max_tokens or min(DEFAULT_MAX_TOKENS, room), emit, float(temperature),
-                  _int(body, "seed", 0, None), banned, forced)
+        job = Job(ids, self.max_tokens(body, len(ids), "messages"), emit, temperature, seed, banned, forced)
         return job, ReplyBuilder(self.tok, self.eos, options.thinking, parse_tools)
 
     # -- endpoints ------------------------------------------------------------------------------------
     async def chat(self, request: Request):
         try:
-            self._auth(request)
-            try:
-                body = json.loads(await request.body())
-            except (json.JSONDecodeError, UnicodeDecodeError) as e:
-                raise APIError(400, f"the request body is not valid JSON: {e}", None, "invalid_json") from None
-            if not isinstance(body, dict):
-                raise APIError(400, "the request body must be a JSON object", None, "invalid_json")
+            body = await self.body(request)
             loop, events = asyncio.get_running_loop(), asyncio.Queue()
             job, reply = self._job(body, lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev))
         except APIError as e:
-            with self.metrics.lock:
-                self.metrics.requests += 1
-                self.metrics.errors += 1
+            self.count_request(error=True)
             return e.response()
-        with self.metrics.lock:
-            self.metrics.requests += 1
+        self.count_request(error=False)
         self.worker.submit(job)
         meta = {"id": "chatcmpl-" + uuid.uuid4().hex[:24], "created": int(time.time()), "model": self.model_name}
         if body.get("stream"):
@@ -169,7 +190,7 @@ class Server:
         msg["content"] = msg["content"] or (None if reply.tool_calls else "")
         return JSONResponse({**meta, "object": "chat.completion",
                              "choices": [{"index": 0, "message": msg, "finish_reason": reason}],
-                             "usage": self._usage(job, n, reused)})
+                             "usage": self.usage(job, n, reused)})
 
     @staticmethod
     def _apply(msg, events):
@@ -180,7 +201,7 @@ class Server:
                 msg["reasoning_content"] += v
 
     @staticmethod
-    def _usage(job, n, reused):
+    def usage(job, n, reused):
         return {"prompt_tokens": len(job.ids), "completion_tokens": n, "total_tokens": len(job.ids) + n,
                 "prompt_tokens_details": {"cached_tokens": reused}}
 
@@ -214,7 +235,7 @@ class Server:
             yield chunk({}, "tool_calls" if reply.tool_calls else ev[1])
             if include_usage:
                 yield "data: " + json.dumps({**meta, "object": "chat.completion.chunk", "choices": [],
-                                             "usage": self._usage(job, n, ev[2])}) + "\n\n"
+                                             "usage": self.usage(job, n, ev[2])}) + "\n\n"
             yield "data: [DONE]\n\n"
         finally:
             job.cancel.set()  # client gone (or finished): the worker stops before its next forward
@@ -239,6 +260,7 @@ def create_app(engine, tokenizer, model_name: str, **kw) -> Starlette:
     server = Server(engine, tokenizer, model_name, **kw)
     app = Starlette(routes=[
         Route("/v1/chat/completions", server.chat, methods=["POST"]),
+        Route("/v1/completions", Completions(server).handle, methods=["POST"]),
         Route("/v1/models", server.models, methods=["GET"]),
         Route("/health", server.health, methods=["GET"]),
         Route("/metrics", server.metrics_text, methods=["GET"]),

@@ -1,0 +1,60 @@
+"""The side-by-side replay's bookkeeping (tools/llama_cpp_side_by_side.py), with a scripted server in place
+of llama-server / ostinato-run --serve: what each request carries, what counts as a wait, teacher forcing."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+import llama_cpp_side_by_side as sbs  # noqa: E402
+
+from ostinato.workload import SessionShape, Turn  # noqa: E402
+
+
+class Scripted:
+    """Replies with `n` ids (prompt length + i), first token after 10 ms per 100 prompt tokens, then 1 ms each."""
+    def __init__(self):
+        self.prompts = []
+
+    def generate(self, ids, n):
+        self.prompts.append(list(ids))
+        first = 0.01 * len(ids) / 100
+        return [len(ids) + i for i in range(n)], first, first + 0.001 * (n - 1)
+
+
+class Source:
+    def __init__(self, start):
+        self.next = start
+
+    def take(self, n):
+        import torch
+        out = torch.arange(self.next, self.next + n)
+        self.next += n
+        return out
+
+
+def test_replay_feeds_each_turn_the_conversation_with_its_own_replies():
+    s = SessionShape("x/one", [Turn(100, 3), Turn(50, 2), Turn(150, 4)])
+    server = Scripted()
+    r = sbs.replay(server, [s], lambda i: Source(1000))
+    p0, p1, p2 = server.prompts
+    assert p0 == list(range(1000, 1100))
+    assert p1 == p0 + [100, 101, 102] + list(range(1100, 1150))          # its reply, then the tool output
+    assert p2 == p1 + [153, 154] + list(range(1150, 1300))
+    assert r["waits"] == 2                                              # the first turn is no tool output
+    assert r["median_wait_s"] == pytest.approx((0.01 * len(p1) / 100 + 0.01 * len(p2) / 100) / 2)
+    assert r["replay_decode_tok_s"] == pytest.approx(6 / 0.006)          # 2 + 1 + 3 later tokens, 1 ms each
+
+
+def test_top1_is_teacher_forced_one_token_per_prefix():
+    server = Scripted()
+    assert sbs.top1(server, list(range(10)), 7) == [7, 8, 9]
+    assert [len(p) for p in server.prompts] == [7, 8, 9]
+
+
+def test_readme_block_is_replaced_between_markers():
+    text = f"a\n{sbs.README_BEGIN}\nold\n{sbs.README_END}\nb"
+    assert sbs.readme_with(text, "new") == f"a\n{sbs.README_BEGIN}\n\nnew\n\n{sbs.README_END}\nb"
+    with pytest.raises(SystemExit):
+        sbs.readme_with("no markers", "new")
