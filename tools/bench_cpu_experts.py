@@ -7,32 +7,41 @@ DeepSeek-V4-Flash's expert shape (D=4096, I=2048; 13.4 MB packed MXFP4 per exper
 (c) time per expert with T = 1..64 tokens all routed to it: the kernel with float32 and bf16
     activations, its GEMM-library path (bf16 tiles to MKL's cblas_gemm_bf16bf16f32, where torch exports
     it and the build has AVX512_BF16), torch float32 and bf16 matmuls on the same weights pre-dequantized,
-    and KTransformers' MXFP4 MoE kernel (kt-kernel, where installed: its default MXFP4 backend, fed the
-    same packed bytes and scales, bf16 in and out, k = 1 route per token);
+    KTransformers' MXFP4 MoE kernel (kt-kernel, where installed: its default MXFP4 backend, fed the
+    same packed bytes and scales, bf16 in and out, k = 1 route per token), and ggml's, i.e. llama.cpp's
+    (where a llama.cpp source tree and a shared-library build of it are given: tools/ggml_kernel.py compiles
+    tools/ggml_expert_kernel.c against it, which runs the graph llama.cpp's MoE layer builds, mul_mat_id
+    gate/up, clamped SwiGLU, mul_mat_id down, on random MXFP4 experts in llama.cpp's own weight buffer
+    type, float32 in and out, k = 1 route per token, timed inside that process);
 (d) the crossover of (c): the fewest tokens per expert from which the GEMM path beats the kernel's own
     at every larger count, i.e. the gemm_min_tokens to plan (0: never);
 (e) the kernel's compute ceiling: 1 token x 1 expert again and again (its 13.4 MB stay in the L3 cache).
 Machines here are shared and noisy: every figure is the best of several interleaved rounds.
-Last line: `cpu_expert_read_bw_ratio=R torch_speedup_min=S kt_speedup_min=K per_core_gbs=G`, where R is
-(b) with 6 experts and bf16 activations over (a), S the smallest (best torch time / kernel bf16 time) over
-the token counts, K the same against kt-kernel (nan where it did not run), and G is R's bandwidth per
-thread.
+Last line: `cpu_expert_read_bw_ratio=R torch_speedup_min=S kt_speedup_min=K ggml_speedup_min=G2
+per_core_gbs=G`, where R is (b) with 6 experts and bf16 activations over (a), S the smallest (best torch
+time / kernel bf16 time) over the token counts, K and G2 the same against kt-kernel and ggml (nan where
+they did not run), and G is R's bandwidth per thread.
 
 kt-kernel 0.7.2 pins torch==2.9.1: `pip install kt-kernel==0.7.2` replaces the project's torch, so
 install it with `pip install --no-deps kt-kernel==0.7.2 gguf` (its extension does not link torch).
+ggml needs `--llama-cpp-src DIR` (the tree with ggml/include; default $OSTINATO_LLAMA_CPP_SRC) and
+`--llama-cpp-build DIR` (its build with bin/libggml.so, libggml-base.so, libggml-cpu.so: cmake
+-DBUILD_SHARED_LIBS=ON; default $OSTINATO_LLAMA_CPP_BUILD) and a C compiler; without them it is skipped.
 
 `--kernels-out FILE` writes (c)'s side-by-side times as the simulator's kernel table
 (plans/measured/cpu_expert_kernels.yaml, read by compiler/simulator/kernels.py): per token count, ms per
 expert of Ostinato's kernel (its bf16 path, or its GEMM-library path where that is faster: what a plan's
-gemm_min_tokens picks) and of kt-kernel.
+gemm_min_tokens picks), of kt-kernel and of ggml (rows for those that ran).
 
 Usage: python tools/bench_cpu_experts.py [--threads N] [--build-root DIR] [--kernels-out FILE]
+                                         [--llama-cpp-build DIR] [--llama-cpp-src DIR]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import subprocess
 import time
 
 import torch
@@ -47,6 +56,7 @@ D, I = 4096, 2048
 N_EXPERTS = 80        # 80 x 13.4 MB = 1.07 GB of packed experts: far beyond the L3 cache
 N_DENSE = 6           # torch baseline: 6 x 100 MB float32 (and bf16) experts, also beyond the L3
 N_KT = 8              # kt-kernel: 8 experts (107 MB) in its own layout
+N_GGML = 32           # ggml: 32 random experts (430 MB) in its own process, more than a 300 MB L3 holds
 TOKENS = (1, 2, 4, 8, 16, 32, 64)
 ROUNDS = 3
 
@@ -172,6 +182,10 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--build-root", default=None, help="kernel build directory (default build/kernels)")
     ap.add_argument("--kernels-out", help="write the side-by-side times per expert as the simulator's kernel table")
+    ap.add_argument("--llama-cpp-build", default=os.environ.get("OSTINATO_LLAMA_CPP_BUILD"),
+                    help="llama.cpp build directory with bin/libggml*.so (default $OSTINATO_LLAMA_CPP_BUILD)")
+    ap.add_argument("--llama-cpp-src", default=os.environ.get("OSTINATO_LLAMA_CPP_SRC"),
+                    help="llama.cpp source directory with ggml/include (default $OSTINATO_LLAMA_CPP_SRC)")
     args = ap.parse_args()
     threads = args.threads
     torch.set_num_threads(threads)
@@ -200,6 +214,15 @@ def main() -> None:
     except (ImportError, RuntimeError, AttributeError, TypeError) as e:  # not installed, or no MXFP4 backend
         kt = None
         print(f"kt-kernel: not run ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})")
+    try:
+        from ggml_kernel import GgmlMxfp4  # tools/ggml_kernel.py, beside this script
+
+        ggml = GgmlMxfp4(threads, max(TOKENS), N_GGML, args.llama_cpp_build, args.llama_cpp_src)
+        print(f"ggml: {ggml.variant}; {N_GGML} experts; T=1 vs a float reference: rel err {ggml.check_rel_err:.1e} "
+              f"({ggml.check_rel_err_q8:.1e} with its 8-bit activation rounding)")
+    except (ImportError, RuntimeError, OSError, subprocess.SubprocessError) as e:  # not found, or failed its check
+        ggml = None
+        print(f"ggml: not run ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})")
 
     # (a) + (b), interleaved rounds
     buf = torch.ones(512 * 2**20, dtype=torch.float32)  # 2 GiB
@@ -219,7 +242,7 @@ def main() -> None:
     # (c) per token count; rounds interleave the contenders
     dense32 = [tuple(w.contiguous() for w in dequantize_expert(e)) for e in experts[:N_DENSE]]
     dense16 = [tuple(w.bfloat16() for w in d) for d in dense32]
-    names = ["f32", "bf16", "gemm", "torch32", "torch16", "kt"]
+    names = ["f32", "bf16", "gemm", "torch32", "torch16", "kt", "ggml"]
     best = {(T, k): float("inf") for T in TOKENS for k in names}
 
     def one_round(T: int, calls: int) -> dict:
@@ -230,16 +253,18 @@ def main() -> None:
             got["gemm"] = gemm.time(1, T, torch.bfloat16, calls)
         if kt:
             got["kt"] = kt.time(T, calls)
+        if ggml:
+            got["ggml"] = ggml.time(T, calls)
         return got
     for _ in range(ROUNDS):
         for T in TOKENS:
             for k, v in one_round(T, 4 if T <= 8 else 2).items():
                 best[T, k] = min(best[T, k], v)
     print("\n(c) ms per expert, all tokens routed to it (bf16: bf16 activations; gemm: bf16 tiles to the "
-          "GEMM library; torch on pre-dequantized weights)")
-    print("    tokens |   f32 |  bf16 |  gemm | torch f32 | torch bf16 | kt MXFP4 | bf16 vs torch | vs kt | "
-          "f32 vs torch f32 | bf16 GB/s/thread")
-    speedups, kt_speedups = [], []
+          "GEMM library; torch on pre-dequantized weights; ggml: llama.cpp's, float32 activations)")
+    print("    tokens |   f32 |  bf16 |  gemm | torch f32 | torch bf16 | kt MXFP4 | ggml MXFP4 | bf16 vs torch | "
+          "vs kt | vs ggml | f32 vs torch f32 | bf16 GB/s/thread")
+    speedups, kt_speedups, ggml_speedups = [], [], []
     for T in TOKENS:
         b = {k: best[T, k] * 1e3 for k in names}
         s = min(b["torch32"], b["torch16"]) / b["bf16"]
@@ -247,14 +272,20 @@ def main() -> None:
         kt_s = b["kt"] / b["bf16"] if kt else float("nan")
         if kt:
             kt_speedups.append(kt_s)
+        ggml_s = b["ggml"] / b["bf16"] if ggml else float("nan")
+        if ggml:
+            ggml_speedups.append(ggml_s)
         def cell(v: float) -> str:
             return f"{v:5.2f}" if v != float("inf") else "    -"
         print(f"    {T:>6} | {cell(b['f32'])} | {cell(b['bf16'])} | {cell(b['gemm'])} | {b['torch32']:9.2f} | "
-              f"{b['torch16']:10.2f} | {cell(b['kt']):>8} | {s:12.2f}x | {kt_s:4.2f}x | "
-              f"{b['torch32'] / b['f32']:15.2f}x | {expert_bytes / best[T, 'bf16'] / threads / 1e9:16.1f}")
+              f"{b['torch16']:10.2f} | {cell(b['kt']):>8} | {cell(b['ggml']):>10} | {s:12.2f}x | {kt_s:4.2f}x | "
+              f"{ggml_s:6.2f}x | {b['torch32'] / b['f32']:15.2f}x | "
+              f"{expert_bytes / best[T, 'bf16'] / threads / 1e9:16.1f}")
+    if ggml:
+        ggml.close()
 
     if args.kernels_out:
-        write_kernel_table(args.kernels_out, best, bool(kt), threads, bw)
+        write_kernel_table(args.kernels_out, best, bool(kt), bool(ggml), threads, bw)
 
     # (d) the crossover to plan
     if gemm:
@@ -272,10 +303,12 @@ def main() -> None:
           "(the kernel's compute ceiling)")
     r = kbw[6, torch.bfloat16]
     print(f"cpu_expert_read_bw_ratio={r / bw:.3f} torch_speedup_min={min(speedups):.3f} "
-          f"kt_speedup_min={min(kt_speedups) if kt_speedups else float('nan'):.3f} per_core_gbs={r / threads / 1e9:.2f}")
+          f"kt_speedup_min={min(kt_speedups) if kt_speedups else float('nan'):.3f} "
+          f"ggml_speedup_min={min(ggml_speedups) if ggml_speedups else float('nan'):.3f} "
+          f"per_core_gbs={r / threads / 1e9:.2f}")
 
 
-def write_kernel_table(path: str, best: dict, with_kt: bool, threads: int, bw: float) -> None:
+def write_kernel_table(path: str, best: dict, with_kt: bool, with_ggml: bool, threads: int, bw: float) -> None:
     """(c) as plans/measured/cpu_expert_kernels.yaml (compiler/simulator/kernels.py reads it)."""
     import platform
     import subprocess
@@ -288,6 +321,8 @@ def write_kernel_table(path: str, best: dict, with_kt: bool, threads: int, bw: f
     ms = {"ostinato": [round(min(best[T, "bf16"], best[T, "gemm"]) * 1e3, 3) for T in TOKENS]}
     if with_kt:
         ms["kt-kernel"] = [round(best[T, "kt"] * 1e3, 3) for T in TOKENS]
+    if with_ggml:
+        ms["ggml"] = [round(best[T, "ggml"] * 1e3, 3) for T in TOKENS]
     data = {"source": f"tools/bench_cpu_experts.py --kernels-out, one run, {cpu}, {threads} threads, read "
                       f"bandwidth {bw / 1e9:.1f} GB/s, {time.strftime('%Y-%m-%d')}; ms per V4-Flash expert, all "
                       f"tokens routed to it, best of interleaved rounds",
