@@ -30,6 +30,8 @@ def parse_args(argv):
     p.add_argument("--port", type=int, default=8000, help="--serve: port (8000)")
     p.add_argument("--api-key", help="--serve: require 'Authorization: Bearer KEY'")
     p.add_argument("--cache-sessions", type=int, default=4, help="--serve: cached sessions kept (LRU, 4)")
+    p.add_argument("--max-queue", type=int, default=16,
+                   help="--serve: requests that may wait for the engine; more are answered 503 + Retry-After (16)")
     p.add_argument("--session-index", type=int, default=0, help="which session of the CSV (0)")
     p.add_argument("--limit-turns", type=int, help="replay at most this many turns")
     p.add_argument("--max-generated", type=int, help="decode at most this many tokens per turn")
@@ -51,7 +53,7 @@ def parse_args(argv):
     a = p.parse_args(argv)
     if a.scale <= 0:
         p.error(f"--scale must be positive, got {a.scale}")
-    for name in ("max_new", "cache_sessions", "limit_turns"):
+    for name in ("max_new", "cache_sessions", "limit_turns", "max_queue"):
         v = getattr(a, name)
         if v is not None and v <= 0:
             p.error(f"--{name.replace('_', '-')} must be positive, got {v}")
@@ -115,7 +117,8 @@ def _serve(engine, model_dir: Path, a) -> None:
     from ..server.app import create_app
 
     tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
-    app = create_app(engine, tok, model_dir.name, api_key=a.api_key, cache_sessions=a.cache_sessions)
+    app = create_app(engine, tok, model_dir.name, api_key=a.api_key, cache_sessions=a.cache_sessions,
+                     max_queue=a.max_queue)
     print(f"serving model {model_dir.name!r} on http://{a.host}:{a.port}/v1", flush=True)
     uvicorn.run(app, host=a.host, port=a.port, log_level="warning")
 

@@ -12,11 +12,14 @@ flag; the worker stops before its next forward.
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
+import queue
 import time
 import uuid
 
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.routing import Route
@@ -24,13 +27,19 @@ from starlette.routing import Route
 from .chat_encoding import ChatOptions, ConversationError, encode, render
 from .completions import Completions
 from .dsml import BLOCK_START, DSML, SEPARATOR
-from .errors import APIError
+from .errors import APIError, http_error
 from .metrics import Metrics
 from .prefix_cache import PrefixCache
 from .reply import ReplyBuilder
-from .worker import Job, Worker
+from .tokens import TokenEndpoints
+from .worker import ENGINE_ERROR, Job, Worker, log
 
-DEFAULT_MAX_TOKENS = 256
+
+def engine_error(message: str = ENGINE_ERROR) -> APIError:
+    return APIError(500, message, None, "engine_error", "server_error")
+
+
+RETRY_AFTER_S = 1   # told to clients turned away by a full queue
 
 
 def _thinking(body: dict) -> bool:
@@ -77,17 +86,19 @@ def _int(body, key, lo, default):
 
 class Server:
     def __init__(self, engine, tokenizer, model_name: str, api_key: str | None = None, cache_sessions: int = 4,
-                 keep_branches: bool = False, logits_hook=None):
+                 keep_branches: bool = False, logits_hook=None, max_queue: int = 16):
         self.engine, self.tok, self.model_name, self.api_key = engine, tokenizer, model_name, api_key
         self.context = engine.plan.policy.context
         self.eos = engine.model.config.eos_token_id
         self.metrics = Metrics()
         self.cache = PrefixCache(engine.new_session, cache_sessions, keep_branches)
-        self.worker = Worker(engine, self.cache, self.metrics, logits_hook)
+        self.worker = Worker(engine, self.cache, self.metrics, logits_hook, max_queue)
 
     # -- request checking ---------------------------------------------------------------------------
     def _auth(self, request: Request) -> None:
-        if self.api_key and request.headers.get("authorization") != f"Bearer {self.api_key}":
+        given = request.headers.get("authorization", "").encode()
+        # constant time: the comparison must not tell an attacker how much of a guessed key was right
+        if self.api_key and not hmac.compare_digest(given, f"Bearer {self.api_key}".encode()):
             raise APIError(401, "invalid or missing API key (Authorization: Bearer ...)", None,
                            "invalid_api_key", "authentication_error")
 
@@ -127,7 +138,16 @@ class Server:
             raise APIError(400, f"this model's maximum context length is {self.context} tokens; the {param} "
                                 f"take {prompt_tokens} and max_tokens asks for {max_tokens or 1} more",
                            param, "context_length_exceeded")
-        return max_tokens or min(DEFAULT_MAX_TOKENS, room)
+        return max_tokens or room  # OpenAI's default: as many as the context has left
+
+    def submit(self, job: Job) -> None:
+        """Queue a checked job for the engine; 503 with Retry-After when the queue is full."""
+        try:
+            self.worker.submit(job)
+        except queue.Full:
+            raise APIError(503, f"the server is busy: {self.worker.jobs.maxsize} requests are already waiting; "
+                                f"retry after {RETRY_AFTER_S} s", None, "server_busy", "server_error",
+                           headers={"Retry-After": str(RETRY_AFTER_S)}) from None
 
     def count_request(self, error: bool) -> None:
         with self.metrics.lock:
@@ -155,11 +175,11 @@ class Server:
             body = await self.body(request)
             loop, events = asyncio.get_running_loop(), asyncio.Queue()
             job, reply = self._job(body, lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev))
+            self.submit(job)
         except APIError as e:
             self.count_request(error=True)
             return e.response()
         self.count_request(error=False)
-        self.worker.submit(job)
         meta = {"id": "chatcmpl-" + uuid.uuid4().hex[:24], "created": int(time.time()), "model": self.model_name}
         if body.get("stream"):
             usage = bool((body.get("stream_options") or {}).get("include_usage"))
@@ -173,7 +193,7 @@ class Server:
             while True:
                 ev = await events.get()
                 if ev[0] == "error":
-                    return APIError(500, ev[1], None, "engine_error", "server_error").response()
+                    return engine_error(ev[1]).response()
                 if ev[0] == "done":
                     break
                 n += 1
@@ -222,8 +242,7 @@ class Server:
             while True:
                 ev = await events.get()
                 if ev[0] == "error":
-                    yield "data: " + json.dumps({"error": {"message": ev[1], "type": "server_error",
-                                                           "param": None, "code": "engine_error"}}) + "\n\n"
+                    yield engine_error(ev[1]).sse()
                     return
                 if ev[0] == "done":
                     break
@@ -240,13 +259,24 @@ class Server:
         finally:
             job.cancel.set()  # client gone (or finished): the worker stops before its next forward
 
+    def _card(self) -> dict:
+        return {"id": self.model_name, "object": "model", "created": 0, "owned_by": "ostinato"}
+
     async def models(self, request: Request):
         try:
             self._auth(request)
         except APIError as e:
             return e.response()
-        return JSONResponse({"object": "list", "data": [{"id": self.model_name, "object": "model", "created": 0,
-                                                         "owned_by": "ostinato"}]})
+        return JSONResponse({"object": "list", "data": [self._card()]})
+
+    async def model(self, request: Request):
+        """GET /v1/models/{id}: this server's one model, or 404 in the OpenAI shape."""
+        try:
+            self._auth(request)
+            self.check_model({"model": request.path_params["model_id"]})
+        except APIError as e:
+            return e.response()
+        return JSONResponse(self._card())
 
     async def health(self, request: Request):
         return JSONResponse({"status": "ok", "model": self.model_name, "queued": self.worker.jobs.qsize()})
@@ -256,14 +286,24 @@ class Server:
                                  media_type="text/plain; version=0.0.4")
 
 
+def _unexpected(request, exc) -> JSONResponse:
+    """A bug in a handler: logged with its traceback; the client gets a generic 500 in the OpenAI shape."""
+    log.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+    return engine_error("internal server error; the server log has the details").response()
+
+
 def create_app(engine, tokenizer, model_name: str, **kw) -> Starlette:
     server = Server(engine, tokenizer, model_name, **kw)
+    tokens = TokenEndpoints(server)
     app = Starlette(routes=[
         Route("/v1/chat/completions", server.chat, methods=["POST"]),
         Route("/v1/completions", Completions(server).handle, methods=["POST"]),
         Route("/v1/models", server.models, methods=["GET"]),
+        Route("/v1/models/{model_id:path}", server.model, methods=["GET"]),
+        Route("/tokenize", tokens.tokenize, methods=["POST"]),
+        Route("/detokenize", tokens.detokenize, methods=["POST"]),
         Route("/health", server.health, methods=["GET"]),
         Route("/metrics", server.metrics_text, methods=["GET"]),
-    ])
+    ], exception_handlers={HTTPException: http_error, Exception: _unexpected})
     app.state.server = server
     return app

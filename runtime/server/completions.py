@@ -66,11 +66,11 @@ class Completions:
             job = self.job(body, lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev))
             if not isinstance(body.get("return_token_ids", False), bool):
                 raise APIError(400, "return_token_ids must be a boolean", "return_token_ids")
+            s.submit(job)
         except APIError as e:
             s.count_request(error=True)
             return e.response()
         s.count_request(error=False)
-        s.worker.submit(job)
         meta = {"id": "cmpl-" + uuid.uuid4().hex[:24], "object": "text_completion", "created": int(time.time()),
                 "model": s.model_name}
         ids_too = bool(body.get("return_token_ids"))
@@ -107,12 +107,11 @@ class Completions:
                 n += 1
                 yield chunk(stream.step(self.s.tok, ev[1]) or "", ids=[ev[1]])
             if ev[0] == "error":
-                yield "data: " + json.dumps({"error": {"message": ev[1], "type": "server_error", "param": None,
-                                                       "code": "engine_error"}}) + "\n\n"
-            else:
-                yield chunk("", ev[1], ids=[])
-                if include_usage:
-                    yield "data: " + json.dumps({**meta, "choices": [], "usage": self.s.usage(job, n, ev[2])}) + "\n\n"
+                yield APIError(500, ev[1], None, "engine_error", "server_error").sse()  # ends with [DONE]
+                return
+            yield chunk("", ev[1], ids=[])
+            if include_usage:
+                yield "data: " + json.dumps({**meta, "choices": [], "usage": self.s.usage(job, n, ev[2])}) + "\n\n"
             yield "data: [DONE]\n\n"
         finally:
             job.cancel.set()  # client gone (or finished): the worker stops before its next forward

@@ -7,6 +7,7 @@ and goes back into the cache; a job that fails inside a forward drops its sessio
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 import time
@@ -17,6 +18,9 @@ import torch
 
 from .metrics import Metrics
 from .prefix_cache import PrefixCache
+
+log = logging.getLogger("ostinato.server")
+ENGINE_ERROR = "the engine failed on this request; the server log has the details"
 
 
 @dataclass
@@ -33,29 +37,38 @@ class Job:
 
 
 class Worker:
-    def __init__(self, engine, cache: PrefixCache, metrics: Metrics, logits_hook=None):
+    def __init__(self, engine, cache: PrefixCache, metrics: Metrics, logits_hook=None, max_queue: int = 16):
         # logits_hook(generated_ids, logits) -> logits: a constrained-decode hook (tests force DSML with it)
         self.engine, self.cache, self.metrics, self.logits_hook = engine, cache, metrics, logits_hook
         self.eos = engine.model.config.eos_token_id
-        self.jobs: queue.Queue = queue.Queue()
+        if max_queue < 1:  # Queue(maxsize=0) would mean unbounded
+            raise ValueError(f"max_queue must be at least 1, got {max_queue}")
+        self.jobs: queue.Queue = queue.Queue(maxsize=max_queue)  # waiting jobs; the running one is not in it
+        self.stopping = threading.Event()
         self.thread = threading.Thread(target=self._loop, name="ostinato-engine", daemon=True)
         self.thread.start()
 
     def submit(self, job: Job) -> None:
-        self.jobs.put(job)
+        """Queue a job; queue.Full when max_queue jobs are already waiting (the server answers 503)."""
+        self.jobs.put_nowait(job)
 
     def stop(self) -> None:
-        self.jobs.put(None)
+        self.stopping.set()
+        try:
+            self.jobs.put_nowait(None)  # wakes the loop; a full queue wakes it anyway when the next job ends
+        except queue.Full:
+            pass
 
     def _loop(self) -> None:
-        while (job := self.jobs.get()) is not None:
-            if job.cancel.is_set():  # the client left while queued
+        while not self.stopping.is_set() and (job := self.jobs.get()) is not None:
+            if job.cancel.is_set():  # the client left while queued: its slot is free, nothing runs
                 job.emit(("done", "cancelled", 0))
                 continue
             try:
                 self._run(job)
-            except Exception as e:  # a failed forward: report it; the session was dropped
-                job.emit(("error", f"{type(e).__name__}: {e}"))
+            except Exception:  # a failed forward: logged with its traceback; the client gets a generic 500
+                log.exception("the engine failed on a request of %d prompt tokens", len(job.ids))
+                job.emit(("error", ENGINE_ERROR))
 
     def _pick(self, job: Job, gen: list[int], logits: torch.Tensor, gen_: torch.Generator | None) -> int:
         step = len(gen)
