@@ -5,8 +5,8 @@ import random
 
 import pytest
 
-from ostinato.runtime.server.dsml import (DSMLError, StreamParser, parse_block, render_tool_calls,
-                                          split_tool_calls)
+from ostinato.runtime.server.dsml import DSMLError, parse_block, render_tool_calls, split_tool_calls
+from ostinato.runtime.server.dsml_stream import ToolCallStream
 
 D = "｜DSML｜"
 BLOCK = (f'<{D}tool_calls>\n<{D}invoke name="get_weather">\n'
@@ -50,22 +50,60 @@ def test_unterminated_block_is_content():
     assert split_tool_calls(text) == (text, [])
 
 
-def _stream(text, seed):
-    rng, p, out, pos = random.Random(seed), StreamParser(), [], 0
+def _stream(text, seed, max_calls=None):
+    rng, p, out, pos = random.Random(seed), ToolCallStream(max_calls), [], 0
     while pos < len(text):
         n = rng.randint(1, 7)
         out += p.feed(text[pos:pos + n])
         pos += n
-    return out + p.finish()
+    return out + p.finish(), p
+
+
+def _reassembled(events) -> list[tuple[str, str]]:
+    """(name, arguments) per call from streamed deltas, as an OpenAI client accumulates them."""
+    calls = {}
+    for kind, d in events:
+        if kind == "tool_call":
+            if "id" in d:
+                assert d["type"] == "function" and d["function"]["arguments"] == "" and d["index"] == len(calls)
+                calls[d["index"]] = [d["function"]["name"], ""]
+            else:
+                calls[d["index"]][1] += d["function"]["arguments"]
+    return [tuple(c) for c in calls.values()]
+
+
+STRINGY = BLOCK.replace('Paris, "FR"', 'Paris, "FR"\n 你好 \\ é\t<b>')
 
 
 @pytest.mark.parametrize("seed", range(20))
-@pytest.mark.parametrize("text", [TEXT, "no calls here\n\n<｜DSML｜", TEXT[:-3], "x\n\n" + BLOCK.replace("3<", "z<")])
+@pytest.mark.parametrize("text", [TEXT, "x\n\n" + STRINGY, "no calls here\n\n<｜DSML｜", "a\n\nb", TEXT[:-3],
+                                  f"x\n\n<{D}tool_calls>\n</{D}tool_calls>", f"x\n\n<{D}tool_calls>\nnope"])
 def test_streaming_equals_whole_parse(text, seed):
-    events = _stream(text, seed)
+    """Streamed in any split: the content and the calls (reassembled from their deltas) of the whole parse;
+    a block that fails before its first call is content; one cut off after it keeps its calls as sent."""
+    events, p = _stream(text, seed)
     content = "".join(v for k, v in events if k == "content")
-    calls = [c for k, v in events if k == "tool_calls" for c in v]
     want_content, want_calls = split_tool_calls(text)
+    if text == TEXT[:-3]:  # cut off inside the closing tag: both calls are complete, nothing is content
+        want_content, want_calls = split_tool_calls(TEXT)
     assert content == want_content
-    assert [(c.name, c.arguments) for c in calls] == [(c.name, c.arguments) for c in want_calls]
-    assert all(k == "tool_calls" for k, _ in events[len(events) - bool(calls):])  # calls come last
+    assert _reassembled(events) == [(c.name, c.arguments) for c in p.calls] == \
+        [(c.name, c.arguments) for c in want_calls]
+    assert p.closed == (text in (TEXT, "x\n\n" + STRINGY))
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_streaming_fault_after_a_call_keeps_it(seed):
+    text = "x\n\n" + BLOCK.replace("3<", "z<")  # the second parameter's JSON is bad
+    events, p = _stream(text, seed)
+    assert [c.name for c in p.calls] == ["get_weather"]
+    assert p.calls[0].arguments == '{"city": "Paris, \\"FR\\""'  # as sent; the cut-off call is not closed
+    assert "".join(v for k, v in events if k == "content") == "x" + text[text.index("z</"):]
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_streaming_max_calls_closes_after_the_first(seed):
+    events, p = _stream(TEXT, seed, max_calls=1)
+    assert p.closed and [c.name for c in p.calls] == ["get_weather"]
+    assert _reassembled(events) == [(c.name, c.arguments) for c in split_tool_calls(TEXT)[1][:1]]
+    assert "".join(v for k, v in events if k == "content") == "Let me check."

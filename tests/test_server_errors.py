@@ -125,3 +125,29 @@ def test_a_full_queue_answers_503_with_retry_after(server):
     queued.join(60)
     assert r.status_code == 503 and r.headers["retry-after"] == "1" and r.json()["error"]["code"] == "server_busy"
     assert sorted(results) == [200, 200]
+
+
+def test_a_client_that_leaves_a_whole_reply_stops_its_generation(server):
+    """Not streamed: the handler notices the closed connection while it waits, and the job is cancelled
+    before its next forward (without that, this request would decode its 200 tokens for nobody)."""
+    gate, s = server["gate"], server["app"].state.server
+    before = (s.metrics.cancelled, s.metrics.generated_tokens)
+    gate.open.clear()
+    gate.entered.clear()
+    def leave():
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(server["url"] + "/v1/completions", json={"model": "tiny", "prompt": [40, 41, 42],
+                                                                "max_tokens": 200},
+                       timeout=httpx.Timeout(5.0, read=0.5))
+    gone = threading.Thread(target=leave)
+    gone.start()
+    assert gate.entered.wait(30)      # the engine holds its first pick
+    gone.join(10)                     # the client gave up and closed its connection
+    threading.Event().wait(4 * 0.25)  # the handler's next look at the connection
+    gate.open.set()
+    for _ in range(100):
+        if s.metrics.cancelled > before[0]:
+            break
+        threading.Event().wait(0.05)
+    assert s.metrics.cancelled == before[0] + 1
+    assert s.metrics.generated_tokens - before[1] <= 2

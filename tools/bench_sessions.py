@@ -22,7 +22,6 @@ from ostinato.compiler.simulator.bench import README_SESSIONS, readme_with, run_
 from ostinato.compiler.simulator.kernels import KERNELS_FILE
 from ostinato.compiler.simulator.world import build_world
 from ostinato.plans import plans_dir
-
 from ostinato.workload import WorkloadError, read_sessions
 
 SHIPPED = plans_dir() / "workloads" / "agent_turns.csv"

@@ -32,6 +32,13 @@ def parse_args(argv):
     p.add_argument("--cache-sessions", type=int, default=4, help="--serve: cached sessions kept (LRU, 4)")
     p.add_argument("--max-queue", type=int, default=16,
                    help="--serve: requests that may wait for the engine; more are answered 503 + Retry-After (16)")
+    p.add_argument("--session-dir", type=Path,
+                   help="--serve: keep cached sessions' KV caches in this folder, so they survive a restart "
+                        "(written when evicted, when idle and at stop; runtime/server/session_store.py)")
+    p.add_argument("--session-dir-bytes", type=int, default=8 << 30,
+                   help="--serve: bound of --session-dir; least recently used files are deleted (8 GiB)")
+    p.add_argument("--session-idle", type=float, default=10.0,
+                   help="--serve: seconds without a request after which changed sessions are written (10)")
     p.add_argument("--session-index", type=int, default=0, help="which session of the CSV (0)")
     p.add_argument("--limit-turns", type=int, help="replay at most this many turns")
     p.add_argument("--max-generated", type=int, help="decode at most this many tokens per turn")
@@ -53,12 +60,14 @@ def parse_args(argv):
     a = p.parse_args(argv)
     if a.scale <= 0:
         p.error(f"--scale must be positive, got {a.scale}")
-    for name in ("max_new", "cache_sessions", "limit_turns", "max_queue"):
+    for name in ("max_new", "cache_sessions", "limit_turns", "max_queue", "session_dir_bytes", "session_idle"):
         v = getattr(a, name)
         if v is not None and v <= 0:
             p.error(f"--{name.replace('_', '-')} must be positive, got {v}")
     if a.max_generated is not None and a.max_generated < 0:
         p.error(f"--max-generated must be >= 0, got {a.max_generated}")
+    if a.session_dir is not None and not a.serve:
+        p.error("--session-dir keeps a server's sessions: it goes with --serve")
     if not 0 <= a.port <= 65535:
         p.error(f"--port must be in 0..65535, got {a.port}")
     return a
@@ -117,8 +126,15 @@ def _serve(engine, model_dir: Path, a) -> None:
     from ..server.app import create_app
 
     tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    store = None
+    if a.session_dir is not None:
+        from ..server.session_store import SessionStore, engine_identity
+
+        store = SessionStore(a.session_dir, engine_identity(engine), a.session_dir_bytes, a.session_idle)
+        print(f"session store {a.session_dir}: {len(store)} sessions, {store.bytes} bytes "
+              f"(bound {a.session_dir_bytes})", flush=True)
     app = create_app(engine, tok, model_dir.name, api_key=a.api_key, cache_sessions=a.cache_sessions,
-                     max_queue=a.max_queue)
+                     max_queue=a.max_queue, session_store=store)
     print(f"serving model {model_dir.name!r} on http://{a.host}:{a.port}/v1", flush=True)
     uvicorn.run(app, host=a.host, port=a.port, log_level="warning")
 

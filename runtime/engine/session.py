@@ -55,6 +55,17 @@ class EngineSession:
         self._release()
         return EngineSession(self.session.fork(), self.executor, self.threshold, self.runner)
 
+    def state(self) -> Session:
+        """The model session with everything the decode steps added stored back: what a session file
+        writes (model/session_file.py). Read it, do not change it."""
+        self._release()
+        return self.session
+
+    def adopt(self, session: Session) -> None:
+        """Continue from `session` (one read from a session file) instead of the one this holds."""
+        self._release()
+        self.session = session
+
     def _release(self) -> None:
         if self.runner is not None:
             self.runner.release(self.session)

@@ -12,6 +12,7 @@ flag; the worker stops before its next forward.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import json
 import queue
@@ -21,16 +22,21 @@ import uuid
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from .chat_encoding import ChatOptions, ConversationError, encode, render
 from .completions import Completions
 from .dsml import BLOCK_START, DSML, SEPARATOR
 from .errors import APIError, http_error
+from .events import ClientGone, next_event
+from .fields import CHAT, check_fields, flag
+from .logprobs import chat_entry
 from .metrics import Metrics
 from .prefix_cache import PrefixCache
 from .reply import ReplyBuilder
+from .sampling import Sampling, constraint_for
+from .stop import stop_sequences
 from .tokens import TokenEndpoints
 from .worker import ENGINE_ERROR, Job, Worker, log
 
@@ -54,25 +60,39 @@ def _thinking(body: dict) -> bool:
     return t
 
 
-def _tool_choice(body: dict, tools: list, tok) -> tuple[tuple[int, ...], tuple[int, ...], bool]:
-    """(banned, forced, parse_tools) for the request's tool_choice."""
+REQUIRED = ""  # _tool_choice's `force` for tool_choice "required": a call of any of the tools
+
+
+def _tool_choice(body: dict, tools: list, tok) -> tuple[tuple[int, ...], str | None, bool]:
+    """(banned, force, parse_tools) for the request's tool_choice; force: None, REQUIRED or a tool's name."""
     tc = body.get("tool_choice")
     names = [t.get("function", {}).get("name") for t in tools if isinstance(t, dict)]
     if tc in (None, "auto"):
-        return (), (), bool(tools)
+        return (), None, bool(tools)
     if tc == "none":  # tools stay in the prompt (a stable prefix); the model just cannot start a call
-        return (tok.token_to_id(DSML),), (), False
+        return (tok.token_to_id(DSML),), None, False
     if tc == "required" and tools:
-        return (), tuple(encode(tok, SEPARATOR + BLOCK_START + f'\n<{DSML}invoke name="')), True
+        return (), REQUIRED, True
     if isinstance(tc, dict) and tc.get("type") == "function" and isinstance(tc.get("function"), dict):
         name = tc["function"].get("name")
         if name not in names:
             raise APIError(400, f"tool_choice names function {name!r}, which is not among the tools "
                                 f"({', '.join(map(str, names)) or 'none given'})", "tool_choice")
-        return (), tuple(encode(tok, SEPARATOR + BLOCK_START + f'\n<{DSML}invoke name="{name}">\n')), True
+        return (), name, True
     raise APIError(400, f"tool_choice must be 'auto', 'none', 'required' (with tools) or "
                         f"{{'type': 'function', 'function': {{'name': ...}}}}; got {json.dumps(tc)[:80]}",
                    "tool_choice")
+
+
+def structured_outputs(tokenizer, eos: int):
+    """constrained.py's response_format factory for this tokenizer, or None (logged) where llguidance is
+    missing or the tokenizer is not byte-level BPE: JSON modes are then refused with a 400, never ignored."""
+    try:
+        from .constrained import constraint_factory
+        return constraint_factory(tokenizer, eos)
+    except (ImportError, ValueError) as e:
+        log.warning("structured output (response_format json) is off: %s", e)
+        return None
 
 
 def _int(body, key, lo, default):
@@ -86,13 +106,14 @@ def _int(body, key, lo, default):
 
 class Server:
     def __init__(self, engine, tokenizer, model_name: str, api_key: str | None = None, cache_sessions: int = 4,
-                 keep_branches: bool = False, logits_hook=None, max_queue: int = 16):
+                 keep_branches: bool = False, logits_hook=None, max_queue: int = 16, session_store=None):
         self.engine, self.tok, self.model_name, self.api_key = engine, tokenizer, model_name, api_key
         self.context = engine.plan.policy.context
         self.eos = engine.model.config.eos_token_id
         self.metrics = Metrics()
-        self.cache = PrefixCache(engine.new_session, cache_sessions, keep_branches)
+        self.cache = PrefixCache(engine.new_session, cache_sessions, keep_branches, session_store)
         self.worker = Worker(engine, self.cache, self.metrics, logits_hook, max_queue)
+        self.constraints = structured_outputs(tokenizer, self.eos)  # None: response_format json is refused
 
     # -- request checking ---------------------------------------------------------------------------
     def _auth(self, request: Request) -> None:
@@ -117,18 +138,6 @@ class Server:
         if body.get("model") != self.model_name:
             raise APIError(404, f"model {body.get('model')!r} does not exist; this server has "
                                 f"{self.model_name!r}", "model", "model_not_found")
-
-    @staticmethod
-    def sampling(body: dict) -> tuple[int, float, int | None]:
-        """(n, temperature, seed) of a request, checked."""
-        if _int(body, "n", 1, 1) != 1:
-            raise APIError(400, "only n=1 is supported", "n")
-        temperature = body.get("temperature", 0.0)
-        if temperature is None:
-            temperature = 0.0
-        if not isinstance(temperature, (int, float)) or isinstance(temperature, bool) or not 0 <= temperature <= 2:
-            raise APIError(400, f"temperature must be a number in [0, 2], got {temperature!r}", "temperature")
-        return 1, float(temperature), _int(body, "seed", 0, None)
 
     def max_tokens(self, body: dict, prompt_tokens: int, param: str) -> int:
         """The request's max_tokens (max_completion_tokens first), refused past the context."""
@@ -155,19 +164,42 @@ class Server:
             self.metrics.errors += error
 
     def _job(self, body: dict, emit) -> tuple[Job, ReplyBuilder]:
+        check_fields(body, CHAT)
         self.check_model(body)
         tools = body.get("tools") or []
         if not isinstance(tools, list):
             raise APIError(400, "tools must be a list", "tools")
-        _, temperature, seed = self.sampling(body)
         try:
             options = ChatOptions(_thinking(body), body.get("reasoning_effort"))
             ids = encode(self.tok, render(body.get("messages"), tools, options))
         except ConversationError as e:
             raise APIError(400, str(e), e.param) from None
-        banned, forced, parse_tools = _tool_choice(body, tools, self.tok)
-        job = Job(ids, self.max_tokens(body, len(ids), "messages"), emit, temperature, seed, banned, forced)
-        return job, ReplyBuilder(self.tok, self.eos, options.thinking, parse_tools)
+        banned, force, parse_tools = _tool_choice(body, tools, self.tok)
+        sampling = Sampling.from_body(body, self.engine.model.config.vocab_size, banned)
+        reply = ReplyBuilder(self.tok, self.eos, options.thinking, parse_tools, stop_sequences(body),
+                             flag(body, "parallel_tool_calls", True))
+        max_tokens = self.max_tokens(body, len(ids), "messages")
+        constraint = constraint_for(body, self.constraints, self.tok, options.thinking)  # last: may be costly
+        forced: tuple[int, ...] = ()
+        if force is not None and constraint is not None:
+            raise APIError(400, "response_format json_object/json_schema cannot be combined with a tool_choice "
+                                "that forces a tool call", "response_format")
+        if force is not None:
+            constraint, forced = self._forced_call(force, tools, options.thinking)
+        return Job(ids, max_tokens, emit, sampling, forced, constraint, reply.feed), reply
+
+    def _forced_call(self, force: str, tools: list, thinking: bool) -> tuple[object | None, tuple[int, ...]]:
+        """(constraint, forced tokens) making the reply a valid DSML call of the named tool (of any tool for
+        REQUIRED), parameters typed by its schema. Without structured output (llguidance missing) only
+        the call's opening can be forced: the rest is the model's."""
+        if self.constraints is None:
+            opening = SEPARATOR + BLOCK_START + f'\n<{DSML}invoke name="' + (f'{force}">\n' if force else "")
+            return None, tuple(encode(self.tok, opening))
+        from .constrained import ResponseFormatError, dsml_call_constraint
+        try:
+            return dsml_call_constraint(force or None, tools, self.tok, self.eos, thinking), ()
+        except ResponseFormatError as e:
+            raise APIError(400, str(e), e.param) from None
 
     # -- endpoints ------------------------------------------------------------------------------------
     async def chat(self, request: Request):
@@ -184,32 +216,36 @@ class Server:
         if body.get("stream"):
             usage = bool((body.get("stream_options") or {}).get("include_usage"))
             return StreamingResponse(self._stream(job, reply, events, meta, usage), media_type="text/event-stream")
-        return await self._whole(job, reply, events, meta)
+        return await self._whole(job, reply, events, meta, request)
 
-    async def _whole(self, job, reply, events, meta):
+    async def _whole(self, job, reply, events, meta, request):
         try:
             msg = {"role": "assistant", "content": "", "reasoning_content": ""}
-            n = 0
+            n, logprobs = 0, []
             while True:
-                ev = await events.get()
+                ev = await next_event(events, request, job)
                 if ev[0] == "error":
                     return engine_error(ev[1]).response()
                 if ev[0] == "done":
                     break
                 n += 1
-                self._apply(msg, reply.feed(ev[1]))
-            reason, reused = ev[1], ev[2]
+                self._apply(msg, ev[3])  # the reply's events for this token (reply.feed ran on the engine thread)
+                if job.sampling.logprobs and ev[1] != self.eos:
+                    logprobs.append(chat_entry(self.tok, ev[2]))
+            reason, reused = reply.finish_reason(ev[1]), ev[2]
             self._apply(msg, reply.finish())
+        except ClientGone:
+            return Response(status_code=499)  # nobody reads it: the client left (nginx's "client closed")
         finally:
             job.cancel.set()  # a no-op when finished; stops the worker if this handler was cancelled
         if reply.tool_calls:
             msg["tool_calls"] = [c.to_openai() for c in reply.tool_calls]
-            reason = "tool_calls"
         if not msg["reasoning_content"]:
             del msg["reasoning_content"]
         msg["content"] = msg["content"] or (None if reply.tool_calls else "")
-        return JSONResponse({**meta, "object": "chat.completion",
-                             "choices": [{"index": 0, "message": msg, "finish_reason": reason}],
+        choice = {"index": 0, "message": msg, "logprobs": {"content": logprobs} if job.sampling.logprobs else None,
+                  "finish_reason": reason}
+        return JSONResponse({**meta, "object": "chat.completion", "choices": [choice],
                              "usage": self.usage(job, n, reused)})
 
     @staticmethod
@@ -226,14 +262,18 @@ class Server:
                 "prompt_tokens_details": {"cached_tokens": reused}}
 
     async def _stream(self, job, reply, events, meta, include_usage):
-        def chunk(delta, reason=None, **extra):
-            return "data: " + json.dumps({**meta, "object": "chat.completion.chunk", **extra, "choices": [
-                {"index": 0, "delta": delta, "finish_reason": reason}]}) + "\n\n"
+        unsent = []  # logprob entries of tokens whose text is not out yet: they ride on the next chunk
+
+        def chunk(delta, reason=None):
+            lp = {"content": unsent[:]} if unsent else None
+            unsent.clear()
+            return "data: " + json.dumps({**meta, "object": "chat.completion.chunk", "choices": [
+                {"index": 0, "delta": delta, "logprobs": lp, "finish_reason": reason}]}) + "\n\n"
 
         def deltas(evs):
             for kind, v in evs:
-                if kind == "tool_calls":
-                    yield chunk({"tool_calls": [c.to_openai(i) for i, c in enumerate(v)]})
+                if kind == "tool_call":
+                    yield chunk({"tool_calls": [v]})
                 else:
                     yield chunk({"content" if kind == "content" else "reasoning_content": v})
         try:
@@ -247,11 +287,13 @@ class Server:
                 if ev[0] == "done":
                     break
                 n += 1
-                for c in deltas(reply.feed(ev[1])):
+                if job.sampling.logprobs and ev[1] != self.eos:
+                    unsent.append(chat_entry(self.tok, ev[2]))
+                for c in deltas(ev[3]):  # the reply's events for this token (reply.feed ran on the engine thread)
                     yield c
             for c in deltas(reply.finish()):
                 yield c
-            yield chunk({}, "tool_calls" if reply.tool_calls else ev[1])
+            yield chunk({}, reply.finish_reason(ev[1]))
             if include_usage:
                 yield "data: " + json.dumps({**meta, "object": "chat.completion.chunk", "choices": [],
                                              "usage": self.usage(job, n, ev[2])}) + "\n\n"
@@ -295,7 +337,14 @@ def _unexpected(request, exc) -> JSONResponse:
 def create_app(engine, tokenizer, model_name: str, **kw) -> Starlette:
     server = Server(engine, tokenizer, model_name, **kw)
     tokens = TokenEndpoints(server)
-    app = Starlette(routes=[
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        yield
+        server.worker.stop()  # it ends after writing what the session store (if any) lacks
+        await asyncio.to_thread(server.worker.thread.join)
+
+    app = Starlette(lifespan=lifespan, routes=[
         Route("/v1/chat/completions", server.chat, methods=["POST"]),
         Route("/v1/completions", Completions(server).handle, methods=["POST"]),
         Route("/v1/models", server.models, methods=["GET"]),

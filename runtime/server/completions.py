@@ -15,14 +15,16 @@ import time
 import uuid
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, StreamingResponse
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from tokenizers.decoders import DecodeStream
 
 from .errors import APIError
+from .events import ClientGone, next_event
+from .fields import COMPLETIONS, check_fields, flag
+from .logprobs import legacy
+from .sampling import Sampling
+from .stop import StopMatcher, stop_sequences
 from .worker import Job
-
-FIELDS = {"model", "prompt", "max_tokens", "temperature", "seed", "stream", "stream_options", "n",
-          "return_token_ids", "user"}
 
 
 def _prompt_ids(prompt, tok, vocab: int) -> list[int]:
@@ -39,33 +41,50 @@ def _prompt_ids(prompt, tok, vocab: int) -> list[int]:
                         "(batches of several prompts are not supported)", "prompt")
 
 
+class TextReply:
+    """Generated ids -> completion text, on the engine thread (worker.Job.watch): decoded incrementally
+    (special tokens kept) and cut at the first stop sequence, which ends generation on that token."""
+
+    def __init__(self, tokenizer, stops: tuple[str, ...]):
+        self.tok, self.decoder, self.stop = tokenizer, DecodeStream(skip_special_tokens=False), StopMatcher(stops)
+        self.decoded = 0  # characters decoded so far, stop sequences or not: the next token's text_offset
+
+    def feed(self, token: int) -> tuple[tuple[str, int], bool]:
+        """((text released now, this token's text_offset), stop generating?)"""
+        offset, piece = self.decoded, self.decoder.step(self.tok, token) or ""
+        self.decoded += len(piece)
+        text, hit = self.stop.feed(piece)
+        return (text, offset), hit
+
+    def finish(self) -> str:
+        return self.stop.flush()
+
+
 class Completions:
     """The /v1/completions handler over a Server (app.py): its auth, checks, worker and metrics."""
 
     def __init__(self, server):
         self.s = server
 
-    def job(self, body: dict, emit) -> Job:
+    def job(self, body: dict, emit) -> tuple[Job, TextReply]:
         s = self.s
-        unknown = sorted(set(body) - FIELDS)
-        if unknown:
-            raise APIError(400, f"unsupported parameter(s): {', '.join(unknown)}", unknown[0], "unsupported_parameter")
+        check_fields(body, COMPLETIONS)
         s.check_model(body)
         if body.get("prompt") in (None, "", []):
             raise APIError(400, "prompt is required and must not be empty", "prompt")
-        ids = _prompt_ids(body["prompt"], s.tok, s.engine.model.config.vocab_size)
-        n, temperature, seed = s.sampling(body)
-        max_tokens = s.max_tokens(body, len(ids), "prompt")
-        return Job(ids, max_tokens, emit, temperature, seed)
+        vocab = s.engine.model.config.vocab_size
+        ids = _prompt_ids(body["prompt"], s.tok, vocab)
+        sampling = Sampling.from_body(body, vocab, legacy=True)  # logprobs: the legacy int 0..5
+        flag(body, "return_token_ids", False)
+        reply = TextReply(s.tok, stop_sequences(body))
+        return Job(ids, s.max_tokens(body, len(ids), "prompt"), emit, sampling, watch=reply.feed), reply
 
     async def handle(self, request: Request):
         s = self.s
         try:
             body = await s.body(request)
             loop, events = asyncio.get_running_loop(), asyncio.Queue()
-            job = self.job(body, lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev))
-            if not isinstance(body.get("return_token_ids", False), bool):
-                raise APIError(400, "return_token_ids must be a boolean", "return_token_ids")
+            job, reply = self.job(body, lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev))
             s.submit(job)
         except APIError as e:
             s.count_request(error=True)
@@ -76,40 +95,50 @@ class Completions:
         ids_too = bool(body.get("return_token_ids"))
         if body.get("stream"):
             usage = bool((body.get("stream_options") or {}).get("include_usage"))
-            return StreamingResponse(self._stream(job, events, meta, ids_too, usage), media_type="text/event-stream")
-        return await self._whole(job, events, meta, ids_too)
+            return StreamingResponse(self._stream(job, reply, events, meta, ids_too, usage),
+                                     media_type="text/event-stream")
+        return await self._whole(job, reply, events, meta, ids_too, request)
 
-    async def _whole(self, job: Job, events: asyncio.Queue, meta: dict, ids_too: bool):
-        text, ids, stream = [], [], DecodeStream(skip_special_tokens=False)
+    async def _whole(self, job: Job, reply: TextReply, events: asyncio.Queue, meta: dict, ids_too: bool,
+                     request: Request):
+        text, ids, picks, offsets = [], [], [], []
         try:
-            while (ev := await events.get())[0] == "token":
+            while (ev := await next_event(events, request, job))[0] == "token":
                 ids.append(ev[1])
-                text.append(stream.step(self.s.tok, ev[1]) or "")
+                picks.append(ev[2])
+                text.append(ev[3][0])
+                offsets.append(ev[3][1])
+        except ClientGone:
+            return Response(status_code=499)  # nobody reads it: the client left
         finally:
             job.cancel.set()  # a no-op when finished; stops the worker if this handler was cancelled
         if ev[0] == "error":
             return APIError(500, ev[1], None, "engine_error", "server_error").response()
-        choice = {"index": 0, "text": "".join(text), "logprobs": None, "finish_reason": ev[1]}
+        text.append(reply.finish())
+        lp = legacy(self.s.tok, picks, offsets) if job.sampling.logprobs else None
+        choice = {"index": 0, "text": "".join(text), "logprobs": lp, "finish_reason": ev[1]}
         extra = {"prompt_token_ids": job.ids} if ids_too else {}
         if ids_too:
             choice["token_ids"] = ids
         return JSONResponse({**meta, **extra, "choices": [choice], "usage": self.s.usage(job, len(ids), ev[2])})
 
-    async def _stream(self, job: Job, events: asyncio.Queue, meta: dict, ids_too: bool, include_usage: bool):
-        def chunk(text: str, reason=None, ids=None) -> str:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
+    async def _stream(self, job: Job, reply: TextReply, events: asyncio.Queue, meta: dict, ids_too: bool,
+                      include_usage: bool):
+        def chunk(text: str, reason=None, ids=None, lp=None) -> str:
+            choice = {"index": 0, "text": text, "logprobs": lp, "finish_reason": reason}
             if ids_too and ids is not None:
                 choice["token_ids"] = ids
             return "data: " + json.dumps({**meta, "choices": [choice]}) + "\n\n"
-        stream, n = DecodeStream(skip_special_tokens=False), 0
+        n = 0
         try:
             while (ev := await events.get())[0] == "token":
                 n += 1
-                yield chunk(stream.step(self.s.tok, ev[1]) or "", ids=[ev[1]])
+                lp = legacy(self.s.tok, [ev[2]], [ev[3][1]]) if job.sampling.logprobs else None
+                yield chunk(ev[3][0], ids=[ev[1]], lp=lp)
             if ev[0] == "error":
                 yield APIError(500, ev[1], None, "engine_error", "server_error").sse()  # ends with [DONE]
                 return
-            yield chunk("", ev[1], ids=[])
+            yield chunk(reply.finish(), ev[1], ids=[])
             if include_usage:
                 yield "data: " + json.dumps({**meta, "choices": [], "usage": self.s.usage(job, n, ev[2])}) + "\n\n"
             yield "data: [DONE]\n\n"

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 class Metrics:
     requests: int = 0
     errors: int = 0                 # requests answered with a 4xx/5xx
-    cancelled: int = 0              # streams stopped by a client disconnect
+    cancelled: int = 0              # requests stopped by a client disconnect
     prompt_tokens: int = 0
     prefilled_tokens: int = 0       # prompt tokens actually run through the model
     reused_tokens: int = 0          # prompt tokens served from a cached session
@@ -37,7 +37,7 @@ class Metrics:
             rows = [
                 ("ostinato_requests_total", "counter", "chat completion requests", self.requests),
                 ("ostinato_request_errors_total", "counter", "requests answered with an error", self.errors),
-                ("ostinato_cancelled_total", "counter", "streams stopped by a client disconnect", self.cancelled),
+                ("ostinato_cancelled_total", "counter", "requests stopped by a client disconnect", self.cancelled),
                 ("ostinato_prompt_tokens_total", "counter", "prompt tokens of all requests", self.prompt_tokens),
                 ("ostinato_prefilled_tokens_total", "counter", "prompt tokens run through the model",
                  self.prefilled_tokens),

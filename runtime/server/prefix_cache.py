@@ -3,9 +3,14 @@
 An agent's conversation grows by appending, so its next request shares everything but the new
 turn with the session that served the previous one: only the rest is prefilled. When a request
 diverges inside a cached session (an edited earlier message, a regenerated reply) the session is
-truncated to the common prefix (only when that keeps at least half of it;
-otherwise the request starts a new session and LRU evicts); with keep_branches it is forked instead, so both branches stay
-cached. The number of sessions is bounded (LRU eviction): each holds a KV cache.
+truncated to the common prefix (only when that keeps at least half of it; otherwise the request
+starts a new session and LRU evicts); with keep_branches it is forked instead, so both branches
+stay cached. The number of sessions is bounded (LRU eviction): each holds a KV cache.
+
+With a session store (session_store.py) sessions outlive the process: an evicted session is written
+there (write_evicted: worker.py calls it once the reply that evicted it is out), and so is every
+session whose tokens changed since it was last written, after an idle period (write_changed) and at
+stop (close); a request that a stored file serves better than any session in memory loads it.
 
 Not thread-safe by design: one worker owns the cache and the engine (see worker.py).
 """
@@ -14,6 +19,13 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass, field
+
+
+def reusable(n: int, held: int) -> bool:
+    """Whether to reuse n tokens of a session holding `held`: all of them, or a diverging match that keeps
+    at least half (destroying a long cached session to reuse a few shared tokens, a BOS or a system
+    prompt, would cost more than it saves)."""
+    return n == held or 2 * n >= held
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -32,20 +44,25 @@ class CacheStats:
     evictions: int = 0
     truncations: int = 0
     forks: int = 0
+    loaded: int = 0      # hits served by a session read from the store
 
 
 @dataclass
 class Entry:
     session: object                              # an EngineSession (or anything with prefill/truncate/fork/len)
     tokens: list[int] = field(default_factory=list)  # exactly the tokens the session has processed
+    saved: list[int] | None = None               # its tokens when last written to the store (None: never)
 
 
 class PrefixCache:
-    def __init__(self, new_session, capacity: int = 4, keep_branches: bool = False):
+    def __init__(self, new_session, capacity: int = 4, keep_branches: bool = False, store=None):
+        """`store`: a SessionStore, or None; with one, sessions need state() and adopt() (EngineSession's)."""
         if capacity < 1:
             raise ValueError(f"capacity must be at least 1, got {capacity}")
         self.new_session, self.capacity, self.keep_branches = new_session, capacity, keep_branches
+        self.store = store
         self.entries: OrderedDict[int, Entry] = OrderedDict()  # least recently used first
+        self.evicted: list[Entry] = []  # evicted, not written to the store yet
         self.stats = CacheStats()
         self._next = 0
 
@@ -58,32 +75,47 @@ class PrefixCache:
         At most len(ids) - 1 tokens are reused: the last prompt token is always prefilled, since its
         logits give the first generated token.
         """
+        self.write_evicted()
         best, best_n = None, 0
         for key, e in self.entries.items():
             n = min(common_prefix(e.tokens, ids), len(ids) - 1)
-            # a diverging match must keep at least half of the entry: destroying a long cached session
-            # to reuse a few shared tokens (a BOS, a system prompt) would cost more than it saves
-            if n > best_n and (n == len(e.tokens) or 2 * n >= len(e.tokens)):
+            if n > best_n and reusable(n, len(e.tokens)):
                 best, best_n = key, n
-        if best is None:
+        loaded = self._load(ids, best_n) if self.store is not None else None
+        if loaded is not None:  # a stored file holds more of the prompt (it stays on disk: nothing to fork)
+            entry, best_n = loaded
+        elif best is None:
             self.stats.misses += 1
             return Entry(self.new_session()), 0
-        self.stats.hits += 1
-        self.stats.reused_tokens += best_n
-        entry = self.entries[best]
-        if best_n < len(entry.tokens):
-            if self.keep_branches:  # the cached branch stays; this request gets a copy
-                self.stats.forks += 1
+        else:
+            entry = self.entries[best]
+            if best_n < len(entry.tokens) and self.keep_branches:  # the cached branch stays; this request
+                self.stats.forks += 1                               # gets a copy
                 self.entries.move_to_end(best)
                 entry = Entry(entry.session.fork(), list(entry.tokens))
             else:
                 del self.entries[best]
+        self.stats.hits += 1
+        self.stats.reused_tokens += best_n
+        if best_n < len(entry.tokens):
             self.stats.truncations += 1
             entry.session.truncate(best_n)
             del entry.tokens[best_n:]
-        else:
-            del self.entries[best]
         return entry, best_n
+
+    def _load(self, ids: list[int], than: int) -> tuple[Entry, int] | None:
+        """An entry read from the store that reuses more than `than` tokens of `ids`, and how many; a refused
+        file drops out of the store's index, so the next best one is tried."""
+        while True:
+            name, n = self.store.match(ids)
+            if name is None or n <= than:
+                return None
+            fresh = self.new_session()
+            session = self.store.load(name, fresh.state().model)
+            if session is not None:
+                fresh.adopt(session)
+                self.stats.loaded += 1
+                return Entry(fresh, list(session.tokens), list(session.tokens)), n
 
     def release(self, entry: Entry) -> None:
         """Put a served entry back (most recently used), evicting the least recently used beyond capacity."""
@@ -98,5 +130,42 @@ class PrefixCache:
         self._next += 1
         self.entries[self._next] = entry
         while len(self.entries) > self.capacity:
-            self.entries.popitem(last=False)
+            _, old = self.entries.popitem(last=False)
             self.stats.evictions += 1
+            if self.store is not None and old.saved != old.tokens:
+                self.evicted.append(old)
+
+    # -- the store ------------------------------------------------------------------------------------
+    @property
+    def idle_s(self) -> float | None:
+        """Seconds without a job after which the worker calls write_changed (None: no store)."""
+        return self.store.idle_s if self.store is not None else None
+
+    def unsaved(self) -> bool:
+        """Whether a session in memory holds tokens the store lacks."""
+        return self.store is not None and (bool(self.evicted) or any(e.saved != e.tokens
+                                                                     for e in self.entries.values()))
+
+    def write_evicted(self) -> None:
+        """Write the sessions evicted since the last call; then they are gone from memory."""
+        while self.evicted:
+            self._write(self.evicted.pop(0))
+
+    def write_changed(self, busy=lambda: False) -> None:
+        """Write the evicted sessions, then each cached one whose tokens changed since it was last written
+        (most recently used first), one file at a time until busy() (a job is waiting)."""
+        self.write_evicted()
+        for e in reversed(list(self.entries.values())):
+            if busy():
+                return
+            if e.saved != e.tokens:
+                self._write(e)
+
+    def close(self) -> None:
+        """Write every session the store lacks (the server stops); nothing without a store."""
+        if self.store is not None:
+            self.write_changed()
+
+    def _write(self, e: Entry) -> None:
+        self.store.save(e.tokens, e.session.state())  # a failed write is logged there, and not retried
+        e.saved = list(e.tokens)

@@ -18,6 +18,7 @@ import torch
 
 from .metrics import Metrics
 from .prefix_cache import PrefixCache
+from .sampling import Pick, Sampler, Sampling
 
 log = logging.getLogger("ostinato.server")
 ENGINE_ERROR = "the engine failed on this request; the server log has the details"
@@ -27,11 +28,14 @@ ENGINE_ERROR = "the engine failed on this request; the server log has the detail
 class Job:
     ids: list[int]                       # the rendered prompt
     max_tokens: int
-    emit: Callable[[tuple], None]        # ("token", id) ... then ("done", finish_reason, reused) or ("error", msg)
-    temperature: float = 0.0
-    seed: int | None = None
-    banned: tuple[int, ...] = ()         # never sampled (tool_choice "none" bans the DSML token)
+    # ("token", id, Pick, watch's events) ... then ("done", finish_reason, reused) or ("error", msg)
+    emit: Callable[[tuple], None]
+    sampling: Sampling = Sampling()      # temperature, top_p, seed, penalties, logit_bias, banned, logprobs
     forced: tuple[int, ...] = ()         # generated first, whatever the logits say (tool_choice required/named)
+    constraint: object | None = None     # structured output: .mask(logits) -> logits, .advance(id), .done()
+    # on this thread, per token: (events for the client, stop now?): a stop sequence or the end of the tool
+    # calls ends generation on the very token that completed it (reply.py)
+    watch: Callable[[int], tuple[object, bool]] | None = None
     arrived: float = field(default_factory=time.perf_counter)
     cancel: threading.Event = field(default_factory=threading.Event)
 
@@ -59,8 +63,19 @@ class Worker:
         except queue.Full:
             pass
 
+    def _next(self) -> Job | None:
+        """The next job (None: stop). The cache's session store gets its writes here, between jobs: sessions
+        the last job evicted at once, changed ones after idle_s without a job (prefix_cache.py)."""
+        self.cache.write_evicted()
+        while self.cache.unsaved() and not self.stopping.is_set():
+            try:
+                return self.jobs.get(timeout=self.cache.idle_s)
+            except queue.Empty:
+                self.cache.write_changed(busy=lambda: not self.jobs.empty())
+        return self.jobs.get()
+
     def _loop(self) -> None:
-        while not self.stopping.is_set() and (job := self.jobs.get()) is not None:
+        while not self.stopping.is_set() and (job := self._next()) is not None:
             if job.cancel.is_set():  # the client left while queued: its slot is free, nothing runs
                 job.emit(("done", "cancelled", 0))
                 continue
@@ -69,28 +84,22 @@ class Worker:
             except Exception:  # a failed forward: logged with its traceback; the client gets a generic 500
                 log.exception("the engine failed on a request of %d prompt tokens", len(job.ids))
                 job.emit(("error", ENGINE_ERROR))
+        try:
+            self.cache.close()  # the store (if any) gets every session it lacks
+        except Exception:
+            log.exception("writing the cached sessions to the session store failed")
 
-    def _pick(self, job: Job, gen: list[int], logits: torch.Tensor, gen_: torch.Generator | None) -> int:
-        step = len(gen)
-        if step < len(job.forced):
-            return job.forced[step]
+    def _pick(self, job: Job, gen: list[int], logits: torch.Tensor, sampler: Sampler) -> Pick:
         if self.logits_hook is not None:
             logits = self.logits_hook(gen, logits)
-        if job.banned:
-            logits = logits.clone()
-            logits[list(job.banned)] = float("-inf")
-        if job.temperature <= 0:
-            return int(logits.argmax())
-        probs = torch.softmax(logits.float() / job.temperature, dim=-1)
-        return int(torch.multinomial(probs, 1, generator=gen_))
+        step = len(gen)
+        return sampler.pick(logits, job.forced[step] if step < len(job.forced) else None)
 
     def _run(self, job: Job) -> None:
         counters = self.engine.executor.counters
         before = counters.copy()
         entry, reused = self.cache.acquire(job.ids)
-        sampler = None
-        if job.temperature > 0:
-            sampler = torch.Generator().manual_seed(job.seed if job.seed is not None else torch.seed() % 2**63)
+        sampler = Sampler(job.sampling, job.constraint)
         logits = entry.session.prefill(job.ids[reused:], last_only=True)[-1]  # raises -> entry dropped, never cached half-done
         entry.tokens = list(job.ids)
         gen, reason = [], "length"
@@ -99,12 +108,15 @@ class Worker:
                 if job.cancel.is_set():
                     reason = "cancelled"
                     break
-                tok = self._pick(job, gen, logits, sampler)
+                pick = self._pick(job, gen, logits, sampler)
+                tok = pick.token
                 gen.append(tok)
+                sampler.accept(tok)
                 if len(gen) == 1:
                     self.metrics.add_wait(time.perf_counter() - job.arrived)
-                job.emit(("token", tok))
-                if tok == self.eos:
+                events, stop = job.watch(tok) if job.watch is not None else (None, False)
+                job.emit(("token", tok, pick, events))
+                if tok == self.eos or stop or sampler.done():
                     reason = "stop"
                     break
                 if len(gen) == job.max_tokens:

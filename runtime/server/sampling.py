@@ -1,0 +1,209 @@
+"""Sampling: a request's sampling fields, checked once (a 400 naming the field), and the one place
+where a step's logits become a token.
+
+    params = Sampling.from_body(body, vocab)          # on the event loop, before the job is queued
+    sampler = Sampler(params, constraint)             # on the engine thread, one per job
+    pick = sampler.pick(logits)                       # Pick(token, logprob, top)
+    sampler.accept(pick.token)
+
+The logits are adjusted in OpenAI's order: logit_bias added, then the penalties over the tokens
+generated so far (frequency_penalty x count + presence_penalty x [count > 0], subtracted), then
+banned tokens (tool_choice "none") and the structured-output mask set to -inf. The token is the argmax
+of that (temperature 0) or drawn from softmax(adjusted / temperature) cut to the top_p nucleus.
+Logprobs are log_softmax of the adjusted logits in float32, before temperature and top_p: the model's
+distribution as the request reshaped it, the same numbers whether the token was drawn greedily or
+sampled, and comparable between requests that differ only in temperature.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+
+import torch
+
+from .errors import APIError
+
+MAX_TOP_LOGPROBS = 20          # chat completions; the legacy completions API allows 5
+MAX_LEGACY_LOGPROBS = 5
+LOGPROB_FLOOR = -9999.0        # JSON has no -inf: a token that could not be picked gets this (as OpenAI does)
+STRUCTURED = ("json_object", "json_schema")
+
+
+def _number(body: dict, key: str, lo: float, hi: float, default: float, lo_open: bool = False) -> float:
+    v = body.get(key)
+    if v is None:
+        return default
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and (v > lo if lo_open else v >= lo) and v <= hi
+    if not ok:
+        raise APIError(400, f"{key} must be a number in {'(' if lo_open else '['}{lo:g}, {hi:g}], got {v!r}", key)
+    return float(v)
+
+
+def _integer(body: dict, key: str, lo: int, hi: int) -> int | None:
+    v = body.get(key)
+    if v is not None and (not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi):
+        raise APIError(400, f"{key} must be an integer in [{lo}, {hi}], got {v!r}", key)
+    return v
+
+
+def _logit_bias(body: dict, vocab: int) -> tuple[tuple[int, float], ...]:
+    bias = body.get("logit_bias")
+    if bias is None:
+        return ()
+    if not isinstance(bias, dict):
+        raise APIError(400, "logit_bias must be an object mapping token ids (as strings) to numbers", "logit_bias")
+    out = []
+    for key, v in bias.items():
+        if not (isinstance(key, str) and key.isascii() and key.isdigit() and int(key) < vocab):
+            raise APIError(400, f"logit_bias key {key!r} is not a token id in [0, {vocab})", "logit_bias")
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not -100 <= v <= 100:
+            raise APIError(400, f"logit_bias[{key!r}] must be a number in [-100, 100], got {v!r}", "logit_bias")
+        out.append((int(key), float(v)))
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class Sampling:
+    temperature: float = 0.0                    # 0: greedy (this server's default; OpenAI's is 1)
+    top_p: float = 1.0
+    seed: int | None = None                     # with temperature > 0: the same seed draws the same tokens
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()   # (token id, added to its logit)
+    banned: tuple[int, ...] = ()                # never picked (tool_choice "none" bans the DSML token)
+    logprobs: bool = False                      # report the picked token's logprob ...
+    top_logprobs: int = 0                       # ... and the most likely ones'
+
+    @classmethod
+    def from_body(cls, body: dict, vocab: int, banned: tuple[int, ...] = (), legacy: bool = False) -> "Sampling":
+        """The checked sampling fields of a request body; `legacy`: /v1/completions' `logprobs` (an int 0..5)
+        instead of chat's `logprobs` (a bool) + `top_logprobs` (0..20). vocab: the logits' length."""
+        if body.get("n") is not None and (type(body["n"]) is not int or body["n"] != 1):
+            raise APIError(400, f"only n=1 is supported, got {body.get('n')!r}", "n")
+        if legacy:
+            top = _integer(body, "logprobs", 0, MAX_LEGACY_LOGPROBS)
+            logprobs = top is not None
+        else:
+            logprobs = body.get("logprobs")
+            if logprobs is not None and not isinstance(logprobs, bool):
+                raise APIError(400, f"logprobs must be a boolean, got {logprobs!r}", "logprobs")
+            top = _integer(body, "top_logprobs", 0, MAX_TOP_LOGPROBS)
+            if top and not logprobs:
+                raise APIError(400, "top_logprobs needs logprobs: true", "top_logprobs")
+        return cls(temperature=_number(body, "temperature", 0, 2, 0.0),
+                   top_p=_number(body, "top_p", 0, 1, 1.0, lo_open=True),
+                   seed=_integer(body, "seed", -2**63, 2**63 - 1),
+                   presence_penalty=_number(body, "presence_penalty", -2, 2, 0.0),
+                   frequency_penalty=_number(body, "frequency_penalty", -2, 2, 0.0),
+                   logit_bias=_logit_bias(body, vocab), banned=tuple(banned),
+                   logprobs=bool(logprobs), top_logprobs=top or 0)
+
+
+def constraint_for(body: dict, factory, tokenizer, thinking: bool = False):
+    """The structured-output constraint of a request's response_format (None for text or no format).
+
+    factory(response_format, tokenizer[, thinking=True]) -> an object with .mask(logits) -> logits,
+    .advance(token_id) and .done() (constrained.py's); `thinking` only for a reply that starts with
+    reasoning, which the constraint must let through up to `</think>`. Without a factory,
+    json_object/json_schema are refused rather than silently ignored."""
+    rf = body.get("response_format")
+    if rf is None:
+        return None
+    if not isinstance(rf, dict) or rf.get("type") not in ("text",) + STRUCTURED:
+        raise APIError(400, "response_format must be {'type': 'text'}, {'type': 'json_object'} or "
+                            "{'type': 'json_schema', 'json_schema': {...}}", "response_format")
+    if rf["type"] == "text":
+        return None
+    if factory is None:
+        raise APIError(400, f"response_format {rf['type']!r}: structured output is not available on this server",
+                       "response_format", "unsupported_parameter")
+    try:
+        return factory(rf, tokenizer, **({"thinking": True} if thinking else {}))
+    except ValueError as e:  # e.g. a schema the constraint cannot compile; the message names where
+        raise APIError(400, str(e), getattr(e, "param", None) or "response_format") from None
+
+
+@dataclass(frozen=True)
+class Pick:
+    token: int
+    logprob: float | None = None                  # None unless the request asked for logprobs
+    top: tuple[tuple[int, float], ...] = ()       # the top_logprobs most likely (id, logprob), best first
+
+
+def _logprob(v: float) -> float:
+    return v if v > LOGPROB_FLOOR else LOGPROB_FLOOR  # -inf and NaN (everything masked) too
+
+
+class Sampler:
+    """One job's sampling state: the seeded generator, how often each token was generated (for the
+    penalties), and the structured-output constraint. Lives on the engine thread."""
+
+    def __init__(self, params: Sampling, constraint=None):
+        self.p, self.constraint = params, constraint
+        self.generator = None
+        if params.temperature > 0:
+            seed = params.seed if params.seed is not None else secrets.randbits(63)
+            self.generator = torch.Generator().manual_seed(seed)  # on the CPU: the same draws on any device
+        self.counts: torch.Tensor | None = None   # [vocab] float32, on the logits' device
+        self.bias: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def adjust(self, logits: torch.Tensor) -> torch.Tensor:
+        """[vocab] logits -> a new [vocab] float32 tensor: bias, penalties, bans, constraint mask."""
+        p = self.p
+        x = logits.reshape(-1).to(torch.float32, copy=True)  # never in place: the engine may reuse its buffer
+        if p.logit_bias:
+            if self.bias is None:
+                ids, vals = zip(*p.logit_bias)
+                self.bias = (torch.tensor(ids, device=x.device), torch.tensor(vals, device=x.device))
+            x.index_add_(0, *self.bias)
+        if p.presence_penalty or p.frequency_penalty:
+            if self.counts is None:
+                self.counts = torch.zeros_like(x)
+            x -= self.counts * p.frequency_penalty + (self.counts > 0) * p.presence_penalty
+        if p.banned:
+            x[list(p.banned)] = float("-inf")
+        if self.constraint is not None:
+            x = self.constraint.mask(x)
+        return x
+
+    def pick(self, logits: torch.Tensor, forced: int | None = None) -> Pick:
+        """The next token (`forced` if given, whatever the logits say) and its logprob info."""
+        x = self.adjust(logits)
+        if forced is not None:
+            token = forced
+        elif self.generator is None:
+            token = int(x.argmax())
+        else:
+            token = self._draw(x)
+        if not self.p.logprobs:
+            return Pick(token)
+        lp = torch.log_softmax(x, dim=-1)
+        top = ()
+        if self.p.top_logprobs:
+            vals, ids = lp.topk(self.p.top_logprobs)
+            top = tuple((int(i), _logprob(float(v))) for i, v in zip(ids.tolist(), vals.tolist()))
+        return Pick(token, _logprob(float(lp[token])), top)
+
+    def _draw(self, x: torch.Tensor) -> int:
+        """A draw from softmax(x / temperature) within the top_p nucleus: the most likely tokens, best first,
+        until their mass reaches top_p (the one crossing it included). One uniform from the CPU generator,
+        inverted through the cumulative distribution."""
+        probs, order = torch.softmax(x / self.p.temperature, dim=-1).sort(descending=True)
+        cum = probs.cumsum(0)
+        kept = int(((cum - probs < self.p.top_p) & (probs > 0)).sum().clamp(min=1))
+        u = torch.rand(1, generator=self.generator, dtype=torch.float64).item()
+        at = torch.tensor([u * float(cum[kept - 1])], dtype=cum.dtype, device=x.device)
+        i = int(torch.searchsorted(cum[:kept], at, right=True))
+        return int(order[min(i, kept - 1)])
+
+    def accept(self, token: int) -> None:
+        """Record a generated token (forced ones too): penalty counts, the constraint's state."""
+        if self.counts is not None:  # made at the first adjust when a penalty is set
+            self.counts[token] += 1
+        if self.constraint is not None:
+            self.constraint.advance(token)
+
+    def done(self) -> bool:
+        """The constraint is satisfied and allows nothing more: generation ends."""
+        return self.constraint is not None and bool(self.constraint.done())
