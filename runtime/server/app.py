@@ -202,16 +202,25 @@ class Server:
             raise APIError(400, str(e), e.param) from None
 
     # -- endpoints ------------------------------------------------------------------------------------
-    async def chat(self, request: Request):
+    async def accept(self, request: Request, make_job) -> tuple | Response:
+        """Check a request and queue its job: (body, job, reply, events), or the error response to send.
+        make_job(body, emit) -> (Job, reply) raises APIError for what it refuses."""
         try:
             body = await self.body(request)
             loop, events = asyncio.get_running_loop(), asyncio.Queue()
-            job, reply = self._job(body, lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev))
+            job, reply = make_job(body, lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev))
             self.submit(job)
         except APIError as e:
             self.count_request(error=True)
             return e.response()
         self.count_request(error=False)
+        return body, job, reply, events
+
+    async def chat(self, request: Request):
+        got = await self.accept(request, self._job)
+        if isinstance(got, Response):
+            return got
+        body, job, reply, events = got
         meta = {"id": "chatcmpl-" + uuid.uuid4().hex[:24], "created": int(time.time()), "model": self.model_name}
         if body.get("stream"):
             usage = bool((body.get("stream_options") or {}).get("include_usage"))

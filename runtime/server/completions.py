@@ -81,15 +81,10 @@ class Completions:
 
     async def handle(self, request: Request):
         s = self.s
-        try:
-            body = await s.body(request)
-            loop, events = asyncio.get_running_loop(), asyncio.Queue()
-            job, reply = self.job(body, lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev))
-            s.submit(job)
-        except APIError as e:
-            s.count_request(error=True)
-            return e.response()
-        s.count_request(error=False)
+        got = await s.accept(request, self.job)
+        if isinstance(got, Response):
+            return got
+        body, job, reply, events = got
         meta = {"id": "cmpl-" + uuid.uuid4().hex[:24], "object": "text_completion", "created": int(time.time()),
                 "model": s.model_name}
         ids_too = bool(body.get("return_token_ids"))
