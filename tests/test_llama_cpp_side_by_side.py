@@ -54,7 +54,9 @@ def test_top1_is_teacher_forced_one_token_per_prefix():
 
 
 def test_readme_block_is_replaced_between_markers():
-    text = f"a\n{sbs.README_BEGIN}\nold\n{sbs.README_END}\nb"
-    assert sbs.readme_with(text, "new") == f"a\n{sbs.README_BEGIN}\n\nnew\n\n{sbs.README_END}\nb"
+    b, e = sbs.README_BEGIN.format("x"), sbs.README_END.format("x")
+    other = f"{sbs.README_BEGIN.format('y')}\nkept\n{sbs.README_END.format('y')}"
+    text = f"a\n{b}\nold\n{e}\n{other}"
+    assert sbs.readme_with(text, "new", "x") == f"a\n{b}\n\nnew\n\n{e}\n{other}"
     with pytest.raises(SystemExit):
-        sbs.readme_with("no markers", "new")
+        sbs.readme_with(text, "new", "z")

