@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import time
 
+import httpx
 import openai
 import pytest
 import torch
@@ -205,6 +206,8 @@ def test_restarted_server_reuses_the_stored_conversation(plan, tiny_ckpt, engine
     r2 = _chat(client, second, 6)
     assert r2.usage.prompt_tokens_details.cached_tokens == len(held)
     assert app.state.server.cache.stats.loaded == 1
+    metrics = httpx.get(str(client.base_url).removesuffix("/v1/") + "/metrics").text
+    assert "ostinato_session_files_loaded_total 1" in metrics.splitlines()
     _stop(srv, app)
 
     srv, app, client = _serve(restarted, tok, None)  # the reference: no store, the whole prompt prefilled

@@ -333,7 +333,8 @@ class Server:
         return JSONResponse({"status": "ok", "model": self.model_name, "queued": self.worker.jobs.qsize()})
 
     async def metrics_text(self, request: Request):
-        return PlainTextResponse(self.metrics.render(self.cache.stats, len(self.cache)),
+        store = self.cache.store.stats if self.cache.store is not None else None
+        return PlainTextResponse(self.metrics.render(self.cache.stats, len(self.cache), store),
                                  media_type="text/plain; version=0.0.4")
 
 

@@ -29,7 +29,8 @@ class Metrics:
             self.wait_count += 1
             self.waits.append(seconds)
 
-    def render(self, cache_stats, cached_sessions: int) -> str:
+    def render(self, cache_stats, cached_sessions: int, store_stats=None) -> str:
+        """The counters as Prometheus text; `store_stats`: the --session-dir store's (None: no store)."""
         with self.lock:
             w = sorted(self.waits)
             q = {p: (w[min(len(w) - 1, int(p * len(w)))] if w else 0.0) for p in (0.5, 0.9, 0.99)}
@@ -54,6 +55,17 @@ class Metrics:
                  cache_stats.truncations),
                 ("ostinato_cached_sessions", "gauge", "sessions in the prefix cache", cached_sessions),
             ]
+            if store_stats is not None:
+                rows += [
+                    ("ostinato_session_files_saved_total", "counter", "sessions written to --session-dir",
+                     store_stats.saved),
+                    ("ostinato_session_files_loaded_total", "counter", "sessions read back from --session-dir",
+                     store_stats.loaded),
+                    ("ostinato_session_files_refused_total", "counter", "corrupt or foreign session files set aside",
+                     store_stats.refused),
+                    ("ostinato_session_files_deleted_total", "counter", "session files deleted for the byte bound",
+                     store_stats.deleted),
+                ]
             lines = []
             for name, kind, help_, value in rows:
                 lines += [f"# HELP {name} {help_}", f"# TYPE {name} {kind}", f"{name} {value}"]
