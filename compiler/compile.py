@@ -123,7 +123,7 @@ def read_hardware(b: Build) -> None:
     b.hardware = load_hardware(b.options.hardware)
     if b.hardware.host.expert_read_bandwidth is None or b.hardware.host.expert_flops is None:
         b.notes.append("the hardware spec's CPU expert rates are not calibrated: the cost model uses its host "
-                       "bandwidth and matmul_flops (measure them on the host with tools/calibrate_host.py)")
+                       "bandwidth and matmul_flops (measure them on the host with ostinato-calibrate)")
 
 
 def dense_format(o: CompileOptions, hw: HardwareSpec) -> str:

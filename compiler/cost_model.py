@@ -44,7 +44,7 @@ EXPERT_FLOPS_PER_TOKEN_FACTOR = 2 * 3   # 3 matmuls (gate, up, down), 2 FLOP per
 # routing, shared expert, the executor's bookkeeping); about the same for 1 or 128 tokens (180-230 on
 # the tiny and small models; 580-750 before the mHC mixing, the norms and the rope became generated
 # kernels and the CPU's hot pools went to the CPU kernel). tests/test_cost_model_dispatch.py recounts
-# it; tools/count_ops.py reports it.
+# it; bench/count_ops.py reports it.
 EAGER_OPS_PER_LAYER = 215
 # A PyTorch DSV4 forward without those two fusions: what the KTransformers-like baseline is priced with
 # (our runtime's own count before them; KTransformers' real count is not measured here).
@@ -64,7 +64,7 @@ class LayerCostInputs:
 
 def host_expert_rates(host) -> tuple[float, float]:
     """(bytes/s, FLOP/s) of the CPU expert kernel: calibrated on the host when the spec has them
-    (tools/calibrate_host.py), else the spec's DRAM bandwidth and matmul rate."""
+    (ostinato-calibrate), else the spec's DRAM bandwidth and matmul rate."""
     return (host.expert_read_bandwidth or host.bandwidth, host.expert_flops or host.matmul_flops)
 
 

@@ -43,7 +43,7 @@ class HostSpec(Record):
     matmul_flops: Rate                  # FLOP/s of the CPU expert kernels, all cores
     isa: Isa
     op_dispatch_s: Seconds              # host seconds per framework op dispatched eagerly (Python + PyTorch)
-    # What the CPU expert kernel itself reaches on this host, measured by tools/calibrate_host.py (absent:
+    # What the CPU expert kernel itself reaches on this host, measured by ostinato-calibrate (absent:
     # the cost model falls back to bandwidth / matmul_flops, and the plan says it is uncalibrated):
     expert_read_bandwidth: Rate | None = None  # bytes/s of packed experts read, 1 token per expert, all cores
     expert_flops: Rate | None = None           # FLOP/s at 64 tokens per expert, all cores

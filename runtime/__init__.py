@@ -1,5 +1,5 @@
-"""Online side: the model, placement execution, sessions, profile recording, serving (ostinato-run,
-ostinato-record).
+"""Online side: the model, placement execution, sessions, profile recording (ostinato-run,
+ostinato-record). Serving agents over HTTP is its own package, ostinato.server, built on this one.
 
 Imports the shared core (ostinato.checkpoint, ostinato.plan, ...) and never the compiler, jinja2
 or a routing profile reader: the plan file is its only input from the compiler.

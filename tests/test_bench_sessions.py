@@ -1,16 +1,14 @@
-"""tools/bench_sessions.py replays any workload CSV (--sessions FILE), grouped by workload, with every system."""
+"""python -m ostinato.bench.sessions replays any workload CSV (--sessions FILE), grouped by workload, with every system."""
 
-import sys
 from pathlib import Path
 
 import pytest
 
-from ostinato.compiler.simulator.bench import by_workload
+from ostinato.bench import sessions as bench_sessions
+from ostinato.bench.simulator.bench import by_workload
 from ostinato.plans import plans_dir
 from ostinato.workload import read_sessions
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
-import bench_sessions  # noqa: E402
 
 SYSTEMS = ("Ostinato", "KTransformers-like", "KTransformers-like + GPU experts", "llama.cpp layers",
            "llama.cpp CPU experts", "llama.cpp LRU cache")
@@ -44,10 +42,10 @@ def test_another_workload_file_is_replayed(tmp_path, capsys):
 
 def test_the_readme_tables_are_the_tools_output():
     """The README's modeled tables, regenerated from the committed plan inputs, workload and seed."""
-    from ostinato.compiler.simulator.bench import README_BEGIN, README_END, README_SESSIONS, modeled_tables
-    from ostinato.compiler.simulator.world import build_world
+    from ostinato.bench.simulator.bench import README_BEGIN, README_END, README_SESSIONS, modeled_tables
+    from ostinato.bench.simulator.world import build_world
 
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     block = readme[readme.index(README_BEGIN) + len(README_BEGIN):readme.index(README_END)].strip()
     tables, _ = modeled_tables(build_world(), read_sessions(bench_sessions.SHIPPED), README_SESSIONS, seed=0)
-    assert block == tables, "README's modeled tables are stale: run tools/bench_sessions.py --skip-measured --readme README.md"
+    assert block == tables, "README's modeled tables are stale: run python -m ostinato.bench.sessions --skip-measured --readme README.md"

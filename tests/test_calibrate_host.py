@@ -1,26 +1,24 @@
-"""tools/calibrate_host.py measures the CPU expert kernel here and writes a spec whose host rates the
+"""ostinato-calibrate measures the CPU expert kernel here and writes a spec whose host rates the
 cost model then uses instead of the DRAM bandwidth and matmul constants."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
 from ostinato.compiler.compile import CompileOptions, compile_plan
 from ostinato.compiler.cost_model import host_expert_rates
 from ostinato.hardware import load_hardware
 
-TOOL = Path(__file__).resolve().parents[1] / "tools" / "calibrate_host.py"
 
 
 def test_a_calibrated_spec_prices_the_cold_experts_with_what_was_measured(tiny_ckpt, tmp_path):
     spec = tmp_path / "calibrated.yaml"
-    r = subprocess.run([sys.executable, str(TOOL), "cpu-only", str(spec), "--experts", "12", "--rounds", "1"],
+    r = subprocess.run([sys.executable, "-m", "ostinato.compiler.cli.calibrate", "cpu-only", str(spec), "--experts", "12", "--rounds", "1"],
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     host = load_hardware(spec).host
-    assert host.expert_read_bandwidth > 0 and host.expert_flops > 0 and "calibrate_host.py" in host.calibration
+    assert host.expert_read_bandwidth > 0 and host.expert_flops > 0 and "ostinato-calibrate" in host.calibration
     assert host_expert_rates(host) == (host.expert_read_bandwidth, host.expert_flops)
     assert host_expert_rates(load_hardware("cpu-only").host) == (40e9, 100e9)  # uncalibrated: the spec's constants
 

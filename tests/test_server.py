@@ -8,9 +8,9 @@ import pytest
 from tokenizers import Tokenizer
 
 from ostinato.runtime.engine.loader import load_engine
-from ostinato.runtime.server.app import create_app
-from ostinato.runtime.server.background import serve_in_background
-from ostinato.runtime.server.dsml import render_tool_calls
+from ostinato.server.app import create_app
+from ostinato.server.background import serve_in_background
+from ostinato.server.dsml import render_tool_calls
 
 from conftest import compile_tiny_plan
 
@@ -177,7 +177,7 @@ def test_divergence_truncates_and_lru_evicts(server):
 def test_completions_take_token_ids_and_return_them(server):
     """/v1/completions with a token-id prompt: the same greedy reply as the chat endpoint on the same ids,
     streamed equal to whole, the ids back (return_token_ids), and the next turn reusing the cached prefix."""
-    from ostinato.runtime.server.chat_encoding import ChatOptions, encode, render
+    from ostinato.server.chat_encoding import ChatOptions, encode, render
     tok, client = server["tok"], server["client"]
     msgs = [{"role": "user", "content": "Count to three"}]
     ids = encode(tok, render(msgs, [], ChatOptions(False, None)))

@@ -11,8 +11,8 @@ import pytest
 from tokenizers import Tokenizer
 
 from ostinato.runtime.engine.loader import load_engine
-from ostinato.runtime.server.app import create_app
-from ostinato.runtime.server.background import serve_in_background
+from ostinato.server.app import create_app
+from ostinato.server.background import serve_in_background
 
 from conftest import compile_tiny_plan
 

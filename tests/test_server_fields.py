@@ -15,11 +15,11 @@ import torch
 from tokenizers import Tokenizer
 
 from ostinato.runtime.engine.loader import load_engine
-from ostinato.runtime.server.app import create_app
-from ostinato.runtime.server.background import serve_in_background
-from ostinato.runtime.server.dsml import render_tool_calls
-from ostinato.runtime.server.sampling import LOGPROB_FLOOR, Sampler, Sampling
-from ostinato.runtime.server.stop import StopMatcher
+from ostinato.server.app import create_app
+from ostinato.server.background import serve_in_background
+from ostinato.server.dsml import render_tool_calls
+from ostinato.server.sampling import LOGPROB_FLOOR, Sampler, Sampling
+from ostinato.server.stop import StopMatcher
 
 from conftest import compile_tiny_plan
 

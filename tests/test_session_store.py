@@ -14,16 +14,16 @@ from tokenizers import Tokenizer
 
 from ostinato.runtime.engine.loader import load_engine
 from ostinato.runtime.model.session_file import SessionFileError, read_header, read_session, write_session
-from ostinato.runtime.server.app import create_app
-from ostinato.runtime.server.background import serve_in_background
-from ostinato.runtime.server.chat_encoding import ChatOptions, encode, render
-from ostinato.runtime.server.session_store import SessionStore, engine_identity, file_name
+from ostinato.server.app import create_app
+from ostinato.server.background import serve_in_background
+from ostinato.server.chat_encoding import ChatOptions, encode, render
+from ostinato.server.session_store import SessionStore, engine_identity, file_name
 
 from conftest import assert_close_to_scale, compile_tiny_plan
 
 IDENTITY = {"model": "m" * 64, "plan": "p" * 64, "dtype": "float32"}
 LONG = " ".join(f"item {i} costs {i * 7 % 100} coins;" for i in range(120))  # about 2,000 tokens
-STORE_LOG = "ostinato.runtime.server.session_store"
+STORE_LOG = "ostinato.server.session_store"
 
 
 @pytest.fixture(scope="module")

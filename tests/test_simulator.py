@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 
 from ostinato.compiler.cost_model import CostModel, LayerCostInputs
-from ostinato.compiler.simulator.ktransformers import KTransformers, frequency_placed
-from ostinato.compiler.simulator.llamacpp import CpuExperts, LayerPlacement, LruCache, layers_that_fit
-from ostinato.compiler.simulator.ostinato_policy import Ostinato
-from ostinato.compiler.simulator.replay import simulate, summarize
-from ostinato.compiler.simulator.trace import TraceSampler, at_coverage, counts_of
+from ostinato.bench.simulator.ktransformers import KTransformers, frequency_placed
+from ostinato.bench.simulator.llamacpp import CpuExperts, LayerPlacement, LruCache, layers_that_fit
+from ostinato.bench.simulator.ostinato_policy import Ostinato
+from ostinato.bench.simulator.replay import simulate, summarize
+from ostinato.bench.simulator.trace import TraceSampler, at_coverage, counts_of
 from ostinato.hardware import parse_hardware
 from ostinato.workload import SessionShape, Turn
 
@@ -173,7 +173,7 @@ def test_llamacpp_n_cpu_moe_keeps_the_last_layers_experts_on_the_gpu(n, mode, se
 
 
 def test_each_ablation_removes_one_mechanism():
-    from ostinato.compiler.simulator.ablation import FULL, ablations
+    from ostinato.bench.simulator.ablation import FULL, ablations
 
     c = cost()
     d = CostModel(c.cfg, HW.replace(host=HW.host.replace(op_dispatch_s=MS / 1000)), c.layers, EXPERT, 0, 0)
@@ -244,7 +244,7 @@ def test_summary_skips_the_first_turn_and_rates_decode_over_all_turns():
 
 
 def test_a_baselines_kernel_is_priced_by_its_measured_slowdown(tmp_path):
-    from ostinato.compiler.simulator.kernels import load_kernel_speeds
+    from ostinato.bench.simulator.kernels import load_kernel_speeds
 
     table = tmp_path / "k.yaml"
     table.write_text("source: hand\ntokens: [1, 4, 16]\nms:\n  ostinato: [1.0, 2.0, 4.0]\n  other: [3.0, 4.0, 4.0]\n")

@@ -32,7 +32,7 @@ class CpuExpertParams:
     k_chunk: int = 128          # batched path: 2 x row_tile x k_chunk float32 tile = 16 KiB (L1)
     gemv_max_tokens: int = 4    # up to this many routes per expert decode straight into registers
     # bf16 activations: from this many routes per expert, bf16 tiles go to a GEMM library (MKL from torch;
-    # 0: never). The crossover is measured by tools/bench_cpu_experts.py (its (d) line). 0 is what it found
+    # 0: never). The crossover is measured by bench/cpu_experts.py (its (d) line). 0 is what it found
     # on a 2-core Zen 4 EPYC: MKL's bf16 GEMM was 3-5x slower than the kernel's own tiles at every count
     # 2..64 (MKL takes no AVX512_BF16 path on AMD); a host where it finds a crossover (AMX) sets it here.
     gemm_min_tokens: int = 0

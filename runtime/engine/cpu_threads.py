@@ -10,8 +10,9 @@ for the cold half after its own part is done, so no core is held back there.
 
 from __future__ import annotations
 
-import os
 from typing import NamedTuple
+
+from ostinato.host import usable_cores
 
 GPU_RESERVED = 2  # the launching thread + the CUDA host-function thread
 
@@ -27,14 +28,6 @@ class CpuThreads(NamedTuple):
             return f"cpu threads {self.threads}"
         kept = f" less {self.reserved} for the launching and CUDA host-function threads" if self.reserved else ""
         return f"cpu threads {self.threads} (plan: {self.planned}; clamped to this machine's {self.cores} cores{kept})"
-
-
-def usable_cores() -> int:
-    """Cores this process may run on (its affinity mask, e.g. under taskset or a container's cpuset)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
 
 
 def cpu_threads(planned: int, cuda: bool, cores: int | None = None) -> CpuThreads:

@@ -4,7 +4,7 @@ Every op that goes through PyTorch's dispatcher from Python costs host time (~4-
 moves 16 bytes or 16 MB; on the short forwards after a tool output that overhead, not the arithmetic,
 sets the wait. `OpCounter` is a dispatch mode that counts ops (by name and by the runtime function that
 issued them); `ops_per_layer` measures an engine the way tests/test_cost_model_dispatch.py and
-tools/count_ops.py report it. Calls into the plan's C kernels through ctypes are not torch ops and
+bench/count_ops.py report it. Calls into the plan's C kernels through ctypes are not torch ops and
 are not counted (one per layer at most: the cold or hot expert task).
 """
 

@@ -1,5 +1,5 @@
 """A session as one file: its KV cache, its latest turn-boundary snapshots and its token ids, so a
-restarted server continues it exactly (runtime/server/session_store.py keeps a folder of them).
+restarted server continues it exactly (server/session_store.py keeps a folder of them).
 
     write_session(path, session, identity)          # atomic: temp file in the same folder, fsync, os.replace
     header = read_header(path)                      # cheap: the safetensors header only (a folder scan)

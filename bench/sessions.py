@@ -1,0 +1,82 @@
+"""Session benchmark: Ostinato against its baselines, MODELED on the paper's workstation (the cost model
++ sampled routing) and MEASURED here (the real engine on the CPU, tiny model, plan variants).
+
+    python -m ostinato.bench.sessions [--sessions FILE] [--per-workload N] [--skip-measured]
+
+--sessions: any workload CSV (plans/workloads/README.md; default: the shipped agent_turns.csv); its
+sessions are grouped by workload (the shipped sources as coding / customer service, any other source
+by its name).
+
+Writes build/bench/{modeled.md, measured.md, *.png}. Ratios only compare systems within one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from ostinato.bench.simulator.bench import README_SESSIONS, readme_with, run_modeled
+from ostinato.bench.simulator.kernels import KERNELS_FILE
+from ostinato.bench.simulator.world import build_world
+from ostinato.plans import plans_dir
+from ostinato.workload import WorkloadError, read_sessions
+
+SHIPPED = plans_dir() / "workloads" / "agent_turns.csv"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, default=Path("build/bench"))
+    p.add_argument("--sessions", type=Path, default=SHIPPED,
+                   help="workload CSV to replay (default: the shipped agent sessions)")
+    p.add_argument("--per-workload", type=int, default=README_SESSIONS, help="sessions per workload in the modeled tables (6)")
+    p.add_argument("--sweep-sessions", type=int, default=2, help="sessions per workload in the coverage sweep (2)")
+    p.add_argument("--coverages", default="0.5,0.7,0.84,0.95")
+    p.add_argument("--kernels", default=str(KERNELS_FILE),
+                   help="each system's measured CPU kernel times (default: the shipped side-by-side run), or "
+                        "'none' to price every system at Ostinato's kernel speed")
+    p.add_argument("--skip-measured", action="store_true")
+    p.add_argument("--readme", type=Path, help="rewrite the modeled tables in this README (only with the shipped "
+                                               "sessions, the default --per-workload and --seed)")
+    p.add_argument("--seed", type=int, default=0)
+    a = p.parse_args(argv)
+    try:
+        sessions = read_sessions(a.sessions)
+    except WorkloadError as e:
+        p.error(f"--sessions {e}")
+    if not sessions:
+        p.error(f"--sessions {a.sessions}: no sessions in the file")
+    kernels = None if a.kernels == "none" else Path(a.kernels)
+    if kernels is not None and not kernels.is_file():
+        p.error(f"--kernels {kernels}: no such file")
+    if a.readme and (a.sessions.resolve() != SHIPPED.resolve() or a.per_workload != README_SESSIONS or a.seed != 0
+                     or kernels is None or kernels.resolve() != KERNELS_FILE.resolve()):
+        p.error("--readme: the README's tables are those of the shipped sessions with the default "
+                "--per-workload, --seed and --kernels")
+    t0 = time.perf_counter()
+    world = build_world(kernels=kernels)
+    print(f"MODELED on {world.build.hardware.name} with DeepSeek-V4-Flash sizes; routing: synthetic profile "
+          f"({world.build.profile.source}); plan hot share {world.build.cost.hot_share():.1%}, "
+          f"upload threshold {world.build.threshold} tokens; llama.cpp layer placement: {world.gpu_layers} of "
+          f"{len(world.build.cost.layers)} layers on the GPUs")
+    report = run_modeled(world, sessions, a.out, a.per_workload, a.sweep_sessions,
+                         tuple(float(c) for c in a.coverages.split(",")), max_generated=64, seed=a.seed)
+    print(report)
+    if a.readme:
+        a.readme.write_text(readme_with(a.readme.read_text(), report))
+        plot = a.readme.resolve().parent / "docs" / "modeled-wait-vs-coverage.png"  # the README shows this one
+        shutil.copyfile(a.out / "modeled_wait_vs_coverage.png", plot)
+        print(f"(rewrote the modeled tables in {a.readme} and its plot {plot})")
+    print(f"(modeled half: {time.perf_counter() - t0:.0f} s; plots: {a.out}/modeled_wait_vs_coverage.png, "
+          f"{a.out}/modeled_session_timeline.png)")
+    if not a.skip_measured:
+        from .measured_sessions import run_measured  # noqa: PLC0415  (builds models: only when asked)
+        print(run_measured(sessions, a.out, a.seed))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,140 @@
+"""The modeled half of the session benchmark: tables per workload, wait vs coverage, one timeline.
+
+Everything here is MODELED: the cost model of a hardware spec fed with sampled routing traces.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ostinato.workload import SessionShape
+
+from .replay import simulate, summarize
+from .trace import TraceSampler, at_coverage
+from .world import World
+
+WORKLOADS = {"coding": "mini-swe-agent/", "customer service": "tau2-bench/"}
+# The README's modeled tables sit between these lines (bench/sessions.py --readme rewrites them; a test
+# regenerates them from the committed inputs and fails on a difference).
+README_BEGIN = "<!-- modeled tables: written by bench/sessions.py --readme README.md; do not edit -->"
+README_END = "<!-- end of the modeled tables -->"
+README_SESSIONS = 6  # sessions per workload the README's tables replay (the default of --per-workload)
+PAPER_COVERAGE = 0.84
+
+
+def table(title: str, runs: dict) -> str:
+    base = summarize(next(iter(runs.values())))  # the first system: Ostinato
+    rows = [f"#### {title} (modeled)", "",
+            "| system | median wait s | p90 wait s | decode tok/s | median session s | wait / Ostinato | "
+            "session / Ostinato | decode / Ostinato |", "|---|---|---|---|---|---|---|---|"]
+    for name, r in runs.items():
+        s = summarize(r)
+        rows.append(f"| {name} | {s.median_wait_s:.3f} | {s.p90_wait_s:.3f} | {s.decode_tokens_per_s:.1f} | "
+                    f"{s.median_session_s:.1f} | {s.median_wait_s / base.median_wait_s:.2f}x | "
+                    f"{s.median_session_s / base.median_session_s:.2f}x | "
+                    f"{s.decode_tokens_per_s / base.decode_tokens_per_s:.2f}x |")
+    return "\n".join(rows)
+
+
+def workload_of(session: SessionShape) -> str:
+    """The shipped sources by their kind of agent, any other by its source's first path part."""
+    return next((w for w, p in WORKLOADS.items() if session.name.startswith(p)), session.name.split("/")[0])
+
+
+def by_workload(sessions: list[SessionShape], limit: int | None) -> dict[str, list[SessionShape]]:
+    """Sessions grouped by workload (in the order they first appear), at most `limit` per workload."""
+    groups: dict[str, list[SessionShape]] = {}
+    for s in sessions:
+        group = groups.setdefault(workload_of(s), [])
+        if limit is None or len(group) < limit:
+            group.append(s)
+    return groups
+
+
+def modeled_tables(world: World, sessions: list[SessionShape], limit: int | None, seed: int = 0
+                   ) -> tuple[str, tuple[str, dict]]:
+    """The systems' table and the ablation table per workload (markdown), and one session's runs for the
+    timeline plot. Deterministic from the seed: the README embeds this text (readme_with)."""
+    k = world.build.config.num_experts_per_tok
+    text, timeline = [], None
+    for w, ss in by_workload(sessions, limit).items():
+        runs = simulate(ss, world.policies(), TraceSampler(world.shares, k, seed))
+        text.append(table(f"{w}: {len(ss)} sessions, {world.build.hardware.name}, DeepSeek-V4-Flash sizes", runs))
+        timeline = timeline or (ss[0].name, runs)
+    for w, ss in by_workload(sessions, limit).items():
+        runs = simulate(ss, world.ablations(), TraceSampler(world.shares, k, seed))
+        text.append(table(f"ablation, {w}: {len(ss)} sessions, Ostinato with one mechanism removed", runs))
+    return "\n\n".join(text), timeline
+
+
+def readme_with(readme: str, tables: str) -> str:
+    """The README text with its block between README_BEGIN and README_END replaced by `tables`."""
+    start, end = readme.find(README_BEGIN), readme.find(README_END)
+    if start < 0 or end < start:
+        raise ValueError(f"the README has no '{README_BEGIN}' ... '{README_END}' block")
+    return readme[:start + len(README_BEGIN)] + "\n\n" + tables + "\n\n" + readme[end:]
+
+
+def run_modeled(world: World, sessions: list[SessionShape], out: Path, limit: int | None, sweep_sessions: int,
+                coverages: tuple[float, ...], max_generated: int | None, seed: int = 0) -> str:
+    out.mkdir(parents=True, exist_ok=True)
+    report, timeline = modeled_tables(world, sessions, limit, seed)
+    sweep = coverage_sweep(world, by_workload(sessions, sweep_sessions), coverages, max_generated, seed)
+    plot_sweep(sweep, out / "modeled_wait_vs_coverage.png", world.build.hardware.name)
+    plot_timeline(*timeline, out / "modeled_session_timeline.png")
+    (out / "modeled.md").write_text(report + "\n")
+    return report
+
+
+def coverage_sweep(world: World, groups: dict, coverages, max_generated, seed) -> dict[str, list[float]]:
+    """Median wait per system with synthetic traces whose hot-set coverage is each of `coverages`."""
+    from ostinato.workload import shrink_sessions
+    ss = shrink_sessions([s for g in groups.values() for s in g], max_generated=max_generated)
+    out: dict[str, list[float]] = {}
+    for cov in coverages:
+        shares = at_coverage(world.shares, world.hot, cov)
+        runs = simulate(ss, world.policies(), TraceSampler(shares, world.build.config.num_experts_per_tok, seed))
+        for name, r in runs.items():
+            out.setdefault(name, []).append(summarize(r).median_wait_s)
+    out["_coverages"] = list(coverages)
+    return out
+
+
+def plot_sweep(sweep: dict, path: Path, hw: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(6, 4))
+    cov = sweep["_coverages"]
+    for name, waits in sweep.items():
+        if not name.startswith("_"):
+            ax.plot(cov, waits, marker="o", label=name)
+    ax.axvline(PAPER_COVERAGE, color="grey", ls="--", label="paper's 84% coverage")
+    ax.set(xlabel="hot-set coverage of routes (synthetic traces)", ylabel="median wait after tool output (s)",
+           title=f"MODELED: wait vs coverage, {hw}", yscale="log")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_timeline(name: str, runs: dict, path: Path) -> None:
+    """Per system, the session as a bar of prefill (dark) and decode (light) segments over time."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(9, 3 + 0.3 * len(runs)))
+    for y, (system, r) in enumerate(runs.items()):
+        t = 0.0
+        for turn in next(s for s in r if s.name == name).turns:
+            ax.broken_barh([(t, turn.prefill.seconds)], (y - 0.35, 0.7), color="tab:red")
+            t += turn.prefill.seconds
+            ax.broken_barh([(t, turn.decode.seconds)], (y - 0.35, 0.7), color="tab:blue", alpha=0.35)
+            t += turn.decode.seconds
+    ax.set_yticks(range(len(runs)), list(runs))
+    ax.set(xlabel="seconds (engine time only; tool time not included)",
+           title=f"MODELED: one session's timeline, {name.split('/')[-1]}\nred: prefill (the wait after each "
+                 "tool output), blue: decode")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

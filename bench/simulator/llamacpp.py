@@ -1,0 +1,178 @@
+"""llama.cpp's ways to run a MoE model larger than the GPUs, as its options document them.
+
+Layer placement (`-ngl` with the default split): whole layers (dense + experts) on the GPUs as far as
+they fit, the rest on the CPU (a cpu-only spec: every layer, with nothing to offload to).
+
+CPU experts (`-ngl 99 --cpu-moe`, `--n-cpu-moe L` or `-ot exps=CPU`: the common recipe for MoE models larger than
+the GPUs): every layer's dense part (attention, router, shared expert) on the GPUs, every routed
+expert in host memory. `--n-cpu-moe N` with N < L keeps only the first N layers' experts on the host:
+the last L - N layers' experts stay on the GPUs (the tuned form of the recipe: as many whole layers of
+experts as the GPU memory left over holds). A layer's GPU and CPU splits run one after another (no overlap); batches
+below 32 tokens compute the experts on the CPU, the activations crossing the link both ways.
+Both: host-resident weights are copied to the GPU Host-resident weights are copied to the GPU
+for an op whose batch is >= GGML_OP_OFFLOAD_MIN_BATCH (32) tokens ("op offload"): the host layers'
+dense weights and the experts the batch uses; smaller batches compute them on the CPU. The scheduler copies
+a split's inputs before running it, so upload and compute are serial here. Its graphs are built and
+run in C, so no per-op Python dispatch is added (cost.dispatch_time applies to PyTorch systems).
+
+LRU expert cache (`--moe-cache-mib`): dense parts on the GPUs, experts on the host, a GPU cache of
+experts (here: as many per layer as Ostinato's hot set, the same bytes), warm-started with that hot
+set. Batches of <= 32 tokens read and fill it: misses are uploaded and inserted, least recently used
+evicted. Batches of > 32 tokens only read it: misses are uploaded for that batch and not inserted.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ostinato.compiler.cost_model import CostModel
+from .policy import Forward, Policy
+
+OP_OFFLOAD_MIN_BATCH = 32     # GGML_OP_OFFLOAD_MIN_BATCH default
+CACHE_FILL_MAX_BATCH = 32     # --moe-cache-mib: batches above this only read the cache
+
+
+class LayerPlacement(Policy):
+    name = "llama.cpp layers"
+
+    def __init__(self, cost: CostModel, gpu_layers: int, kernel=None):
+        """`kernel`: ggml's CPU expert slowdown against Ostinato's (kernels.py; None: the same speed)."""
+        super().__init__(cost.with_host_kernel(kernel) if kernel is not None else cost)
+        self.gpu_layers = gpu_layers
+
+    def _layer(self, l: int, n: int, touched: int, routes: float) -> tuple[float, float, float, float]:
+        """(seconds, gpu experts s, host experts s, upload s) of layer l."""
+        c = self.cost
+        if l < self.gpu_layers:
+            g = c.gpu_experts_time(touched, routes)
+            return c.attention_time(l, n) + g, g, 0.0, 0.0
+        if n >= OP_OFFLOAD_MIN_BATCH and not c.hw.cpu_only:  # op offload: weights cross, then the GPU computes
+            u = c.upload_time(touched, extra_bytes=c.layers[l].dense_bytes)
+            g = c.gpu_experts_time(touched, routes)
+            return u + c.attention_time(l, n) + g, g, 0.0, u
+        h = c.host_experts_time(touched, routes)
+        return c.attention_time(l, n, on_host=True) + h, 0.0, h, 0.0
+
+    def prefill(self, counts: np.ndarray, n: int) -> Forward:
+        parts = np.array([self._layer(l, n, int((counts[l] > 0).sum()), float(counts[l].sum()))
+                          for l in range(self.L)])
+        mode = "offload" if n >= OP_OFFLOAD_MIN_BATCH and self.gpu_layers < self.L and not self.cost.hw.cpu_only \
+            else "layers"
+        up = int(sum((counts[l] > 0).sum() for l in range(self.gpu_layers, self.L))) if mode == "offload" else 0
+        return Forward(parts[:, 0].sum() + self.cost.forward_overheads(n, False), *parts[:, 1:].sum(0), mode, up)
+
+    def decode(self, ids: np.ndarray) -> tuple[np.ndarray, Forward]:
+        parts = np.array([self._layer(l, 1, self.k, self.k) for l in range(self.L)]).sum(0)
+        step = parts[0] + self.cost.forward_overheads(1, decode=True)   # routing does not change the step
+        T = ids.shape[0]
+        return np.full(T, step), Forward(step * T, parts[1] * T, parts[2] * T, 0.0, "decode")
+
+
+class CpuExperts(Policy):
+    name = "llama.cpp CPU experts"
+
+    def __init__(self, cost: CostModel, kernel=None, n_cpu_moe: int | None = None):
+        """`kernel`: ggml's CPU expert slowdown against Ostinato's (kernels.py; None: the same speed);
+        `n_cpu_moe`: `--n-cpu-moe N`, the leading layers whose experts stay on the host (None: all)."""
+        super().__init__(cost.with_host_kernel(kernel) if kernel is not None else cost)
+        self.n_cpu_moe = self.L if n_cpu_moe is None else max(0, min(n_cpu_moe, self.L))
+        if self.n_cpu_moe < self.L:
+            self.name = f"llama.cpp --n-cpu-moe {self.n_cpu_moe}"
+
+    def _layer(self, l: int, n: int, touched: int, routes: float) -> tuple[float, float, float, float]:
+        """(seconds, gpu experts s, host experts s, upload s) of layer l: its dense part on the GPU, then
+        its experts on the host, or (op offload) uploaded and computed on the GPU, or (a layer past
+        --n-cpu-moe) computed where they live, on the GPU."""
+        c = self.cost
+        if l >= self.n_cpu_moe:
+            g = c.gpu_experts_time(touched, routes)
+            return c.attention_time(l, n) + g, g, 0.0, 0.0
+        if n >= OP_OFFLOAD_MIN_BATCH:
+            u, g = c.upload_time(touched), c.gpu_experts_time(touched, routes)
+            return c.attention_time(l, n) + u + g, g, 0.0, u
+        h = c.cpu_experts_time(n, touched, routes)
+        return c.attention_time(l, n) + h, 0.0, h, 0.0
+
+    def prefill(self, counts: np.ndarray, n: int) -> Forward:
+        parts = np.array([self._layer(l, n, int((counts[l] > 0).sum()), float(counts[l].sum()))
+                          for l in range(self.L)])
+        mode = "offload" if n >= OP_OFFLOAD_MIN_BATCH else "cpu"
+        up = int((counts[:self.n_cpu_moe] > 0).sum()) if mode == "offload" else 0
+        return Forward(parts[:, 0].sum() + self.cost.forward_overheads(n, False), *parts[:, 1:].sum(0), mode, up)
+
+    def decode(self, ids: np.ndarray) -> tuple[np.ndarray, Forward]:
+        parts = np.array([self._layer(l, 1, self.k, self.k) for l in range(self.L)]).sum(0)
+        step = parts[0] + self.cost.forward_overheads(1, decode=True)   # every step: k experts per layer on the host
+        T = ids.shape[0]
+        return np.full(T, step), Forward(step * T, parts[1] * T, parts[2] * T, 0.0, "decode")
+
+
+def layers_that_fit(layer_bytes: list[int], expert_bytes: int, n_experts: int, budgets: list[int]) -> int:
+    """How many leading layers fit whole (dense + all experts) into the GPUs' budgets, filled in order."""
+    g, left, n = 0, list(budgets), 0
+    for size in (b + n_experts * expert_bytes for b in layer_bytes):
+        while g < len(left) and left[g] < size:
+            g += 1
+        if g == len(left):
+            break
+        left[g] -= size
+        n += 1
+    return n
+
+
+class LruCache(Policy):
+    name = "llama.cpp LRU cache"
+
+    def __init__(self, cost: CostModel, warm: np.ndarray, capacity: np.ndarray | None = None):
+        super().__init__(cost)
+        self.warm = warm                                         # [L, E] bool: the cache's starting content
+        self.cap = capacity if capacity is not None else warm.sum(axis=1)   # [L]
+        self.reset()
+
+    def reset(self) -> None:
+        self.cached = self.warm.copy()                           # [L, E]
+        self.last = np.where(self.warm, 0, -1).astype(np.int64)  # [L, E] time of last fill/use
+        self.clock = 1
+
+    def _touch(self, used: np.ndarray) -> None:
+        """Refresh hits and insert misses of a filling batch, then evict the least recently used."""
+        self.last[used] = self.clock
+        self.cached |= used
+        self.clock += 1
+        over = self.cached.sum(axis=1) - self.cap
+        while (over > 0).any():
+            rows = np.flatnonzero(over > 0)
+            victim = np.where(self.cached[rows], self.last[rows], np.iinfo(np.int64).max).argmin(axis=1)
+            self.cached[rows, victim] = False
+            over[rows] -= 1
+
+    def prefill(self, counts: np.ndarray, n: int) -> Forward:
+        c = self.cost
+        used = counts > 0
+        miss = used & ~self.cached
+        total = g_sum = u_sum = 0.0
+        for l in range(self.L):
+            g = c.gpu_experts_time(float(used[l].sum()), float(counts[l].sum()))
+            u = c.upload_time(float(miss[l].sum()))
+            total += u + c.attention_time(l, n) + g
+            g_sum, u_sum = g_sum + g, u_sum + u
+        if n <= CACHE_FILL_MAX_BATCH:
+            self._touch(used)
+        mode = "fill" if n <= CACHE_FILL_MAX_BATCH else "read"
+        return Forward(total + c.forward_overheads(n, False), g_sum, 0.0, u_sum, mode, int(miss.sum()))
+
+    def decode(self, ids: np.ndarray) -> tuple[np.ndarray, Forward]:
+        c, T, L, k = self.cost, *ids.shape
+        base = sum(c.attention_time(l, 1) + c.gpu_experts_time(k, k) for l in range(L)) + c.forward_overheads(1, True)
+        per_miss, lat = c.expert_bytes / c.hw.link.h2d_bandwidth, c.hw.link.latency_s
+        rows = np.arange(L)[:, None]
+        steps, uploaded = np.empty(T), 0
+        for t in range(T):
+            used = np.zeros_like(self.cached)
+            used[rows, ids[t]] = True
+            misses = (used & ~self.cached).sum(axis=1)                # [L]
+            steps[t] = base + (misses * per_miss + (misses > 0) * lat).sum()
+            uploaded += int(misses.sum())
+            self._touch(used)
+        g = T * L * c.gpu_experts_time(k, k)
+        return steps, Forward(float(steps.sum()), g, 0.0, float(steps.sum() - T * base), "decode", uploaded)

@@ -1,0 +1,91 @@
+"""ostinato-calibrate: measure this host's CPU expert rates and write them into a hardware spec.
+
+The cost model prices cold experts with the host's `expert_read_bandwidth` (packed MXFP4 bytes/s at
+1 token per expert: decode and short prefills) and `expert_flops` (FLOP/s at 64 tokens per expert:
+long prefills); without them it falls back to the spec's DRAM bandwidth and matmul rate, which the
+kernel does not reach. This builds the project's CPU kernel for this CPU at DeepSeek-V4-Flash's expert
+shape, has the runtime time it (python -m ostinato.runtime.kernel_rates, a separate process) and
+writes BASE with the host's fields replaced by what was measured:
+
+    ostinato-calibrate rtx4090d-x4 build/my-box.yaml      # a preset, or a spec file
+    ostinato-compile MODEL plan.yaml --hardware build/my-box.yaml
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from ostinato.cli.common import InputError, check_output_file, refuse
+from ostinato.hardware import HardwareError, load_hardware
+from ostinato.host import cpu_model, usable_cores
+from ostinato.yaml_files import dump_yaml
+
+from ..codegen.kernels import build_cpu_experts, host_cpu_params
+
+D, I = 4096, 2048   # DeepSeek-V4-Flash's expert: hidden 4096, width 2048
+ROUTED = 6          # experts per timed call at 1 token (runtime/kernel_rates.py)
+
+
+def parse_args(argv):
+    ap = argparse.ArgumentParser(prog="ostinato-calibrate", description=__doc__.splitlines()[0])
+    ap.add_argument("base", help="hardware spec to start from: a preset name or a YAML file")
+    ap.add_argument("out", type=Path, help="the calibrated spec to write")
+    ap.add_argument("--threads", type=int, default=usable_cores(), help="kernel threads (default: this process's cores)")
+    ap.add_argument("--experts", type=int, default=48, help="distinct experts cycled through (48: 640 MB)")
+    ap.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16", help="activations (bfloat16)")
+    ap.add_argument("--rounds", type=int, default=3, help="best of this many rounds (3)")
+    a = ap.parse_args(argv)
+    if a.experts < 2 * ROUTED:
+        ap.error(f"--experts must be at least {2 * ROUTED}, got {a.experts}")
+    for name in ("threads", "rounds"):
+        if getattr(a, name) <= 0:
+            ap.error(f"--{name} must be positive, got {getattr(a, name)}")
+    return a
+
+
+def rate(x: float) -> float:
+    """3 significant digits: the rounds' noise is larger than that."""
+    return float(f"{x:.3g}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse_args(argv)
+    try:
+        base = load_hardware(a.base)
+        check_output_file(a.out, "OUT")
+    except (HardwareError, InputError) as e:
+        return refuse("ostinato-calibrate", e)
+    kernel = build_cpu_experts(host_cpu_params(D, I)).path
+    cmd = [sys.executable, "-m", "ostinato.runtime.kernel_rates", str(kernel), "--d", str(D), "--i", str(I),
+           "--threads", str(a.threads), "--experts", str(a.experts), "--dtype", a.dtype, "--rounds", str(a.rounds)]
+    print(f"ostinato-calibrate: timing the CPU expert kernel ({a.experts} experts, {a.threads} threads, "
+          f"{a.rounds} rounds)...", file=sys.stderr, flush=True)
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        print(done.stderr, file=sys.stderr)
+        print(f"ostinato-calibrate: timing the kernel failed (exit {done.returncode})", file=sys.stderr)
+        return 1
+    m = json.loads(done.stdout.strip().splitlines()[-1])
+    note = (f"ostinato-calibrate on {cpu_model()} ({m['isa']}), {m['threads']} threads, {a.dtype} activations, "
+            f"{datetime.date.today().isoformat()}: read {m['read_bandwidth'] / 1e9:.1f} GB/s; kernel "
+            f"{m['expert_read_bandwidth'] / 1e9:.1f} GB/s at 1 token ({m['expert_read_bandwidth'] / m['read_bandwidth']:.2f} "
+            f"of read), {m['expert_flops'] / 1e9:.0f} GFLOP/s at {m['batch']} tokens")
+    host = base.host.replace(cores=m["threads"], isa=m["isa"], bandwidth=rate(m["read_bandwidth"]),
+                             expert_read_bandwidth=rate(m["expert_read_bandwidth"]),
+                             expert_flops=rate(m["expert_flops"]), calibration=note)
+    spec = base.replace(name=f"{base.name}-calibrated", host=host)
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    a.out.write_text(f"# {base.name} with this host's CPU expert rates, measured by {note}\n"
+                     + dump_yaml(spec.model_dump(mode="json", exclude_none=True)))
+    print(note)
+    print(f"wrote {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

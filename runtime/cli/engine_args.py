@@ -1,0 +1,51 @@
+"""The options that load a plan's engine, shared by ostinato-run and ostinato-serve: one spelling, one loader."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+import torch
+
+DTYPES = {None: None, "float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def add_engine_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("plan", type=Path, help="plan.yaml")
+    p.add_argument("--model", type=Path, help="checkpoint directory, when it moved since compile (default: the "
+                                              "plan's model.path, relative to the plan file)")
+    p.add_argument("--device", choices=("cpu", "cuda"), help="cpu maps every planned GPU to the CPU; cuda requires "
+                                                             "CUDA (default: cuda when available, else cpu)")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"),
+                   help="compute dtype (default: the plan's model.dense_format); another one only with --device cpu")
+    p.add_argument("--hot-backend", choices=("cpu", "torch", "triton"),
+                   help="hot-expert compute: triton (default on GPUs), cpu (the plan's CPU expert kernel; default on "
+                        "the CPU) or torch (the dequantize-and-matmul reference)")
+    p.add_argument("--decode", choices=("graph", "eager", "dynamic"), default="graph",
+                   help="decode steps: graph = the fixed-shape step, one CUDA graph per GPU (eager on the CPU); "
+                        "eager = that step without graphs; dynamic = the model's own forward (growing cache)")
+
+
+def _decode_label(mode: str, engine) -> str:
+    if mode == "graph" and not any(d.type == "cuda" for d in engine.devices):
+        return "graph step, run eagerly (no GPU)"
+    return {"graph": "CUDA graph per GPU", "eager": "fixed-shape step, eager", "dynamic": "dynamic forward"}[mode]
+
+
+def load_engine_from_args(a: argparse.Namespace):
+    """The engine the options ask for, with its one-line summary printed. Raises PlanError / CheckpointError."""
+    if a.hot_backend == "triton" and (a.device == "cpu" or not torch.cuda.is_available()):
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # before Triton is first imported
+    from ..engine.loader import load_engine
+    from ..engine.resident import resident, resident_line
+
+    engine = load_engine(a.plan, a.model, a.device, DTYPES[a.dtype], a.hot_backend,
+                         static_decode=a.decode != "dynamic", decode_graphs=a.decode == "graph",
+                         progress=None)  # a bar on a terminal's stderr
+    print(f"plan {a.plan}: {engine.plan.model.layers} layers on {engine.plan.hardware.name} "
+          f"(devices: {', '.join(sorted({str(d) for d in engine.devices}))}), "
+          f"prefill threshold {engine.plan.policy.prefill_threshold}, decode: {_decode_label(a.decode, engine)}, "
+          f"{engine.cpu_threads.describe()}")
+    print(resident_line(resident(), engine.plan, engine.devices), flush=True)
+    return engine

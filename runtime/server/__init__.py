@@ -1,1 +1,0 @@
-"""The OpenAI-compatible server for agents: chat encoding, DSML tool calls, prefix-cached sessions."""

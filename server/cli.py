@@ -1,0 +1,74 @@
+"""ostinato-serve: load a plan and serve it to agents over HTTP (OpenAI-compatible API)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from ostinato.checkpoint import CheckpointError
+from ostinato.cli.common import refuse
+from ostinato.plan import PlanError
+from ostinato.runtime.cli.engine_args import add_engine_args, load_engine_from_args
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(
+        prog="ostinato-serve",
+        description="Serve a plan from ostinato-compile to agents: the OpenAI chat-completions and completions "
+                    "APIs, DSV4 tool calls, prefix-cached sessions.")
+    add_engine_args(p)
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (127.0.0.1: loopback only)")
+    p.add_argument("--port", type=int, default=8000, help="port (8000)")
+    p.add_argument("--api-key", help="require 'Authorization: Bearer KEY'")
+    p.add_argument("--cache-sessions", type=int, default=4, help="cached sessions kept (LRU, 4)")
+    p.add_argument("--max-queue", type=int, default=16,
+                   help="requests that may wait for the engine; more are answered 503 + Retry-After (16)")
+    p.add_argument("--session-dir", type=Path,
+                   help="keep cached sessions' KV caches in this folder, so they survive a restart "
+                        "(written when evicted, when idle and at stop)")
+    p.add_argument("--session-dir-bytes", type=int, default=8 << 30,
+                   help="bound of --session-dir; least recently used files are deleted (8 GiB)")
+    p.add_argument("--session-idle", type=float, default=10.0,
+                   help="seconds without a request after which changed sessions are written (10)")
+    a = p.parse_args(argv)
+    for name in ("cache_sessions", "max_queue", "session_dir_bytes", "session_idle"):
+        if getattr(a, name) <= 0:
+            p.error(f"--{name.replace('_', '-')} must be positive, got {getattr(a, name)}")
+    if not 0 <= a.port <= 65535:
+        p.error(f"--port must be in 0..65535, got {a.port}")
+    return a
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse_args(argv)
+    try:
+        engine = load_engine_from_args(a)
+    except (PlanError, CheckpointError) as e:
+        return refuse("ostinato-serve", e)
+    serve(engine, engine.model_dir, a)
+    return 0
+
+
+def serve(engine, model_dir: Path, a) -> None:
+    import uvicorn
+    from tokenizers import Tokenizer
+
+    from .app import create_app
+
+    tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    store = None
+    if a.session_dir is not None:
+        from .session_store import SessionStore, engine_identity
+
+        store = SessionStore(a.session_dir, engine_identity(engine), a.session_dir_bytes, a.session_idle)
+        print(f"session store {a.session_dir}: {len(store)} sessions, {store.bytes} bytes "
+              f"(bound {a.session_dir_bytes})", flush=True)
+    app = create_app(engine, tok, model_dir.name, api_key=a.api_key, cache_sessions=a.cache_sessions,
+                     max_queue=a.max_queue, session_store=store)
+    print(f"serving model {model_dir.name!r} on http://{a.host}:{a.port}/v1", flush=True)
+    uvicorn.run(app, host=a.host, port=a.port, log_level="warning")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,141 @@
+"""POST /v1/completions: the OpenAI completions API over raw prompts, text or token ids.
+
+An agent harness or a benchmark that keeps its own token ids sends them as `prompt: [ids]` (the OpenAI
+API accepts a token array) and asks for the generated ids back with `return_token_ids: true` (the same
+extension vLLM has): `choices[0].token_ids`, `prompt_token_ids`, and in a stream each chunk's ids.
+bench/llama_cpp_side_by_side.py replays agent sessions through it token for token.
+Every field is either honoured or refused with a 400 naming it (OpenAI refuses unknown parameters).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from tokenizers.decoders import DecodeStream
+
+from .errors import APIError
+from .events import ClientGone, next_event
+from .fields import COMPLETIONS, check_fields, flag
+from .logprobs import legacy
+from .sampling import Sampling
+from .stop import StopMatcher, stop_sequences
+from .worker import Job
+
+
+def _prompt_ids(prompt, tok, vocab: int) -> list[int]:
+    if isinstance(prompt, str):
+        return tok.encode(prompt, add_special_tokens=False).ids
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        return _prompt_ids(prompt[0], tok, vocab)          # a batch of one prompt
+    if isinstance(prompt, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in prompt):
+        bad = [i for i in prompt if not 0 <= i < vocab]
+        if bad:
+            raise APIError(400, f"prompt token ids must be in [0, {vocab}); got {bad[:5]}", "prompt")
+        return list(prompt)
+    raise APIError(400, "prompt must be a string, a list of token ids, or a list holding one of them "
+                        "(batches of several prompts are not supported)", "prompt")
+
+
+class TextReply:
+    """Generated ids -> completion text, on the engine thread (worker.Job.watch): decoded incrementally
+    (special tokens kept) and cut at the first stop sequence, which ends generation on that token."""
+
+    def __init__(self, tokenizer, stops: tuple[str, ...]):
+        self.tok, self.decoder, self.stop = tokenizer, DecodeStream(skip_special_tokens=False), StopMatcher(stops)
+        self.decoded = 0  # characters decoded so far, stop sequences or not: the next token's text_offset
+
+    def feed(self, token: int) -> tuple[tuple[str, int], bool]:
+        """((text released now, this token's text_offset), stop generating?)"""
+        offset, piece = self.decoded, self.decoder.step(self.tok, token) or ""
+        self.decoded += len(piece)
+        text, hit = self.stop.feed(piece)
+        return (text, offset), hit
+
+    def finish(self) -> str:
+        return self.stop.flush()
+
+
+class Completions:
+    """The /v1/completions handler over a Server (app.py): its auth, checks, worker and metrics."""
+
+    def __init__(self, server):
+        self.s = server
+
+    def job(self, body: dict, emit) -> tuple[Job, TextReply]:
+        s = self.s
+        check_fields(body, COMPLETIONS)
+        s.check_model(body)
+        if body.get("prompt") in (None, "", []):
+            raise APIError(400, "prompt is required and must not be empty", "prompt")
+        vocab = s.engine.model.config.vocab_size
+        ids = _prompt_ids(body["prompt"], s.tok, vocab)
+        sampling = Sampling.from_body(body, vocab, legacy=True)  # logprobs: the legacy int 0..5
+        flag(body, "return_token_ids", False)
+        reply = TextReply(s.tok, stop_sequences(body))
+        return Job(ids, s.max_tokens(body, len(ids), "prompt"), emit, sampling, watch=reply.feed), reply
+
+    async def handle(self, request: Request):
+        s = self.s
+        got = await s.accept(request, self.job)
+        if isinstance(got, Response):
+            return got
+        body, job, reply, events = got
+        meta = {"id": "cmpl-" + uuid.uuid4().hex[:24], "object": "text_completion", "created": int(time.time()),
+                "model": s.model_name}
+        ids_too = bool(body.get("return_token_ids"))
+        if body.get("stream"):
+            usage = bool((body.get("stream_options") or {}).get("include_usage"))
+            return StreamingResponse(self._stream(job, reply, events, meta, ids_too, usage),
+                                     media_type="text/event-stream")
+        return await self._whole(job, reply, events, meta, ids_too, request)
+
+    async def _whole(self, job: Job, reply: TextReply, events: asyncio.Queue, meta: dict, ids_too: bool,
+                     request: Request):
+        text, ids, picks, offsets = [], [], [], []
+        try:
+            while (ev := await next_event(events, request, job))[0] == "token":
+                ids.append(ev[1])
+                picks.append(ev[2])
+                text.append(ev[3][0])
+                offsets.append(ev[3][1])
+        except ClientGone:
+            return Response(status_code=499)  # nobody reads it: the client left
+        finally:
+            job.cancel.set()  # a no-op when finished; stops the worker if this handler was cancelled
+        if ev[0] == "error":
+            return APIError(500, ev[1], None, "engine_error", "server_error").response()
+        text.append(reply.finish())
+        lp = legacy(self.s.tok, picks, offsets) if job.sampling.logprobs else None
+        choice = {"index": 0, "text": "".join(text), "logprobs": lp, "finish_reason": ev[1]}
+        extra = {"prompt_token_ids": job.ids} if ids_too else {}
+        if ids_too:
+            choice["token_ids"] = ids
+        return JSONResponse({**meta, **extra, "choices": [choice], "usage": self.s.usage(job, len(ids), ev[2])})
+
+    async def _stream(self, job: Job, reply: TextReply, events: asyncio.Queue, meta: dict, ids_too: bool,
+                      include_usage: bool):
+        def chunk(text: str, reason=None, ids=None, lp=None) -> str:
+            choice = {"index": 0, "text": text, "logprobs": lp, "finish_reason": reason}
+            if ids_too and ids is not None:
+                choice["token_ids"] = ids
+            return "data: " + json.dumps({**meta, "choices": [choice]}) + "\n\n"
+        n = 0
+        try:
+            while (ev := await events.get())[0] == "token":
+                n += 1
+                lp = legacy(self.s.tok, [ev[2]], [ev[3][1]]) if job.sampling.logprobs else None
+                yield chunk(ev[3][0], ids=[ev[1]], lp=lp)
+            if ev[0] == "error":
+                yield APIError(500, ev[1], None, "engine_error", "server_error").sse()  # ends with [DONE]
+                return
+            yield chunk(reply.finish(), ev[1], ids=[])
+            if include_usage:
+                yield "data: " + json.dumps({**meta, "choices": [], "usage": self.s.usage(job, n, ev[2])}) + "\n\n"
+            yield "data: [DONE]\n\n"
+        finally:
+            job.cancel.set()  # client gone (or finished): the worker stops before its next forward
