@@ -1,6 +1,7 @@
 """ostinato-compile as one visible, ordered list of named passes: (model, profile, hardware) -> plan.
 
-  read_model -> read_profile -> read_hardware -> memory -> placement -> cost_model -> kernels -> plan
+  read_model -> read_profile -> read_hardware -> memory -> placement -> cost_model -> buckets -> replan
+  -> policy -> kernels -> plan
 
 Each pass reads what earlier passes put in the `Build` and adds its own result; each is logged.
 Planning reads only config.json, the index and safetensors headers, never weights.
@@ -15,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from ostinato import __version__
-from ostinato.buckets import CAPTURE_RUNS, largest_bucket_for
+from ostinato.buckets import largest_bucket_for
 from ostinato.checkpoint import model_sizes
 from ostinato.checkpoint.config import ModelConfig
 from ostinato.checkpoint.fingerprint import ModelFingerprint, model_fingerprint
@@ -34,6 +35,7 @@ from ostinato.plan import (
     Provenance,
     relative_to_plan,
 )
+from ostinato.validation import SchemaError, validate
 
 from .codegen.plan_kernels import build_plan_kernels
 from .cost_model import MAX_BUCKET, CostModel, LayerCostInputs
@@ -84,7 +86,9 @@ class Build:
     placement: Placement | None = None
     cost: CostModel | None = None
     threshold: int | None = None
-    bucket_limit: int | None = None  # reserve for buckets up to this (a second pass, see compile_plan)
+    bucket_reserve: int | None = None  # the largest bucket whose graph pool the memory pass reserves
+    buckets: list[int] = field(default_factory=list)       # the plan's prefill buckets, ascending
+    execution: Policy | None = None                        # the plan's policy (validated by the schema)
     kernels: list = field(default_factory=list)
     templates: dict = field(default_factory=dict)
     notes: list = field(default_factory=list)
@@ -149,9 +153,11 @@ def max_bucket(o: CompileOptions, hw: HardwareSpec) -> int:
 
 def memory(b: Build) -> None:
     o, cfg, hw = b.options, b.config, b.hardware
+    if b.bucket_reserve is None:  # first time: room for the largest bucket the plan may get
+        b.bucket_reserve = max_bucket(o, hw)
     b.policy = MemoryPolicy(context=o.context, sessions=o.sessions, prefill_chunk=o.prefill_chunk,
                             upload_group=o.upload_group, snapshots=o.snapshots, dense_format=dense_format(o, hw),
-                            max_bucket=max_bucket(o, hw) if b.bucket_limit is None else b.bucket_limit)
+                            max_bucket=b.bucket_reserve)
     expert = model_sizes(cfg).expert_bytes
     b.layer_bytes = [layer_resident_bytes(cfg, l, b.policy) for l in range(cfg.n_layers)]
     G = hw.gpus.count
@@ -160,6 +166,22 @@ def memory(b: Build) -> None:
 
 
 def placement(b: Build) -> None:
+    """The hot sets and the layer split. When only the buckets' graph pool keeps the plan from fitting,
+    the plan goes without bucket steps (user-given buckets are never dropped): memory again, reserve 0."""
+    try:
+        _place(b)
+    except CompileError:
+        if not b.bucket_reserve or b.options.prefill_buckets is not None:
+            raise
+        b.notes.append(f"no room for the prefill buckets' graph pool ({b.bucket_reserve} tokens): "
+                       f"planned without bucket steps")
+        log.info("pass placement: no room for a %d-token bucket pool, planning without buckets", b.bucket_reserve)
+        b.bucket_reserve = 0
+        memory(b)
+        _place(b)
+
+
+def _place(b: Build) -> None:
     cfg, hw = b.config, b.hardware
     expert = model_sizes(cfg).expert_bytes
     counts = b.profile.phase_counts(b.options.objective_phases).numpy()
@@ -218,16 +240,42 @@ def cost_model(b: Build) -> None:
     b.cost = CostModel(cfg, b.hardware, layers, model_sizes(cfg).expert_bytes, head, b.options.context,
                        b.options.prefill_chunk)
     b.threshold = b.cost.crossover()
+
+
+def buckets(b: Build) -> None:
+    """The prefill buckets: the given ones, else the cost model's choice within the memory reserve. The
+    rule they follow is the plan schema's (checked by the policy pass)."""
     o = b.options
     if o.prefill_buckets is None:
-        b.cost.buckets = b.cost.choose_buckets(b.threshold, o.context, b.policy.max_bucket)
+        b.buckets = b.cost.choose_buckets(b.threshold, o.context, b.bucket_reserve)
     else:
-        bad = [T for T in o.prefill_buckets if T < 2 or T & (T - 1) or T > largest_bucket_for(o.context)]
-        if bad:
-            raise CompileError(f"prefill bucket {bad[0]}: buckets are powers of two from 2 up to context / 3 "
-                               f"({largest_bucket_for(o.context)}: a step's warm-up and capture take "
-                               f"{CAPTURE_RUNS} of them)")
-        b.cost.buckets = sorted(set(o.prefill_buckets))
+        b.buckets = sorted(set(o.prefill_buckets))
+
+
+def replan(b: Build) -> None:
+    """The memory pass reserved the graph pool for the largest bucket the cost model might keep; when it
+    kept smaller ones, plan again with that reserve (more room for hot experts) and buckets at most as
+    large. Once: the new placement only lowers the prefill times."""
+    chosen = max(b.buckets, default=0)
+    if chosen >= b.bucket_reserve:
+        return
+    b.bucket_reserve = chosen
+    for again in (memory, placement, cost_model, buckets):
+        log.info("pass replan: %s (bucket reserve %d tokens)", again.__name__, b.bucket_reserve)
+        again(b)
+
+
+def policy(b: Build) -> None:
+    """The plan's execution policy, validated by the plan schema before any kernel is built."""
+    cfg, hw, o = b.config, b.hardware, b.options
+    try:
+        b.execution = validate(Policy, dict(
+            context=o.context, sessions=o.sessions, prefill_threshold=b.threshold, prefill_chunk=o.prefill_chunk,
+            upload_group=o.upload_group, snapshots=o.snapshots, decode_graph_routes=cfg.num_experts_per_tok,
+            prefill_buckets=list(b.buckets), cpu_threads=hw.host.cores, objective_phases=list(o.objective_phases)),
+            "the plan's policy")
+    except SchemaError as e:
+        raise CompileError(str(e)) from None
 
 
 def kernels(b: Build) -> None:
@@ -276,41 +324,21 @@ def plan(b: Build) -> None:
         hardware=hw,
         memory=memory_rows,
         layers=layer_rows,
-        policy=Policy(context=o.context, sessions=o.sessions, prefill_threshold=b.threshold,
-                      prefill_chunk=o.prefill_chunk, upload_group=o.upload_group, snapshots=o.snapshots,
-                      decode_graph_routes=cfg.num_experts_per_tok, prefill_buckets=list(b.cost.buckets),
-                      cpu_threads=hw.host.cores,
-                      objective_phases=list(o.objective_phases)),
+        policy=b.execution,
         kernels=b.kernels,
         predictions=_predictions(b),
     ).located_at(Path(o.output).resolve().parent)
 
 
-PASSES = (read_model, read_profile, read_hardware, memory, placement, cost_model, kernels, plan)
+PASSES = (read_model, read_profile, read_hardware, memory, placement, cost_model, buckets, replan, policy,
+          kernels, plan)
 
 
 def compile_plan(options: CompileOptions) -> Build:
     b = Build(options)
     for p in PASSES:
         log.info("pass %s", p.__name__)
-        try:
-            p(b)
-        except CompileError:
-            if p is not placement or not b.policy.max_bucket or options.prefill_buckets is not None:
-                raise
-            # the buckets' graph pool was the last straw: plan without buckets (an error still stands)
-            b.notes.append(f"no room for the prefill buckets' graph pool ({b.policy.max_bucket} tokens): "
-                           f"planned without bucket steps")
-            b.bucket_limit = 0
-            memory(b), placement(b)
-        if p is cost_model and max(b.cost.buckets, default=0) < b.policy.max_bucket:
-            # The memory pass reserved the graph pool for the largest bucket the cost model might keep;
-            # it kept smaller ones: plan again with that reserve (more room for hot experts), buckets at
-            # most as large. One extra pass: the new placement only lowers the prefill times.
-            b.bucket_limit = max(b.cost.buckets, default=0)
-            for again in PASSES[PASSES.index(memory):PASSES.index(cost_model) + 1]:
-                log.info("pass %s (bucket reserve %d tokens)", again.__name__, b.bucket_limit)
-                again(b)
+        p(b)
     return b
 
 
@@ -343,11 +371,11 @@ def _predictions(b: Build) -> Predictions:
     turns = []
     for n in PREDICTED_TURNS:
         split, upload = c.split_prefill(n), c.upload_prefill(n)
-        bucket = c.bucket_prefill(n) if c.buckets and n <= c.buckets[-1] else None
+        bucket = c.bucket_prefill(n, b.buckets) if b.buckets and n <= b.buckets[-1] else None
         mode = "bucket" if bucket is not None else "upload" if t is not None and n > t else "split"
         turns.append(PrefillPrediction(tokens=n, mode=mode, bucket_ms=None if bucket is None else _round(bucket * 1e3),
                                        split_ms=_round(split * 1e3), upload_ms=_round(upload * 1e3),
-                                       wait_ms=_round((c.prefill(n, t) + decode) * 1e3)))
+                                       wait_ms=_round((c.prefill(n, t, b.buckets) + decode) * 1e3)))
     shares = {}
     for phase in PHASES:
         counts = b.profile.phase_counts((phase,))

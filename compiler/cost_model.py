@@ -74,7 +74,6 @@ class CostModel:
         self.cfg, self.hw, self.layers = cfg, hw, layers
         self.expert_bytes, self.head_bytes, self.context = expert_bytes, head_bytes, context
         self.prefill_chunk = prefill_chunk
-        self.buckets: list[int] = []  # the plan's prefill buckets (set after choose_buckets)
         self.host_slowdown = None     # tokens per expert -> another kernel's time over ours (with_host_kernel)
         self.eager_ops_per_layer = EAGER_OPS_PER_LAYER
         k = cfg.num_experts_per_tok
@@ -221,10 +220,10 @@ class CostModel:
         """The dynamic model's forward: split-route up to the threshold, upload-once above it."""
         return self.upload_prefill(n) if threshold is not None and n > threshold else self.split_prefill(n)
 
-    def prefill(self, n: int, threshold: int | None) -> float:
-        """The plan's choice: bucket steps up to the largest bucket, then eager_prefill."""
-        if self.buckets and 0 < n <= self.buckets[-1]:
-            return self.bucket_prefill(n)
+    def prefill(self, n: int, threshold: int | None, buckets: list[int]) -> float:
+        """The plan's choice: bucket steps up to the largest bucket (`buckets` ascending), then eager_prefill."""
+        if buckets and 0 < n <= buckets[-1]:
+            return self.bucket_prefill(n, buckets)
         return self.eager_prefill(n, threshold)
 
     # ----- short prefills as bucket steps -------------------------------------------------------
@@ -241,9 +240,9 @@ class CostModel:
         layers = sum(self.overlap(*self.bucket_layer(l, T)) for l in range(len(self.layers)))
         return float(self.forward_time(layers, T, decode=True, eager=self.decode_is_eager()))
 
-    def bucket_prefill(self, n: int, buckets: list[int] | None = None) -> float:
-        """n tokens as the steps bucket_pieces picks (default: the plan's buckets)."""
-        return sum(self.bucket_step(T) for T in bucket_pieces(n, self.buckets if buckets is None else buckets))
+    def bucket_prefill(self, n: int, buckets: list[int]) -> float:
+        """n tokens as the steps bucket_pieces picks from `buckets`."""
+        return sum(self.bucket_step(T) for T in bucket_pieces(n, buckets))
 
     def crossover(self, limit: int = 1 << 20) -> int | None:
         """Largest n for which split-route is still at least as fast as upload-once (None: always)."""

@@ -12,6 +12,19 @@ def largest_bucket_for(context: int) -> int:
     return context // CAPTURE_RUNS
 
 
+def bucket_rule_error(buckets: list[int], context: int) -> str | None:
+    """What breaks the buckets rule, or None: ascending distinct powers of two from 2 up to
+    largest_bucket_for(context). The plan schema checks it (ostinato/plan.py Policy)."""
+    limit = largest_bucket_for(context)
+    bad = [T for T in buckets if T < 2 or T & (T - 1) or T > limit]
+    if bad:
+        return (f"prefill bucket {bad[0]}: buckets are powers of two from 2 up to context / {CAPTURE_RUNS} "
+                f"({limit}: a step's warm-up and capture take {CAPTURE_RUNS} of them)")
+    if list(buckets) != sorted(set(buckets)):
+        return f"prefill buckets {list(buckets)}: ascending, each once"
+    return None
+
+
 def bucket_pieces(n: int, buckets: list[int]) -> list[int]:
     """Token counts of the steps that prefill n tokens, largest first: greedy over `buckets` + [1] (the
     decode step), so with power-of-two buckets each size is used at most once (120 = 64 + 32 + 16 + 8)."""

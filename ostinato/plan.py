@@ -1,4 +1,4 @@
-"""plan.yaml: the one contract between the compiler and the runtime (schema version 2).
+"""plan.yaml: the one contract between the compiler and the runtime (schema version 3).
 
 A plan is fully resolved: which GPU runs each layer, which expert ids are resident there, every
 device's bytes by kind, the execution policy, the generated kernels and the cost model's
@@ -21,6 +21,7 @@ from typing import Literal
 
 from pydantic import Field, PrivateAttr, model_validator
 
+from .buckets import bucket_rule_error
 from .hardware import HardwareSpec
 from .validation import Bytes, Count, Index, Name, Record, SchemaError, Sha256, Share, validate
 from .yaml_files import dump_yaml, read_yaml
@@ -109,6 +110,13 @@ class Policy(Record):
                                          # two); prompts up to the largest run as those steps, exactly
     cpu_threads: Count
     objective_phases: list[Phase]
+
+    @model_validator(mode="after")
+    def _buckets_rule(self) -> Policy:
+        error = bucket_rule_error(self.prefill_buckets, self.context)
+        if error:
+            raise ValueError(f"field 'policy.prefill_buckets': {error}")
+        return self
 
 
 class KernelEntry(Record):

@@ -11,7 +11,8 @@ mkdir -p "$out"
 
 echo "== 1. a tiny random DeepSeek-V4 checkpoint in the official format (planted expert popularity)"
 "$bin/ostinato-make-tiny" "$out/tiny" --preset tiny --seed 0 --popularity 1.0 --force --quiet
-"$bin/ostinato-inspect" "$out/tiny" | head -7
+"$bin/ostinato-inspect" "$out/tiny" > "$out/inspect.txt"  # a file, not a pipe: `| head` may close it early
+head -7 "$out/inspect.txt"
 
 echo
 echo "== 2. routing profiles: 8 coding sessions to plan from, 8 others held out (shapes shrunk to fit 2 cores)"

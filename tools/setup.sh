@@ -12,7 +12,28 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 python=${PYTHON:-python3}
 log=.venv/install.log
-run() { "$@" >>"$log" 2>&1 || { cat "$log"; echo "setup failed: $*" >&2; exit 1; }; }
+# What a step is doing, while it does it: its name, then every 15 s the latest thing pip is working on
+# (the full output stays in $log, shown only when something fails), then how long it took.
+say() { echo "setup: $*"; }
+progress() {  # $1: pid of the step
+    while kill -0 "$1" 2>/dev/null; do
+        sleep 15
+        kill -0 "$1" 2>/dev/null || break
+        local now
+        now=$(grep -E '^ *(Collecting|Downloading|Processing|Building|Installing|Successfully)' "$log" | tail -n 1)
+        [ -n "$now" ] && say "  ... ${now# *}"
+    done
+}
+run() {
+    local start=$SECONDS
+    "$@" >>"$log" 2>&1 &
+    local pid=$!
+    progress "$pid" &
+    local ticker=$!
+    wait "$pid" || { kill "$ticker" 2>/dev/null; cat "$log"; echo "setup failed: $*" >&2; exit 1; }
+    kill "$ticker" 2>/dev/null; wait "$ticker" 2>/dev/null || true
+    say "  done in $((SECONDS - start)) s"
+}
 
 # .venv on top of the environment `python` runs in. A Python without ensurepip (uv-made environments,
 # some distro builds) makes it without pip, and pip comes from the wheelhouse (a wheel runs as its own
@@ -64,14 +85,20 @@ if "$python" -c "import torch" 2>/dev/null; then
     [ -x .venv/bin/python ] || reuse_environment
     link_environment
     : >"$log"
+    say "installing Ostinato into .venv on top of $python's environment (output: $log)"
     install_offline
     from="$python's environment"
 else
-    [ -x .venv/bin/python ] || "$python" -m venv .venv
+    [ -x .venv/bin/python ] || { say "making .venv with $("$python" --version)"; "$python" -m venv .venv; }
     : >"$log"
+    say "upgrading pip in .venv (output: $log)"
     run .venv/bin/python -m pip install --upgrade pip
     # Users with GPUs may install the PyTorch build they need into .venv first; else the pinned CPU build.
-    .venv/bin/python -c "import torch" 2>/dev/null || run .venv/bin/python -m pip install torch==2.13.0
+    if ! .venv/bin/python -c "import torch" 2>/dev/null; then
+        say "installing PyTorch (torch==2.13.0, the CPU build; about a minute)"
+        run .venv/bin/python -m pip install torch==2.13.0
+    fi
+    say "installing Ostinato (editable) with its dependencies and test extras (about a minute)"
     run .venv/bin/python -m pip install -e '.[test]'
     from=.venv
 fi

@@ -13,6 +13,7 @@ if ! "$venv/bin/python" -c "import triton, sys; sys.exit(triton.__version__ != '
     [ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
     log=$venv/install.log
     : >"$log"
+    echo "setup: installing triton==$version into $venv (the GPU machine's Triton, for the compile test)"
     "$venv/bin/python" -m pip install "triton==$version" >>"$log" 2>&1 \
         || { cat "$log"; echo "setup failed: pip install triton==$version into $venv" >&2; exit 1; }
 fi

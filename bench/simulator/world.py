@@ -40,7 +40,7 @@ class World:
         L, E = self.hot.shape
         n_cpu_moe = L - int(self.hot.sum()) // E
         kt, ggml = self.kernel("kt-kernel"), self.kernel("ggml")
-        return [Ostinato(cost, self.hot, self.build.threshold, cost.buckets),
+        return [Ostinato(cost, self.hot, self.build.threshold, self.build.buckets),
                 KTransformers(cost, kt_threshold, None, kt), KTransformers(cost, kt_threshold, kt_gpu, kt),
                 LayerPlacement(cost, self.gpu_layers, ggml),
                 CpuExperts(cost, ggml), CpuExperts(cost, ggml, n_cpu_moe), LruCache(cost, self.hot)]
@@ -48,7 +48,7 @@ class World:
 
     def ablations(self) -> list[Policy]:
         cost = self.build.cost
-        return ablations(cost, self.hot, self.build.threshold, cost.buckets, self.kernel("kt-kernel"))
+        return ablations(cost, self.hot, self.build.threshold, self.build.buckets, self.kernel("kt-kernel"))
 
 
 def build_world(model: Path = V4_FLASH, hardware: str = "rtx4090d-x4", profile: str = "synthetic:1.0",

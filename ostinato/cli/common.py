@@ -19,6 +19,15 @@ class InputError(ValueError):
     """A command-line value that cannot work; the message names the option and the value."""
 
 
+def print_output(text: str) -> None:
+    """Print a command's output; a reader that stops early (`| head`) is not an error. stdout then points
+    to /dev/null, so the interpreter's flush at exit does not raise either."""
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
 def refuse(prog: str, error: Exception | str) -> int:
     """Print `prog: error: ...` on one line to stderr; the exit code for refused input."""
     print(f"{prog}: error: {' '.join(str(error).split())}", file=sys.stderr)

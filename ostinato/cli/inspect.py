@@ -15,7 +15,7 @@ from ostinato.checkpoint import CheckpointError, ModelConfig, model_sizes
 from ostinato.checkpoint.reader import INDEX_NAME, SINGLE_NAME, Checkpoint
 from ostinato.checkpoint.tensor_specs import model_specs
 
-from .common import InputError, check_model_dir, refuse
+from .common import InputError, check_model_dir, print_output, refuse
 
 
 def _gb(n: int) -> str:
@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     try:
         check_model_dir(args.directory, "DIRECTORY")
-        print(describe(args.directory, args.tensors))
+        print_output(describe(args.directory, args.tensors))
     except (CheckpointError, InputError) as e:
         return refuse("ostinato-inspect", e)
     return 0

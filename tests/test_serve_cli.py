@@ -1,0 +1,44 @@
+"""ostinato-serve's command line, and `ostinato-run --serve` as its alias for one release (an exec, not an import)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from ostinato.server import cli as serve_cli
+
+
+def test_a_missing_plan_is_refused_by_name(tmp_path, capsys):
+    assert serve_cli.main([str(tmp_path / "nope.yaml"), "--device", "cpu"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("ostinato-serve: error:") and "nope.yaml" in err
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["p.yaml", "--port", "70000"], "--port must be in 0..65535, got 70000"),
+    (["p.yaml", "--max-queue", "0"], "--max-queue must be positive, got 0"),
+    (["p.yaml", "--session-idle", "-1"], "--session-idle must be positive, got -1.0"),
+    ([], "the following arguments are required: plan"),
+])
+def test_usage_errors_exit_2(argv, says, capsys):
+    with pytest.raises(SystemExit) as e:
+        serve_cli.main(argv)
+    assert e.value.code == 2 and says in capsys.readouterr().err
+
+
+def test_run_with_serve_becomes_ostinato_serve_and_says_so(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "ostinato.runtime.cli.run", str(tmp_path / "p.yaml"), "--serve",
+                        "--port", "70000"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2
+    assert "`ostinato-run PLAN --serve` is now `ostinato-serve PLAN`" in r.stderr
+    assert "usage: ostinato-serve" in r.stderr and "--port must be in 0..65535" in r.stderr
+
+
+def test_run_no_longer_takes_server_options(capsys):
+    from ostinato.runtime.cli import run as run_cli
+
+    with pytest.raises(SystemExit) as e:
+        run_cli.main(["p.yaml", "--api-key", "k"])
+    assert e.value.code == 2 and "unrecognized arguments: --api-key" in capsys.readouterr().err
