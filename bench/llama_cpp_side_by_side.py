@@ -3,7 +3,7 @@ the same checkpoint (official DeepSeek-V4 format; llama.cpp reads it through its
 agent sessions, the same client, one server at a time on the same cores.
 
     python -m ostinato.bench.llama_cpp_side_by_side [--checkpoint DIR] [--sessions CSV] [--per-workload 2]
-        [--threads 2] [--readme README.md]
+        [--threads 2] [--doc [FILE]]
 
 Without --checkpoint it writes the `real-vocab` preset (the real DeepSeek-V4 tokenizer, which llama.cpp's
 converter requires, and head_dim != index_head_dim, which its DSV4 loader requires). llama.cpp comes from
@@ -20,7 +20,8 @@ return_tokens, Ostinato's /v1/completions with return_token_ids):
 - top-1 agreement: over positions of a fixed text, the greedy next token given the exact same prefix
   (one token per request, teacher-forced), the share where both systems pick the same token.
 Timings are client-side, through the same HTTP client, for both. Output: a markdown table (and its
-ratios), written to OUT/llama_cpp_side_by_side.md and, with --readme, into the README between markers.
+ratios), written to OUT/llama_cpp_side_by_side.md and, with --doc, into docs/benchmarks.md (or FILE) between
+the markers of this run's checkpoint.
 """
 
 from __future__ import annotations
@@ -44,10 +45,12 @@ from ostinato.host import cpu_model
 from ostinato.plans import plans_dir
 from ostinato.workload import TokenSource, read_sessions, shrink_sessions
 
-# The README keeps one measured table per checkpoint: `--readme` rewrites the block of this run's checkpoint
+# docs/benchmarks.md keeps one measured table per checkpoint: `--doc` rewrites the block of this run's checkpoint
 # (its directory name), between these lines.
-README_BEGIN = "<!-- measured llama.cpp table ({}): written by bench/llama_cpp_side_by_side.py --readme README.md -->"
-README_END = "<!-- end of the measured llama.cpp table ({}) -->"
+DOC = Path("docs/benchmarks.md")  # --doc's default (from the repository root)
+DOC_BEGIN = ("<!-- measured llama.cpp table ({}): written by python -m ostinato.bench.llama_cpp_side_by_side --doc;"
+             " do not edit -->")
+DOC_END = "<!-- end of the measured llama.cpp table ({}) -->"
 LLAMA, OURS = "llama.cpp", "Ostinato"
 
 
@@ -195,7 +198,7 @@ def modeled(ckpt: Path, plan_options: dict, prompt: int, generate: int, kernels:
     world = build_world(build=build, kernels=kernels)
     cost, k = world.build.cost, world.build.config.num_experts_per_tok
     systems = {LLAMA: LayerPlacement(cost, 0, world.kernel("ggml")),
-               OURS: Ostinato(cost, world.hot, world.build.threshold, cost.buckets)}
+               OURS: Ostinato(cost, world.hot, world.build.threshold, world.build.buckets)}
     out = {}
     for name, policy in systems.items():
         trace = TraceSampler(world.shares, k, seed=0)
@@ -240,13 +243,14 @@ def table(res: dict, info: dict) -> str:
     return "\n".join(rows)
 
 
-def readme_with(readme: str, text: str, label: str) -> str:
-    """The README with `label`'s measured block replaced by `text`."""
-    begin, end_line = README_BEGIN.format(label), README_END.format(label)
-    start, end = readme.find(begin), readme.find(end_line)
+def doc_with(doc: str, text: str, label: str) -> str:
+    """The document with `label`'s measured block replaced by `text`."""
+    begin, end_line = DOC_BEGIN.format(label), DOC_END.format(label)
+    start, end = doc.find(begin), doc.find(end_line)
     if start < 0 or end < start:
-        raise SystemExit(f"the README has no '{begin}' ... '{end_line}' block: add one for this checkpoint")
-    return readme[:start + len(begin)] + "\n\n" + text + "\n\n" + readme[end:]
+        raise SystemExit(f"the document has no '{begin}' ... '{end_line}' block: add one for this checkpoint")
+    return doc[:start + len(begin)] + "\n\n" + text + "\n\n" + doc[end:]
+
 
 
 def main(argv=None) -> None:
@@ -271,7 +275,8 @@ def main(argv=None) -> None:
     p.add_argument("--llama-cpp-src", type=Path, help="a llama.cpp source tree (default: the pinned sdist)")
     p.add_argument("--llama-server", type=Path, help="a llama-server binary (default: installed or built)")
     p.add_argument("--out", type=Path, default=Path("build/llama_cpp"))
-    p.add_argument("--readme", type=Path, help="write the table into this README between its markers")
+    p.add_argument("--doc", type=Path, nargs="?", const=DOC, metavar="FILE",
+                   help=f"write the table into FILE (default {DOC}) between this checkpoint's markers")
     p.add_argument("--port", type=int, default=8391)
     p.add_argument("--profile", default="record", help="Ostinato's routing profile: 'record' (record one on other "
                                                        "sessions) or a compile spec such as synthetic:1.0")
@@ -282,6 +287,10 @@ def main(argv=None) -> None:
     p.add_argument("--kernels", type=Path, default=KERNELS_FILE,
                    help="the side-by-side CPU kernel table the modeled rows price llama.cpp's experts with")
     a = p.parse_args(argv)
+    if a.doc and not a.doc.is_file():
+        p.error(f"--doc {a.doc}: no such file (run from the repository root, or name the file)")
+    if a.doc:  # its block for this checkpoint must be there before the run, not found missing after it
+        doc_with(a.doc.read_text(), "", a.checkpoint.name if a.checkpoint else "real-vocab")
     a.out.mkdir(parents=True, exist_ok=True)
 
     src = llama_cpp_build.fetch_source(a.cache, a.llama_cpp_src)
@@ -325,8 +334,8 @@ def main(argv=None) -> None:
     (a.out / "llama_cpp_side_by_side.md").write_text(text + "\n")
     (a.out / "llama_cpp_side_by_side.json").write_text(json.dumps(res, indent=1) + "\n")
     print(text)
-    if a.readme:
-        a.readme.write_text(readme_with(a.readme.read_text(), text, ckpt.name))
+    if a.doc:
+        a.doc.write_text(doc_with(a.doc.read_text(), text, ckpt.name))
 
 
 REPACK_BUG = "GGML_ASSERT(*cur_backend_id != -1)"

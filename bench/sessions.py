@@ -1,13 +1,14 @@
 """Session benchmark: Ostinato against its baselines, MODELED on the paper's workstation (the cost model
 + sampled routing) and MEASURED here (the real engine on the CPU, tiny model, plan variants).
 
-    python -m ostinato.bench.sessions [--sessions FILE] [--per-workload N] [--skip-measured]
+    python -m ostinato.bench.sessions [--sessions FILE] [--per-workload N] [--skip-measured] [--doc [FILE]]
 
 --sessions: any workload CSV (plans/workloads/README.md; default: the shipped agent_turns.csv); its
 sessions are grouped by workload (the shipped sources as coding / customer service, any other source
 by its name).
 
-Writes build/bench/{modeled.md, measured.md, *.png}. Ratios only compare systems within one run.
+Writes build/bench/{modeled.md, measured.md, *.png}. Ratios only compare systems within one run. --doc
+rewrites the modeled tables in docs/benchmarks.md (or FILE) and the plot beside it.
 """
 
 from __future__ import annotations
@@ -18,13 +19,15 @@ import sys
 import time
 from pathlib import Path
 
-from ostinato.bench.simulator.bench import README_SESSIONS, readme_with, run_modeled
+from ostinato.bench.simulator.bench import DOC_SESSIONS, doc_with, run_modeled
 from ostinato.bench.simulator.kernels import KERNELS_FILE
 from ostinato.bench.simulator.world import build_world
 from ostinato.plans import plans_dir
 from ostinato.workload import WorkloadError, read_sessions
 
 SHIPPED = plans_dir() / "workloads" / "agent_turns.csv"
+DOC = Path("docs/benchmarks.md")  # --doc's default: the page that shows the modeled tables (from the repository root)
+PLOT = "modeled-wait-vs-coverage.png"  # the plot that page shows, written beside it
 
 
 def main(argv=None) -> int:
@@ -32,15 +35,16 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path, default=Path("build/bench"))
     p.add_argument("--sessions", type=Path, default=SHIPPED,
                    help="workload CSV to replay (default: the shipped agent sessions)")
-    p.add_argument("--per-workload", type=int, default=README_SESSIONS, help="sessions per workload in the modeled tables (6)")
+    p.add_argument("--per-workload", type=int, default=DOC_SESSIONS, help="sessions per workload in the modeled tables (6)")
     p.add_argument("--sweep-sessions", type=int, default=2, help="sessions per workload in the coverage sweep (2)")
     p.add_argument("--coverages", default="0.5,0.7,0.84,0.95")
     p.add_argument("--kernels", default=str(KERNELS_FILE),
                    help="each system's measured CPU kernel times (default: the shipped side-by-side run), or "
                         "'none' to price every system at Ostinato's kernel speed")
     p.add_argument("--skip-measured", action="store_true")
-    p.add_argument("--readme", type=Path, help="rewrite the modeled tables in this README (only with the shipped "
-                                               "sessions, the default --per-workload and --seed)")
+    p.add_argument("--doc", type=Path, nargs="?", const=DOC, metavar="FILE",
+                   help=f"rewrite the modeled tables between their markers in FILE (default {DOC}) and its plot "
+                        "beside it (only with the shipped sessions, the default --per-workload, --seed and --kernels)")
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args(argv)
     try:
@@ -52,10 +56,12 @@ def main(argv=None) -> int:
     kernels = None if a.kernels == "none" else Path(a.kernels)
     if kernels is not None and not kernels.is_file():
         p.error(f"--kernels {kernels}: no such file")
-    if a.readme and (a.sessions.resolve() != SHIPPED.resolve() or a.per_workload != README_SESSIONS or a.seed != 0
-                     or kernels is None or kernels.resolve() != KERNELS_FILE.resolve()):
-        p.error("--readme: the README's tables are those of the shipped sessions with the default "
+    if a.doc and (a.sessions.resolve() != SHIPPED.resolve() or a.per_workload != DOC_SESSIONS or a.seed != 0
+                  or kernels is None or kernels.resolve() != KERNELS_FILE.resolve()):
+        p.error("--doc: the documented tables are those of the shipped sessions with the default "
                 "--per-workload, --seed and --kernels")
+    if a.doc and not a.doc.is_file():
+        p.error(f"--doc {a.doc}: no such file (run from the repository root, or name the file)")
     t0 = time.perf_counter()
     world = build_world(kernels=kernels)
     print(f"MODELED on {world.build.hardware.name} with DeepSeek-V4-Flash sizes; routing: synthetic profile "
@@ -65,11 +71,11 @@ def main(argv=None) -> int:
     report = run_modeled(world, sessions, a.out, a.per_workload, a.sweep_sessions,
                          tuple(float(c) for c in a.coverages.split(",")), max_generated=64, seed=a.seed)
     print(report)
-    if a.readme:
-        a.readme.write_text(readme_with(a.readme.read_text(), report))
-        plot = a.readme.resolve().parent / "docs" / "modeled-wait-vs-coverage.png"  # the README shows this one
+    if a.doc:
+        a.doc.write_text(doc_with(a.doc.read_text(), report))
+        plot = a.doc.resolve().parent / PLOT
         shutil.copyfile(a.out / "modeled_wait_vs_coverage.png", plot)
-        print(f"(rewrote the modeled tables in {a.readme} and its plot {plot})")
+        print(f"(rewrote the modeled tables in {a.doc} and its plot {plot})")
     print(f"(modeled half: {time.perf_counter() - t0:.0f} s; plots: {a.out}/modeled_wait_vs_coverage.png, "
           f"{a.out}/modeled_session_timeline.png)")
     if not a.skip_measured:

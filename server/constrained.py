@@ -1,53 +1,15 @@
-"""Constrained decoding: `response_format` (JSON mode, JSON Schema) and forced DSML tool calls.
+"""Constrained decoding: `response_format` (JSON mode, JSON Schema) and forced DSML tool calls, on llguidance.
 
     factory = constraint_factory(tokenizer)             # once per server: builds the tokenizer bridge
     c = factory({"type": "json_schema", "json_schema": {"name": "x", "schema": {...}}})   # per request
     # per step:  logits = c.mask(logits); tok = pick(logits); c.advance(tok); stop when c.done()
 
-`factory` raises ResponseFormatError (a ValueError; `.param` is "response_format") naming what is wrong
-with the request, e.g. "response_format.json_schema.schema: Unimplemented keys: [\\"not\\"]", and returns
-None for {"type": "text"} (no constraint). `dsml_call_constraint(name_or_None, tools, tokenizer)` makes a
-Constraint whose text is a DeepSeek DSML tool-call block (what dsml.render_tool_calls writes, separator
-included) calling the named tool (or, for tool_choice "required", one or more of `tools`), with each
-parameter in the form its JSON Schema type asks for.
-
-The engine is llguidance (microsoft/llguidance, the Rust engine behind vLLM's and SGLang's "guidance"
-backend), not xgrammar. Facts checked for 1.9.1 vs 0.2.9, Python 3.11, torch 2.13.0+cpu:
-- Install: llguidance is one abi3 wheel (3.1 MB, 7.6 MB installed) whose METADATA has no Requires-Dist
-  at all. xgrammar's wheel is 1.3 MB but Requires-Dist has torch>=1.10.0, transformers>=4.38.0, triton,
-  apache-tvm-ffi>=0.1.11, pydantic, numpy, typing-extensions, and `import xgrammar` imports transformers
-  (checked: it is in sys.modules afterwards, 0.85 s): the server must not. (Its torch bound accepts the
-  pinned 2.13.0, so neither would bring a second torch.)
-- Tokenizer: llguidance takes each id's bytes directly (llguidance.TokenizerWrapper), so the bridge
-  below needs only `tokenizers`; its `llguidance.hf` helper (which imports transformers) is not used.
-- JSON Schema: both cover what OpenAI's strict mode needs (llguidance: anyOf/oneOf/allOf, $ref and
-  $defs, patterns, formats, numeric and length bounds, ...). llguidance reports what it cannot do by name
-  ("Invalid type: nonsense", "Unimplemented keys: [\\"not\\"]", "Pointer '/x' does not exist", a
-  regex error's position), which become the 400 messages. Its Lark front end refers to special tokens
-  by id (`<[7]>`), which the DSML grammar and the thinking prefix need.
-- Speed on V4's real vocabulary (129,280 ids), this 2-core CPU, tests/test_constrained.py's schema:
-  llguidance computes a mask in ~0.2 ms median, ~3-10 ms worst (a state that builds new lexer states),
-  and applying it to the logits takes ~0.3 ms more; a decode step is 10-20 ms. xgrammar, measured the
-  same way from a throwaway install, is faster (~0.01 ms median, 0.12 ms worst: it precomputes
-  per-state token masks at compile time, ~25 ms per schema), but both are far below a decode step, so
-  speed does not decide it. Building the bridge takes ~0.7 s once; a Constraint ~1-2 ms.
-
-Choices:
-- Every added token of the tokenizer (special or not: `<think>`, `｜DSML｜`, `<｜User｜>`, ...) is a
-  marker, never text: a JSON string cannot contain one. Grammars name them by id.
-- Whitespace: what llguidance allows by default, except that each run of whitespace between JSON
-  tokens is bounded (WHITESPACE, 0-32 of space/tab/newline/CR) so that a model cannot pad forever
-  (llguidance's default run is unbounded). No leading whitespace before the value (llguidance's default).
-- `strict` is accepted and the schema is always enforced as written; a keyword llguidance does not
-  implement is an error (400), never silently ignored.
-- `thinking=True` (a request in thinking mode, whose reply starts with reasoning): any text, then the
-  `</think>` token, then the constrained value.
-- DSML calls: parameters in the tool schema's `properties` order (required ones always present, the
-  others optional, no others); a string parameter is raw text (string="true"; enum/const values and
-  min/maxLength enforced), anything else is JSON (string="false") checked by its schema; a parameter
-  allowing both (type ["string", "null"]) may take either form.
-- Once the value is complete and nothing can follow (an object's closing brace), `done()` is True and
-  only EOS is allowed; a value that could still grow (a top-level number) allows EOS among the others.
+`factory` returns None for {"type": "text"} and raises ResponseFormatError (a ValueError; `.param` is
+"response_format") naming the problem, as llguidance words it. `dsml_call_constraint(name_or_None, tools,
+tokenizer)` constrains a DSML tool-call block (as dsml.render_tool_calls writes it) calling the named tool,
+or one or more of `tools` for "required". The rules (added tokens are markers, never text; bounded
+whitespace; unimplemented keywords refused; thinking first) and why llguidance, not xgrammar:
+docs/design.md ("Constrained decoding").
 """
 
 from __future__ import annotations
@@ -195,10 +157,8 @@ class Constraint:
 
     def mask(self, logits: torch.Tensor) -> torch.Tensor:
         """`logits` [..., V] with every disallowed id at -inf (a new tensor). V may exceed the tokenizer's
-        vocabulary (the model's padded embedding): the extra ids are disallowed.
-
-        CPU logits are masked with numpy, single-threaded: torch's intra-op threads make a 129k-element
-        masked_fill take ~40 ms when a core is busy elsewhere (measured on the 2-core CI box), ~0.3 ms here."""
+        vocabulary (the model's padded embedding): the extra ids are disallowed. CPU logits are masked with
+        numpy, single-threaded: torch's intra-op threads stall when a core is busy (docs/benchmarks.md)."""
         allowed = self._allowed_now()
         n = logits.shape[-1]
         key = (n, logits.device)

@@ -40,12 +40,13 @@ def test_another_workload_file_is_replayed(tmp_path, capsys):
     assert e.value.code == 2 and "nope.csv: sessions file not found" in capsys.readouterr().err
 
 
-def test_the_readme_tables_are_the_tools_output():
-    """The README's modeled tables, regenerated from the committed plan inputs, workload and seed."""
-    from ostinato.bench.simulator.bench import README_BEGIN, README_END, README_SESSIONS, modeled_tables
+def test_the_documented_tables_are_the_tools_output():
+    """docs/benchmarks.md's modeled tables, regenerated from the committed plan inputs, workload and seed."""
+    from ostinato.bench.simulator.bench import DOC_BEGIN, DOC_END, DOC_SESSIONS, modeled_tables
     from ostinato.bench.simulator.world import build_world
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    block = readme[readme.index(README_BEGIN) + len(README_BEGIN):readme.index(README_END)].strip()
-    tables, _ = modeled_tables(build_world(), read_sessions(bench_sessions.SHIPPED), README_SESSIONS, seed=0)
-    assert block == tables, "README's modeled tables are stale: run python -m ostinato.bench.sessions --skip-measured --readme README.md"
+    doc = (Path(__file__).resolve().parents[1] / bench_sessions.DOC).read_text()
+    block = doc[doc.index(DOC_BEGIN) + len(DOC_BEGIN):doc.index(DOC_END)].strip()
+    tables, _ = modeled_tables(build_world(), read_sessions(bench_sessions.SHIPPED), DOC_SESSIONS, seed=0)
+    assert block == tables, ("docs/benchmarks.md's modeled tables are stale: run "
+                             "python -m ostinato.bench.sessions --skip-measured --doc")

@@ -45,7 +45,7 @@ def test_committed_flash_plan_regenerates_byte_identically(tmp_path, monkeypatch
     assert compile_cli.main(["models/deepseek-v4-flash", Path(FLASH_PLAN).name, "--hardware", "rtx4090d-x4",
                              "--profile", "synthetic:1.0"]) == 0
     assert (tmp_path / FLASH_PLAN).read_bytes() == (REPO / FLASH_PLAN).read_bytes(), \
-        f"{FLASH_PLAN} is stale: regenerate it with ostinato-compile (see README)"
+        f"{FLASH_PLAN} is stale: regenerate it with ostinato-compile (see docs/commands.md)"
 
 
 def test_flash_memory_adds_up_to_the_checkpoint_bytes(in_repo):
@@ -178,6 +178,8 @@ def test_kernels_are_built_and_recorded(tiny_ckpt, tmp_path, monkeypatch):
         assert not os.path.isabs(k.path) and plan.resolve(k.path).exists()
         assert k.path.startswith(f"../build/kernels/{k.content_sha256[:20]}/")
         assert plan.provenance.templates[k.template] == k.template_sha256
+    from ostinato.compiler.codegen.render import included_headers  # headers are recorded as templates are
+    assert included_headers(plan.kernel(KernelName.COLD_EXPERTS_CPU).template).items() <= plan.provenance.templates.items()
     assert plan.kernel(KernelName.COLD_EXPERTS_CPU).params["isa"] == "avx2"
     assert plan.kernel(KernelName.HOT_EXPERTS_DECODE).params["max_routes"] == 4
 

@@ -48,10 +48,10 @@ def test_top1_is_teacher_forced_one_token_per_prefix():
     assert [len(p) for p in server.prompts] == [7, 8, 9]
 
 
-def test_readme_block_is_replaced_between_markers():
-    b, e = sbs.README_BEGIN.format("x"), sbs.README_END.format("x")
-    other = f"{sbs.README_BEGIN.format('y')}\nkept\n{sbs.README_END.format('y')}"
+def test_the_doc_block_is_replaced_between_markers():
+    b, e = sbs.DOC_BEGIN.format("x"), sbs.DOC_END.format("x")
+    other = f"{sbs.DOC_BEGIN.format('y')}\nkept\n{sbs.DOC_END.format('y')}"
     text = f"a\n{b}\nold\n{e}\n{other}"
-    assert sbs.readme_with(text, "new", "x") == f"a\n{b}\n\nnew\n\n{e}\n{other}"
+    assert sbs.doc_with(text, "new", "x") == f"a\n{b}\n\nnew\n\n{e}\n{other}"
     with pytest.raises(SystemExit):
-        sbs.readme_with(text, "new", "z")
+        sbs.doc_with(text, "new", "z")

@@ -14,11 +14,11 @@ from .trace import TraceSampler, at_coverage
 from .world import World
 
 WORKLOADS = {"coding": "mini-swe-agent/", "customer service": "tau2-bench/"}
-# The README's modeled tables sit between these lines (bench/sessions.py --readme rewrites them; a test
-# regenerates them from the committed inputs and fails on a difference).
-README_BEGIN = "<!-- modeled tables: written by bench/sessions.py --readme README.md; do not edit -->"
-README_END = "<!-- end of the modeled tables -->"
-README_SESSIONS = 6  # sessions per workload the README's tables replay (the default of --per-workload)
+# docs/benchmarks.md's modeled tables sit between these lines (python -m ostinato.bench.sessions --doc rewrites
+# them; tests/test_bench_sessions.py regenerates them from the committed inputs and fails on a difference).
+DOC_BEGIN = "<!-- modeled tables: written by python -m ostinato.bench.sessions --doc; do not edit -->"
+DOC_END = "<!-- end of the modeled tables -->"
+DOC_SESSIONS = 6  # sessions per workload the doc's tables replay (the default of --per-workload)
 PAPER_COVERAGE = 0.84
 
 
@@ -54,7 +54,7 @@ def by_workload(sessions: list[SessionShape], limit: int | None) -> dict[str, li
 def modeled_tables(world: World, sessions: list[SessionShape], limit: int | None, seed: int = 0
                    ) -> tuple[str, tuple[str, dict]]:
     """The systems' table and the ablation table per workload (markdown), and one session's runs for the
-    timeline plot. Deterministic from the seed: the README embeds this text (readme_with)."""
+    timeline plot. Deterministic from the seed: docs/benchmarks.md embeds this text (doc_with)."""
     k = world.build.config.num_experts_per_tok
     text, timeline = [], None
     for w, ss in by_workload(sessions, limit).items():
@@ -67,12 +67,12 @@ def modeled_tables(world: World, sessions: list[SessionShape], limit: int | None
     return "\n\n".join(text), timeline
 
 
-def readme_with(readme: str, tables: str) -> str:
-    """The README text with its block between README_BEGIN and README_END replaced by `tables`."""
-    start, end = readme.find(README_BEGIN), readme.find(README_END)
+def doc_with(doc: str, tables: str) -> str:
+    """The document's text with its block between DOC_BEGIN and DOC_END replaced by `tables`."""
+    start, end = doc.find(DOC_BEGIN), doc.find(DOC_END)
     if start < 0 or end < start:
-        raise ValueError(f"the README has no '{README_BEGIN}' ... '{README_END}' block")
-    return readme[:start + len(README_BEGIN)] + "\n\n" + tables + "\n\n" + readme[end:]
+        raise ValueError(f"the document has no '{DOC_BEGIN}' ... '{DOC_END}' block")
+    return doc[:start + len(DOC_BEGIN)] + "\n\n" + tables + "\n\n" + doc[end:]
 
 
 def run_modeled(world: World, sessions: list[SessionShape], out: Path, limit: int | None, sweep_sessions: int,

@@ -26,12 +26,16 @@ def compiler() -> str:
 
 def compile_shared(record: KernelRecord) -> KernelRecord:
     """Build record.path (a .cpp) into lib<name>.so beside it (skipped when it exists); the record's
-    path then names the library. record.flags (covered by its content hash) are the full flag list."""
+    path then names the library. record.flags (covered by its content hash) are the full flag list; the
+    headers render copied into include/ beside the source (covered by the hash too) are found there, so
+    the build reads nothing from the source tree and the library needs none of it at run time."""
     src = Path(record.path)
     lib = src.with_name(f"lib{src.stem}.so")
     if not lib.exists():
         tmp = lib.with_name(f"{lib.name}.tmp{os.getpid()}")
-        cmd = [compiler(), *record.flags, str(src), "-o", str(tmp)]
+        include = src.with_name("include")
+        include_flags = ["-I", str(include)] if include.is_dir() else []
+        cmd = [compiler(), *record.flags, *include_flags, str(src), "-o", str(tmp)]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             tmp.unlink(missing_ok=True)

@@ -20,7 +20,7 @@ from .kernels import (
     build_cpu_experts,
     render_triton_experts,
 )
-from .render import KernelRecord, sha256, template_text
+from .render import KernelRecord, included_headers, sha256, template_text
 
 
 def _entry(name: KernelName, record: KernelRecord, plan_file) -> KernelEntry:
@@ -51,7 +51,8 @@ def triton_expert_params(D: int, I: int, top_k: int, swiglu_limit: float) -> tup
 
 
 def build_plan_kernels(b) -> tuple[list[KernelEntry], dict]:
-    """(kernels section, {template: sha256}) for the Build `b` of ostinato-compile."""
+    """(kernels section, {template or header: sha256}) for the Build `b` of ostinato-compile; the map
+    becomes the plan's provenance `templates`, paths under templates/ (headers: cpu/include/...)."""
     cfg, hw = b.config, b.hardware
     D, I, limit = cfg.hidden_size, cfg.moe_intermediate_size, float(cfg.swiglu_limit)
     root = b.options.kernel_dir
@@ -66,5 +67,7 @@ def build_plan_kernels(b) -> tuple[list[KernelEntry], dict]:
                (KernelName.DENSE_OPS_CPU, build_cpu_dense_ops(root)),
                (KernelName.DENSE_OPS_TRITON, render_triton_dense_ops(root))]
     templates = {r.template: r.template_hash for _, r in records}
+    for _, r in records:  # the headers a template includes are inputs as much as its text (render.py)
+        templates |= included_headers(r.template)
     assert all(sha256(template_text(t)) == h for t, h in templates.items())
     return [_entry(n, r, b.options.output) for n, r in records], templates

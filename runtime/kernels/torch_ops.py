@@ -2,8 +2,8 @@
 
 Each op dispatches once from Python, shows in op traces (the dispatch counter, the graph-safety checker)
 and can be captured in a CUDA graph. Registered through torch.library.Library rather than the
-custom_op decorator: the same dispatch for about half the Python overhead (~5 us against ~11 us a
-call, measured), which is what these ops exist to save. An op's `kernel` argument is the handle of the
+custom_op decorator: the same dispatch for about half the Python overhead (docs/benchmarks.md), which
+is what these ops exist to save. An op's `kernel` argument is the handle of the
 loaded kernel object (`register`) whose method implements it: one process can hold several plans.
 """
 

@@ -8,7 +8,7 @@
 
 Every tensor shape is independent of the position and `run_segment(i)` reads no device data on the
 host, so a CUDA graph can capture each segment once and replay it every step. Steps of several
-token counts (the decode step and the short-prefill buckets, engine/static_runner.py) share one
+token counts (the decode step and the short-prefill buckets, engine/step_runner.py) share one
 `DecodeState`: a session's cache is loaded once and every step continues where the last one ended. Segments are the runs
 of consecutive layers on one planned GPU (segments.py); `run_segment(i)` touches only segment i's
 buffers (one device: a capture records one device's work, and RTX 4090s have no peer access): it
