@@ -2,9 +2,9 @@
 
 The plan's memory rows (compiler/memory_model.py) are what placement fitted into each GPU; this
 walks the engine's own tensors and files each under the row and component the plan counts it in,
-so the two can be compared on any machine (tests map every planned GPU to the CPU; tools/gpu_check.py
-also compares with the CUDA allocator). Rows follow the plan's layer-to-GPU map, not the tensors'
-devices, so a CPU run still shows which GPU would hold what.
+so the two can be compared on any machine (tests map every planned GPU to the CPU;
+tests/gpu/test_memory_vs_plan.py also compares with the CUDA allocator). Rows follow the plan's
+layer-to-GPU map, not the tensors' devices, so a CPU run still shows which GPU would hold what.
 
 Components that are bounds, not allocations (`BOUNDS`: transient activations and the allocator's
 reserve) have no held tensors; `unplanned` lists every other tensor reachable from the engine that
