@@ -17,7 +17,6 @@ import argparse
 import time
 
 import torch
-
 from ostinato.runtime.engine.loader import load_engine
 
 

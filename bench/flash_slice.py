@@ -56,7 +56,8 @@ def prepare(a) -> dict:
     facts: dict = {}
     if not (ckpt / "config.json").exists():
         facts["write_s"] = _run([str(BIN / "ostinato-make-tiny"), str(ckpt), "--preset", "flash", "--layers",
-                                 str(a.layers), "--experts", str(a.experts), "--popularity", "1.0", "--force", "--quiet"])
+                                 str(a.layers), "--experts", str(a.experts), "--popularity", "1.0", "--force",
+                                 "--quiet"])
         facts["write_peak_rss"] = _children_peak_rss()
     facts["checkpoint_bytes"] = sum(f.stat().st_size for f in ckpt.glob("*.safetensors"))
     plan = work / "plan.yaml"
@@ -69,7 +70,6 @@ def prepare(a) -> dict:
 def child(plan_path: str, context_tokens: int, tool_tokens: int, decode_tokens: int, dtype: str) -> None:
     """Measure in this process; print one JSON line."""
     import torch
-
     from ostinato.runtime.engine.loader import load_engine
     from ostinato.runtime.engine.resident import resident
 
@@ -97,19 +97,19 @@ def child(plan_path: str, context_tokens: int, tool_tokens: int, decode_tokens: 
         peak_rss=resident().peak, file_rss=resident().file,
         planned_bytes=sum(d.total_bytes for d in p.memory), wait_s=wait_s, decode_tps=decode_tps,
         predicted_wait_s=p.predictions.wait_after_tool_output_120_tokens_ms / 1e3,
-        predicted_decode_tps=p.predictions.decode_tokens_per_s, mode=session.prefill_mode(tool_tokens, last_only=True))))
+        predicted_decode_tps=p.predictions.decode_tokens_per_s,
+        mode=session.prefill_mode(tool_tokens, last_only=True))))
     engine.close()
 
 
 def serve_check(plan_path: str, ckpt: str) -> dict:
     """The slice behind the OpenAI API: one chat request with a tool, through the openai client."""
     import openai
-    from tokenizers import Tokenizer
-
     from ostinato.runtime.engine.loader import load_engine
     from ostinato.server.app import create_app
     from ostinato.server.background import serve_in_background
     from ostinato.server.chat_encoding import encode, render
+    from tokenizers import Tokenizer
 
     engine = load_engine(plan_path, device="cpu")
     tok = Tokenizer.from_file(str(Path(ckpt) / "tokenizer.json"))

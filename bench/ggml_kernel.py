@@ -94,7 +94,8 @@ def compile_binary(lib_dir: Path, inc: Path, cache: Path = CACHE, cc: str | None
 
 def info(binary: Path, threads: int = 1, n_experts: int = 8, plain: bool = False) -> dict:
     """The program's --info lines as a dict: ggml (version), cpu_features, weights_buffer."""
-    cmd = [str(binary), "--info", "--threads", str(threads), "--experts", str(n_experts)] + (["--plain"] if plain else [])
+    cmd = ([str(binary), "--info", "--threads", str(threads), "--experts", str(n_experts)]
+           + (["--plain"] if plain else []))
     r = subprocess.run(cmd, capture_output=True, text=True, check=True)
     got = {}
     for line in r.stdout.splitlines():

@@ -16,17 +16,10 @@ from pathlib import Path
 
 import torch
 import yaml
-
-from ostinato.checkpoint.config import ModelConfig
-from ostinato.checkpoint.reader import PackedExpert
-from ostinato.checkpoint.sizes import model_sizes
 from ostinato.compiler.codegen.kernels import render_triton_experts
 from ostinato.compiler.codegen.plan_kernels import triton_expert_params
 from ostinato.compiler.compile import CompileOptions, compile_plan
 from ostinato.compiler.cost_model import CostModel
-from ostinato.hardware import load_hardware
-from ostinato.isa import detect_isa
-from ostinato.plan import Plan, load_plan
 from ostinato.plans import plans_dir
 from ostinato.runtime.engine.executor import LayerExperts, PlacementExecutor
 from ostinato.runtime.engine.hot_compute import TorchPoolCompute, TritonPoolCompute
@@ -35,8 +28,20 @@ from ostinato.runtime.engine.streams import streams_for
 from ostinato.runtime.kernels.cold_task import ColdBridge
 from ostinato.runtime.kernels.routes import group_routes
 from ostinato.runtime.kernels.testing import random_packed_expert
-from ostinato.runtime.kernels.triton_experts import (HotPool, decode_experts, load_triton_module,
-                                                     prefill_experts, route_blocks)
+from ostinato.runtime.kernels.triton_experts import (
+    HotPool,
+    decode_experts,
+    load_triton_module,
+    prefill_experts,
+    route_blocks,
+)
+
+from ostinato.checkpoint.config import ModelConfig
+from ostinato.checkpoint.reader import PackedExpert
+from ostinato.checkpoint.sizes import model_sizes
+from ostinato.hardware import load_hardware
+from ostinato.isa import detect_isa
+from ostinato.plan import Plan, load_plan
 from ostinato.tiny import write_tiny_checkpoint
 
 CONTEXT = 512        # the tiny plan's context: the memory check fills a session to it

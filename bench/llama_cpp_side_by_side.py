@@ -37,12 +37,12 @@ from pathlib import Path
 
 import httpx
 import numpy as np
-
 from ostinato.bench import llama_cpp_build
 from ostinato.bench.simulator.bench import by_workload
 from ostinato.bench.simulator.kernels import KERNELS_FILE
-from ostinato.host import cpu_model
 from ostinato.plans import plans_dir
+
+from ostinato.host import cpu_model
 from ostinato.workload import TokenSource, read_sessions, shrink_sessions
 
 # docs/benchmarks.md keeps one measured table per checkpoint: `--doc` rewrites the block of this run's checkpoint
@@ -189,11 +189,11 @@ def modeled(ckpt: Path, plan_options: dict, prompt: int, generate: int, kernels:
     routing): llama.cpp as layer placement with no GPU layers (every layer on the host, its C graph:
     no Python dispatch) at ggml's measured kernel speed where the kernel table has it; Ostinato as its
     plan says. What the modeled llama.cpp baselines charge for CPU work, checked against the measurement."""
-    from ostinato.compiler.compile import CompileOptions, compile_plan
     from ostinato.bench.simulator.llamacpp import LayerPlacement
     from ostinato.bench.simulator.ostinato_policy import Ostinato
     from ostinato.bench.simulator.trace import TraceSampler
     from ostinato.bench.simulator.world import build_world
+    from ostinato.compiler.compile import CompileOptions, compile_plan
     build = compile_plan(CompileOptions(model=ckpt, output=Path("unused.yaml"), build_kernels=False, **plan_options))
     world = build_world(build=build, kernels=kernels)
     cost, k = world.build.cost, world.build.config.num_experts_per_tok

@@ -49,7 +49,8 @@ def main() -> int:
     csa = [l for l in range(cfg.num_hidden_layers) if cfg.compress_ratio(l) == 4]
     hca = [l for l in range(cfg.num_hidden_layers) if cfg.compress_ratio(l) == 128]
     per_token = (len(csa) * (cfg.head_dim + cfg.index_head_dim) / 4 + len(hca) * cfg.head_dim / 128) * elt
-    print(f"slice: {cfg.num_hidden_layers} layers ({', '.join(cfg.attention_kind(l) for l in range(cfg.num_hidden_layers))}), "
+    print(f"slice: {cfg.num_hidden_layers} layers "
+          f"({', '.join(cfg.attention_kind(l) for l in range(cfg.num_hidden_layers))}), "
           f"{cfg.n_routed_experts} experts, {a.dtype}; expected cache growth {per_token:.0f} B/token "
           f"(CSA rows + index keys at {elt} B per element)")
     print(f"after load: {resident()}")

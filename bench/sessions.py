@@ -23,6 +23,7 @@ from ostinato.bench.simulator.bench import DOC_SESSIONS, doc_with, run_modeled
 from ostinato.bench.simulator.kernels import KERNELS_FILE
 from ostinato.bench.simulator.world import build_world
 from ostinato.plans import plans_dir
+
 from ostinato.workload import WorkloadError, read_sessions
 
 SHIPPED = plans_dir() / "workloads" / "agent_turns.csv"
@@ -35,7 +36,8 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path, default=Path("build/bench"))
     p.add_argument("--sessions", type=Path, default=SHIPPED,
                    help="workload CSV to replay (default: the shipped agent sessions)")
-    p.add_argument("--per-workload", type=int, default=DOC_SESSIONS, help="sessions per workload in the modeled tables (6)")
+    p.add_argument("--per-workload", type=int, default=DOC_SESSIONS,
+                   help="sessions per workload in the modeled tables (6)")
     p.add_argument("--sweep-sessions", type=int, default=2, help="sessions per workload in the coverage sweep (2)")
     p.add_argument("--coverages", default="0.5,0.7,0.84,0.95")
     p.add_argument("--kernels", default=str(KERNELS_FILE),

@@ -196,7 +196,8 @@ def _place(b: Build) -> None:
         raise CompileError(f"does not fit: gpu{e.device} ({hw.gpus.name}, {hw.gpus.usable_bytes:,d} usable bytes) "
                            f"is short by {e.short_by:,d} bytes for its layers' dense weights, KV cache "
                            f"(context {b.options.context:,d} x {b.options.sessions} session(s)) and buffers. "
-                           f"Use a shorter --context, fewer --sessions, a smaller --prefill-chunk, or more GPUs.") from None
+                           f"Use a shorter --context, fewer --sessions, a smaller --prefill-chunk, "
+                           f"or more GPUs.") from None
     if sum(len(h) for h in b.placement.hot) == 0 and b.options.max_hot_per_layer != 0:
         short = expert - max(budgets[g] - sum(problem.layer_bytes[l] for l in range(cfg.n_layers)
                                               if b.placement.layer_gpu[l] == g) for g in range(hw.gpus.count))
@@ -308,7 +309,8 @@ def plan(b: Build) -> None:
         total = int(counts[l].sum())
         covered = int(counts[l][list(pl.hot[l])].sum()) if pl.hot[l] else 0
         layer_rows.append(LayerPlan(layer=l, gpu=pl.layer_gpu[l], attention=cfg.attention_kind(l),
-                                    hot_experts=list(pl.hot[l]), hot_route_share=_round(covered / total if total else 0.0)))
+                                    hot_experts=list(pl.hot[l]),
+                                    hot_route_share=_round(covered / total if total else 0.0)))
     b.plan = Plan(
         schema_version=SCHEMA_VERSION,
         notes=list(b.notes),
@@ -319,7 +321,8 @@ def plan(b: Build) -> None:
         model=ModelSummary(path=relative_to_plan(o.model, o.output), layers=cfg.n_layers,
                            routed_experts=cfg.n_routed_experts, top_k=cfg.num_experts_per_tok,
                            hidden_size=cfg.hidden_size, expert_format="mxfp4", expert_bytes=expert,
-                           dense_format=b.policy.dense_format, attention=[cfg.attention_kind(l) for l in range(cfg.n_layers)],
+                           dense_format=b.policy.dense_format,
+                           attention=[cfg.attention_kind(l) for l in range(cfg.n_layers)],
                            hash_layers=cfg.num_hash_layers),
         hardware=hw,
         memory=memory_rows,

@@ -24,8 +24,9 @@ the sizes for which every prompt up to the largest is predicted faster as steps 
 
 Host dispatch: a forward run eagerly (every prefill; decode only on a cpu-only spec, since GPUs
 replay the captured decode graph) issues its ops one by one from Python, EAGER_OPS_PER_LAYER per
-layer and prefill chunk (the baselines' own counts where they differ), each costing the spec's host.op_dispatch_s. With a GPU the host runs ahead
-of the device, so a forward takes the longer of dispatch and device work; on the CPU they add up.
+layer and prefill chunk (the baselines' own counts where they differ), each costing the spec's
+host.op_dispatch_s. With a GPU the host runs ahead of the device, so a forward takes the longer of
+dispatch and device work; on the CPU they add up.
 """
 
 from __future__ import annotations
@@ -160,13 +161,13 @@ class CostModel:
         chunks = max(1, -(-n // self.prefill_chunk))
         return chunks * len(self.layers) * self.eager_ops_per_layer * self.hw.host.op_dispatch_s
 
-    def with_host_kernel(self, slowdown) -> "CostModel":
+    def with_host_kernel(self, slowdown) -> CostModel:
         """The same model for a system whose CPU expert kernel takes slowdown(tokens per expert) times ours."""
         other = copy.copy(self)
         other.host_slowdown = slowdown
         return other
 
-    def with_eager_ops(self, ops_per_layer: int) -> "CostModel":
+    def with_eager_ops(self, ops_per_layer: int) -> CostModel:
         """The same model for a system that dispatches `ops_per_layer` ops per layer-forward."""
         other = copy.copy(self)
         other.eager_ops_per_layer = ops_per_layer
@@ -262,8 +263,9 @@ class CostModel:
 
     def choose_buckets(self, threshold: int | None, context: int, largest: int = MAX_BUCKET) -> list[int]:
         """Powers of two 2..B for the largest B such that every prompt of n <= B tokens is predicted strictly
-        faster as bucket steps than eagerly (none on a cpu-only spec, where both run eagerly), B at most `largest`, the threshold (past it upload-once wins) and
-        context / 3 (a step's warm-up and capture runs take 3 of them from position 0)."""
+        faster as bucket steps than eagerly (none on a cpu-only spec, where both run eagerly), B at most
+        `largest`, the threshold (past it upload-once wins) and context / 3 (a step's warm-up and capture
+        runs take 3 of them from position 0)."""
         limit = min(largest, largest_bucket_for(context), threshold if threshold is not None else largest)
         best, sizes, T = [], [], 2
         while T <= limit:

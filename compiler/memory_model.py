@@ -3,9 +3,9 @@
 Every formula is written out here so that a plan's numbers can be re-derived by hand:
 - dense weights as the runtime holds them (runtime/model/loading.py; the allocation test checks the
   two agree): FP8 matrices as stored with their block scales (`fp8`: 1 B per element, computed in
-  bf16), or dequantized to the plan's dense format (`bf16`: 2 B, `float32`: 4 B), the embedding and the LM head as stored (bf16), integer tables
-  as int64, everything else (norms, mHC, sinks, compressors, router) in float32, as the reference
-  computes them;
+  bf16), or dequantized to the plan's dense format (`bf16`: 2 B, `float32`: 4 B), the embedding and
+  the LM head as stored (bf16), integer tables as int64, everything else (norms, mHC, sinks,
+  compressors, router) in float32, as the reference computes them;
 - routed experts at MXFP4 bytes including scales (13,369,344 B each for V4-Flash);
 - KV cache per session (docs/model.md section 4), rows in the dense format's dtype: every layer a sliding ring of
   `sliding_window` rows of head_dim; compressed layers one row per `ratio` tokens; CSA also
@@ -105,7 +105,8 @@ def workspace_bytes(cfg: ModelConfig, tokens: int) -> int:
     C, D, H, hd = tokens, cfg.hidden_size, cfg.num_attention_heads, cfg.head_dim
     keys = cfg.sliding_window + cfg.index_topk
     elements = (2 * C * cfg.hc_mult * D + 2 * C * H * hd + min(C, ATTENTION_QUERY_BLOCK) * H * keys
-                + C * cfg.o_groups * cfg.o_lora_rank + C * (cfg.num_experts_per_tok + 1) * 2 * cfg.moe_intermediate_size)
+                + C * cfg.o_groups * cfg.o_lora_rank
+                + C * (cfg.num_experts_per_tok + 1) * 2 * cfg.moe_intermediate_size)
     return elements * ACT_BYTES
 
 

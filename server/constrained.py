@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 import llguidance
 import numpy as np

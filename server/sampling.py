@@ -76,7 +76,7 @@ class Sampling:
     top_logprobs: int = 0                       # ... and the most likely ones'
 
     @classmethod
-    def from_body(cls, body: dict, vocab: int, banned: tuple[int, ...] = (), legacy: bool = False) -> "Sampling":
+    def from_body(cls, body: dict, vocab: int, banned: tuple[int, ...] = (), legacy: bool = False) -> Sampling:
         """The checked sampling fields of a request body; `legacy`: /v1/completions' `logprobs` (an int 0..5)
         instead of chat's `logprobs` (a bool) + `top_logprobs` (0..20). vocab: the logits' length."""
         if body.get("n") is not None and (type(body["n"]) is not int or body["n"] != 1):

@@ -31,11 +31,17 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from ostinato.runtime.model.session import Session
+from ostinato.runtime.model.session_file import (
+    SessionFileError,
+    check_identity,
+    read_header,
+    read_session,
+    write_session,
+)
 
 from ostinato.checkpoint.fingerprint import model_fingerprint
 
-from ostinato.runtime.model.session import Session
-from ostinato.runtime.model.session_file import SessionFileError, check_identity, read_header, read_session, write_session
 from .prefix_cache import reusable
 
 log = logging.getLogger(__name__)

@@ -11,8 +11,8 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 
@@ -100,7 +100,8 @@ class Worker:
         before = counters.copy()
         entry, reused = self.cache.acquire(job.ids)
         sampler = Sampler(job.sampling, job.constraint)
-        logits = entry.session.prefill(job.ids[reused:], last_only=True)[-1]  # raises -> entry dropped, never cached half-done
+        # raises -> entry dropped, never cached half-done
+        logits = entry.session.prefill(job.ids[reused:], last_only=True)[-1]
         entry.tokens = list(job.ids)
         gen, reason = [], "length"
         try:

@@ -25,6 +25,7 @@ def ablations(cost, hot: np.ndarray, threshold: int | None, buckets: list[int], 
         Ostinato(cost, none, threshold, buckets, name="- resident hot set (every routed expert cold)"),
         Ostinato(cost, hot, 0, [], name="- split-route (every prefill uploads the cold experts it touches)"),
         Ostinato(cost, hot, None, buckets, name="- upload-once (every prefill splits)"),
-        Ostinato(cost, hot, threshold, buckets, decode_graphs=False, name="- decode graphs (decode dispatched op by op)"),
+        Ostinato(cost, hot, threshold, buckets, decode_graphs=False,
+                 name="- decode graphs (decode dispatched op by op)"),
         Ostinato(cost, hot, threshold, [], name="- short-prefill graphs (no bucket steps)"),
     ] + kt

@@ -124,7 +124,7 @@ def plot_timeline(name: str, runs: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(9, 3 + 0.3 * len(runs)))
-    for y, (system, r) in enumerate(runs.items()):
+    for y, r in enumerate(runs.values()):
         t = 0.0
         for turn in next(s for s in r if s.name == name).turns:
             ax.broken_barh([(t, turn.prefill.seconds)], (y - 0.35, 0.7), color="tab:red")

@@ -24,8 +24,8 @@ evicted. Batches of > 32 tokens only read it: misses are uploaded for that batch
 from __future__ import annotations
 
 import numpy as np
-
 from ostinato.compiler.cost_model import CostModel
+
 from .policy import Forward, Policy
 
 OP_OFFLOAD_MIN_BATCH = 32     # GGML_OP_OFFLOAD_MIN_BATCH default

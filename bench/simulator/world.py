@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-
 from ostinato.compiler.compile import Build, CompileOptions, compile_plan
+
 from .ablation import ablations
 from .kernels import KERNELS_FILE, KernelSpeeds, load_kernel_speeds
 from .ktransformers import KTransformers, frequency_placed

@@ -35,7 +35,8 @@ def parse_args(argv):
     ap = argparse.ArgumentParser(prog="ostinato-calibrate", description=__doc__.splitlines()[0])
     ap.add_argument("base", help="hardware spec to start from: a preset name or a YAML file")
     ap.add_argument("out", type=Path, help="the calibrated spec to write")
-    ap.add_argument("--threads", type=int, default=usable_cores(), help="kernel threads (default: this process's cores)")
+    ap.add_argument("--threads", type=int, default=usable_cores(),
+                    help="kernel threads (default: this process's cores)")
     ap.add_argument("--experts", type=int, default=48, help="distinct experts cycled through (48: 640 MB)")
     ap.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16", help="activations (bfloat16)")
     ap.add_argument("--rounds", type=int, default=3, help="best of this many rounds (3)")
@@ -73,7 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     m = json.loads(done.stdout.strip().splitlines()[-1])
     note = (f"ostinato-calibrate on {cpu_model()} ({m['isa']}), {m['threads']} threads, {a.dtype} activations, "
             f"{datetime.date.today().isoformat()}: read {m['read_bandwidth'] / 1e9:.1f} GB/s; kernel "
-            f"{m['expert_read_bandwidth'] / 1e9:.1f} GB/s at 1 token ({m['expert_read_bandwidth'] / m['read_bandwidth']:.2f} "
+            f"{m['expert_read_bandwidth'] / 1e9:.1f} GB/s at 1 token "
+            f"({m['expert_read_bandwidth'] / m['read_bandwidth']:.2f} "
             f"of read), {m['expert_flops'] / 1e9:.0f} GFLOP/s at {m['batch']} tokens")
     host = base.host.replace(cores=m["threads"], isa=m["isa"], bandwidth=rate(m["read_bandwidth"]),
                              expert_read_bandwidth=rate(m["expert_read_bandwidth"]),

@@ -1,6 +1,7 @@
 """The row-wise dense-op kernels a plan needs (templates/*/dense_ops.*.j2): RMS norms, rotary
-embedding and the head's logits for a few tokens, for the host (C++) and the GPUs (Triton). They take every size at run time, so they have
-no parameters; the content hash still names them by their text and flags."""
+embedding and the head's logits for a few tokens, for the host (C++) and the GPUs (Triton). They
+take every size at run time, so they have no parameters; the content hash still names them by
+their text and flags."""
 
 from __future__ import annotations
 

@@ -27,7 +27,8 @@ def export_csv(profile: RoutingProfile, path: str | Path) -> None:
             w.writerow([layer, expert, PHASES[phase], int(profile.counts[layer, phase, expert])])
 
 
-def import_counts(path: str | Path, n_layers: int, n_experts: int, top_k: int, phase_boundary: int = 0) -> RoutingProfile:
+def import_counts(path: str | Path, n_layers: int, n_experts: int, top_k: int,
+                  phase_boundary: int = 0) -> RoutingProfile:
     path = Path(path)
     if not path.exists():
         raise ProfileError(f"{path}: file not found")
@@ -86,7 +87,8 @@ def _npz_rows(path: Path, counts: torch.Tensor):
             raise ProfileError(f"{path}: array 'counts' has shape {list(dense.shape)}, the model needs "
                                f"{list(counts.shape)} [layers, phases, experts]")
         for (layer, phase, expert) in zip(*np.nonzero(dense)):
-            yield f"counts[{layer},{phase},{expert}]", (int(layer), int(expert), int(phase), int(dense[layer, phase, expert]))
+            yield (f"counts[{layer},{phase},{expert}]",
+                   (int(layer), int(expert), int(phase), int(dense[layer, phase, expert])))
         return
     missing = [k for k in CSV_COLUMNS if k not in data]
     if missing:

@@ -66,7 +66,7 @@ class ModelConfig:
 
     # ----- construction -------------------------------------------------------------------------
     @classmethod
-    def from_dict(cls, d: dict[str, Any], source: str = "<dict>") -> "ModelConfig":
+    def from_dict(cls, d: dict[str, Any], source: str = "<dict>") -> ModelConfig:
         kwargs: dict[str, Any] = {}
         for f in fields(cls):
             if f.name in ("source", "raw"):
@@ -80,7 +80,7 @@ class ModelConfig:
         return cls(**kwargs, source=source, raw=dict(d))
 
     @classmethod
-    def from_json(cls, path: str | Path) -> "ModelConfig":
+    def from_json(cls, path: str | Path) -> ModelConfig:
         path = Path(path)
         if path.is_dir():
             path = path / "config.json"
@@ -151,7 +151,8 @@ class ModelConfig:
         if self.num_hash_layers > self.num_hidden_layers:
             raise bad("num_hash_layers", f"{self.num_hash_layers} exceeds num_hidden_layers {self.num_hidden_layers}")
         if self.num_experts_per_tok > self.n_routed_experts:
-            raise bad("num_experts_per_tok", f"{self.num_experts_per_tok} exceeds n_routed_experts {self.n_routed_experts}")
+            raise bad("num_experts_per_tok",
+                      f"{self.num_experts_per_tok} exceeds n_routed_experts {self.n_routed_experts}")
         if self.n_shared_experts != 1:
             raise bad("n_shared_experts", f"DeepSeek-V4 has exactly 1 shared expert, got {self.n_shared_experts}")
         if self.num_key_value_heads != 1:
@@ -165,7 +166,8 @@ class ModelConfig:
         if self.scoring_func not in SUPPORTED_SCORING:
             raise bad("scoring_func", f"'{self.scoring_func}' is not supported; allowed: {SUPPORTED_SCORING}")
         if self.expert_dtype not in SUPPORTED_EXPERT_DTYPES:
-            raise bad("expert_dtype", f"unknown expert format '{self.expert_dtype}'; allowed: {SUPPORTED_EXPERT_DTYPES}")
+            raise bad("expert_dtype",
+                      f"unknown expert format '{self.expert_dtype}'; allowed: {SUPPORTED_EXPERT_DTYPES}")
         qc = self.quantization_config
         if not isinstance(qc, dict):
             raise bad("quantization_config", "must be an object")

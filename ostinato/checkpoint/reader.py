@@ -55,7 +55,7 @@ class Checkpoint:
 
     # ----- opening and validation ---------------------------------------------------------------
     @classmethod
-    def open(cls, root: str | Path, weights: bool = True) -> "Checkpoint":
+    def open(cls, root: str | Path, weights: bool = True) -> Checkpoint:
         root = Path(root)
         if not root.is_dir():
             raise CheckpointError(root, "checkpoint directory not found")
@@ -71,7 +71,8 @@ class Checkpoint:
                 raise CheckpointError(root / file, f"shard file is missing (listed in {index_path.name})", tensor=first)
         for name, spec in specs.items():
             if name not in weight_map:
-                raise CheckpointError(index_path, "tensor required by config.json is missing from the index", tensor=name)
+                raise CheckpointError(index_path, "tensor required by config.json is missing from the index",
+                                      tensor=name)
             shard = shards.get(weight_map[name])
             if shard is None:
                 continue  # planning without weights: shapes come from the config
@@ -141,7 +142,7 @@ class Checkpoint:
         for s in self._shards.values():
             s.close()
 
-    def __enter__(self) -> "Checkpoint":
+    def __enter__(self) -> Checkpoint:
         return self
 
     def __exit__(self, *exc) -> None:

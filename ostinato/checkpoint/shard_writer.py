@@ -30,7 +30,8 @@ def _header(specs: list[TensorSpec], metadata: dict[str, str]) -> bytes:
     return text + b" " * (-len(text) % _ALIGN)
 
 
-def write_shard(path: Path, specs: list[TensorSpec], produce: Callable[[TensorSpec], Iterable[tuple[str, torch.Tensor]]],
+def write_shard(path: Path, specs: list[TensorSpec],
+                produce: Callable[[TensorSpec], Iterable[tuple[str, torch.Tensor]]],
                 metadata: dict[str, str] | None = None) -> int:
     """Write `specs` to `path` in their order; `produce(spec)` yields (name, tensor) pairs for that
     spec and possibly the specs right after it (a weight and its scale come from one quantization).

@@ -18,7 +18,8 @@ from .config import ModelConfig
 from .formats import FP8_BLOCK, MXFP4_GROUP
 
 # safetensors dtype name -> bytes per element
-DTYPE_BYTES = {"BF16": 2, "F16": 2, "F32": 4, "F8_E4M3": 1, "F8_E8M0": 1, "I8": 1, "I16": 2, "I32": 4, "I64": 8, "U8": 1}
+DTYPE_BYTES = {"BF16": 2, "F16": 2, "F32": 4, "F8_E4M3": 1, "F8_E8M0": 1,
+               "I8": 1, "I16": 2, "I32": 4, "I64": 8, "U8": 1}
 
 # Roles: what a tensor is for. Placement and loading work on roles, never on name patterns.
 GLOBAL_ROLES = ("embed", "head", "final_norm", "hc_head")

@@ -1,8 +1,9 @@
 """Configs of the test models: the official V4-Flash key set with small values, or its real values.
 
-`tiny` and `small` shrink every dimension (`real-vocab`: tiny's, with the real vocabulary) (constraints from the format, docs/model.md section 6:
-every FP8 matrix dim a multiple of 128, expert input dims multiples of 32, compress ratios only
-0/4/128, index_head_dim >= qk_rope_head_dim). `flash` keeps every V4-Flash value and only cuts the
+`tiny` and `small` shrink every dimension (`real-vocab`: tiny's, with the real vocabulary)
+(constraints from the format, docs/model.md section 6: every FP8 matrix dim a multiple of 128,
+expert input dims multiples of 32, compress ratios only 0/4/128, index_head_dim >=
+qk_rope_head_dim). `flash` keeps every V4-Flash value and only cuts the
 model to its first N layers (their real attention kinds, hash layers first) and E routed experts:
 a slice of the real model that fits a small machine.
 """

@@ -19,10 +19,10 @@ class Counters:
     decode_step_s: float = 0.0   # wall time of fixed-shape steps: decode and prefill buckets (hot and cold
                                  # parts not separable)
 
-    def copy(self) -> "Counters":
+    def copy(self) -> Counters:
         return Counters(**{f.name: getattr(self, f.name) for f in fields(self)})
 
-    def minus(self, earlier: "Counters") -> "Counters":
+    def minus(self, earlier: Counters) -> Counters:
         return Counters(**{f.name: getattr(self, f.name) - getattr(earlier, f.name) for f in fields(self)})
 
     @property

@@ -138,8 +138,8 @@ class CpuPoolCompute:
         w = weight.to(torch.float32).contiguous()
         result = torch.empty_like(out)  # [T, D] float32, overwritten by the task
         task = ColdTask(x.data_ptr(), int(x.dtype == torch.bfloat16), T, ids.shape[1], ids.data_ptr(), w.data_ptr(),
-                        slot_map.data_ptr(), slot_map.numel(), table.n_experts, ctypes.cast(table.ptrs, ctypes.c_void_p),
-                        result.data_ptr(), self.n_threads, 0)
+                        slot_map.data_ptr(), slot_map.numel(), table.n_experts,
+                        ctypes.cast(table.ptrs, ctypes.c_void_p), result.data_ptr(), self.n_threads, 0)
         self.kernel.lib.ost_cold_task_run(ctypes.byref(task))
         if task.status:
             raise ValueError(f"hot expert task failed: {HOST_FN_ERRORS.get(task.status) or kernel_error(task.status)}")

@@ -144,7 +144,8 @@ def compute_dtype(plan: Plan, dtype: torch.dtype | None, cuda: bool) -> torch.dt
         return planned
     if cuda:
         raise PlanError(f"the plan is sized for {plan.model.dense_format} (model.dense_format) and a {dtype} run on "
-                        f"GPUs would hold other sizes than it planned: recompile with --dense-format, or run on the CPU")
+                        f"GPUs would hold other sizes than it planned: recompile with --dense-format, "
+                        f"or run on the CPU")
     return dtype
 
 

@@ -51,7 +51,7 @@ class EngineSession:
         self.executor.set_mode(self.prefill_mode(max(0, n - len(self.session))))
         self.session.truncate(n)
 
-    def fork(self) -> "EngineSession":
+    def fork(self) -> EngineSession:
         self._release()
         return EngineSession(self.session.fork(), self.executor, self.threshold, self.runner)
 

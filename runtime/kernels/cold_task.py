@@ -3,9 +3,9 @@
 A fixed-shape step (decode: T = 1; a short-prefill bucket: T tokens) knows its routes only on the
 device. Per layer, a `ColdBridge` owns one `ColdTask` struct per token count, pointing at host
 buffers (pinned, with a GPU) for the step's activations and routes and the CPU kernel's result (a
-`ColdStaging`, shared by one device's layers) and at the layer's cold expert table. The step copies x and the routes into
-those buffers, runs the generated `ost_cold_task_run(task)` (templates/cpu/moe_experts.cpp.j2) and
-copies the result back:
+`ColdStaging`, shared by one device's layers) and at the layer's cold expert table. The step
+copies x and the routes into those buffers, runs the generated `ost_cold_task_run(task)`
+(templates/cpu/moe_experts.cpp.j2) and copies the result back:
 - the three stages go on a side stream forked from the current one (start) and joined back before
   the add (finish), through engine/streams.py;
 - on a GPU the middle one is a host function (cuLaunchHostFunc), so a CUDA graph captures the
@@ -140,7 +140,8 @@ class ColdBridge:
         """Raise if a host task rejected its input (host side, after the step)."""
         for task in self.tasks.values():
             if task.status:
-                raise ValueError(f"cold expert task failed: {HOST_FN_ERRORS.get(task.status) or kernel_error(task.status)}")
+                raise ValueError("cold expert task failed: "
+                                 f"{HOST_FN_ERRORS.get(task.status) or kernel_error(task.status)}")
 
     def _run_task(self, task: ColdTask) -> None:
         """The CPU kernel over the staged buffers: a host function on the side stream with a GPU, a call

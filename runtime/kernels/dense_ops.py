@@ -68,7 +68,8 @@ class DenseOpsKernel:
         """Whether head_logits computes h [T, D] float32 @ w [V, D] bf16 ^T (else the reference's blocks)."""
         return (h.dim() == 2 and 0 < h.shape[0] <= HEAD_MAX_TOKENS and h.dtype == torch.float32 and h.is_contiguous()
                 and w.dtype == torch.bfloat16 and w.is_contiguous() and h.shape[1] == w.shape[1]
-                and h.shape[1] % 8 == 0 and h.device == w.device and (h.device.type == "cpu" or self.triton is not None))
+                and h.shape[1] % 8 == 0 and h.device == w.device
+                and (h.device.type == "cpu" or self.triton is not None))
 
     # ----- the model's entry points (one torch op each) --------------------------------------------
     def head_logits(self, h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

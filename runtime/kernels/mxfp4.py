@@ -25,10 +25,11 @@ from ostinato.checkpoint.formats import FP4_VALUES, MXFP4_GROUP, e8m0_to_float
 
 @dataclass(frozen=True)
 class Mxfp4Table:
-    values: torch.Tensor  # [256 * 256, 2] dtype: row scale_byte * 256 + packed_byte -> its two values (low nibble first)
+    # [256 * 256, 2] dtype: row scale_byte * 256 + packed_byte -> its two values (low nibble first)
+    values: torch.Tensor
 
     @classmethod
-    def make(cls, device: torch.device | str, dtype: torch.dtype) -> "Mxfp4Table":
+    def make(cls, device: torch.device | str, dtype: torch.dtype) -> Mxfp4Table:
         byte = torch.arange(256)
         fp4 = torch.tensor(FP4_VALUES, dtype=torch.float32)
         pair = torch.stack((fp4[byte & 0xF], fp4[byte >> 4]), dim=-1)  # [256, 2]

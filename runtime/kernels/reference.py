@@ -19,7 +19,8 @@ def dequantize_expert(e: PackedExpert) -> tuple[torch.Tensor, torch.Tensor, torc
             dequantize_mxfp4(e.w2, e.w2_scale))
 
 
-def expert_forward(x: torch.Tensor, dense: tuple[torch.Tensor, torch.Tensor, torch.Tensor], limit: float) -> torch.Tensor:
+def expert_forward(x: torch.Tensor, dense: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+                   limit: float) -> torch.Tensor:
     """x [n, D] float32, dense (w1, w3, w2) -> [n, D]: silu(min(x w1^T, L)) * clamp(x w3^T, -L, L), then w2."""
     w1, w3, w2 = dense
     g = (x @ w1.T).clamp(max=limit)          # [n, I]

@@ -9,7 +9,7 @@ loaded kernel object (`register`) whose method implements it: one process can ho
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

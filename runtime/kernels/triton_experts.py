@@ -44,7 +44,7 @@ class HotPool:
     w2_scale: torch.Tensor  # [P, D, I/32] uint8
 
     @classmethod
-    def stack(cls, experts: list[PackedExpert], device: str | torch.device = "cpu") -> "HotPool":
+    def stack(cls, experts: list[PackedExpert], device: str | torch.device = "cpu") -> HotPool:
         def st(name):
             return torch.stack([getattr(e, name).view(torch.uint8) for e in experts]).to(device).contiguous()
         return cls(*(st(n) for n in ("w1", "w1_scale", "w3", "w3_scale", "w2", "w2_scale")))

@@ -53,7 +53,7 @@ class CompressorState:
     prev_gate: torch.Tensor | None   # [m, hd] its gates (ape included)
 
     @classmethod
-    def empty(cls, w: CompressorWeights, device: torch.device | str) -> "CompressorState":
+    def empty(cls, w: CompressorWeights, device: torch.device | str) -> CompressorState:
         z = torch.zeros(0, w.wkv.shape[0], dtype=torch.float32, device=device)
         return cls(z, z, None, None)
 

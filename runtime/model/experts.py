@@ -47,7 +47,7 @@ class DenseExpertExecutor:
 
     @classmethod
     def from_checkpoint(cls, ckpt, dtype: torch.dtype, device: torch.device | str, claims=None
-                        ) -> "DenseExpertExecutor":
+                        ) -> DenseExpertExecutor:
         cfg = ckpt.config
         w13, w2 = [], []
         for layer in range(cfg.num_hidden_layers):

@@ -11,8 +11,8 @@ Legend: T tokens, N hc_mult streams, D hidden, M = (2 + N) * N mixing logits.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 

@@ -59,7 +59,7 @@ class GrowingRows:
         assert 0 <= n <= self.n, (n, self.n)
         self.n = n
 
-    def clone(self) -> "GrowingRows":
+    def clone(self) -> GrowingRows:
         other = GrowingRows.__new__(GrowingRows)
         other._buf, other.n, other.limit = self._buf.clone(), self.n, self.limit
         return other
@@ -98,7 +98,7 @@ class LayerCache:
         if self.index_rows is not None:
             self.index_rows.truncate(s.n_index_rows)
 
-    def clone(self) -> "LayerCache":
+    def clone(self) -> LayerCache:
         return LayerCache(self.window, self.comp, self.rows.clone() if self.rows else None, self.index_comp,
                           self.index_rows.clone() if self.index_rows else None)
 
@@ -133,7 +133,7 @@ class KvCache:
             layer.restore(ls)
         self.position = s.position
 
-    def clone(self) -> "KvCache":
+    def clone(self) -> KvCache:
         other = KvCache([layer.clone() for layer in self.layers])
         other.position = self.position
         return other

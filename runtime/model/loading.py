@@ -11,8 +11,8 @@ Legend: V vocab, D hidden.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
@@ -101,7 +101,8 @@ def _layer(c: Claims, layer: int, dtype: torch.dtype, fp8: bool) -> LayerWeights
     compressor = _compressor(c, f"{a}.compressor", ratio) if ratio else None
     indexer = None
     if ratio == 4:
-        indexer = IndexerWeights(c.matrix(f"{a}.indexer.wq_b.weight", dtype, fp8), c.get(f"{a}.indexer.weights_proj.weight", F32),
+        indexer = IndexerWeights(c.matrix(f"{a}.indexer.wq_b.weight", dtype, fp8),
+                                 c.get(f"{a}.indexer.weights_proj.weight", F32),
                                  _compressor(c, f"{a}.indexer.compressor", ratio), cfg.index_n_heads,
                                  cfg.index_head_dim, cfg.index_topk)
     attn = AttentionWeights(

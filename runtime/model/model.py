@@ -9,8 +9,9 @@ Legend: T tokens, N hc_mult streams, D hidden, V vocab.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -27,6 +28,9 @@ from .loading import Claims, LayerWeights, ModelWeights, load_weights
 from .moe import RoutingObserver, moe
 from .norms import rms_norm
 from .rope import rope_tables
+
+if TYPE_CHECKING:  # a late import at run time: session.py imports this module
+    from .session import Session
 
 # Tokens per forward when prefilling: bounds activation memory (window logits grow with T^2).
 DEFAULT_PREFILL_CHUNK = 512
@@ -72,7 +76,7 @@ class Model:
                 GrowingRows(cfg.index_head_dim, self.dtype, dev, limit=limit) if ix else None))
         return KvCache(layers)
 
-    def new_session(self) -> "Session":
+    def new_session(self) -> Session:
         from .session import Session
 
         return Session(self, max_snapshots=self.max_snapshots)

@@ -8,8 +8,8 @@ Legend: T tokens, D hidden, I moe_intermediate_size, k experts per token.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 

@@ -55,7 +55,7 @@ class Rope:
         freqs = positions[:, None].float() * self.inv_freq.to(positions.device)  # [T, R2]
         return freqs.cos(), freqs.sin()
 
-    def to(self, device: torch.device | str) -> "Rope":
+    def to(self, device: torch.device | str) -> Rope:
         return Rope(self.inv_freq.to(device))
 
 

@@ -85,5 +85,5 @@ class Session:
         if tail:
             self.prefill(tail)
 
-    def fork(self) -> "Session":
+    def fork(self) -> Session:
         return Session(self.model, self.cache.clone(), list(self.tokens), list(self.snapshots), self.max_snapshots)

@@ -135,8 +135,9 @@ class DecodeState:
     """All layers' static buffers, the segments' position tensors and the host's copy of the position.
 
     `position` (host int) is what the position tensors hold; `loaded_at` the position of the last
-    load; `synced` is the position at which the dynamic cache last agreed with these buffers (load or store): store() requires the cache to be
-    still there, so it only has to append what the steps added."""
+    load; `synced` is the position at which the dynamic cache last agreed with these buffers (load or
+    store): store() requires the cache to be still there, so it only has to append what the steps
+    added."""
 
     def __init__(self, layers: tuple[LayerWeights, ...], segments: list[Segment], max_context: int,
                  dtype: torch.dtype):

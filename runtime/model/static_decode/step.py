@@ -14,9 +14,9 @@ of consecutive layers on one planned GPU (segments.py); `run_segment(i)` touches
 buffers (one device: a capture records one device's work, and RTX 4090s have no peer access): it
 reads its input buffers (segment 0: the `token` buffer and the embedding, which must live on the
 first layer's device), advances its own position tensor by 1 in place and writes its output buffer
-(the last one: the logits buffer, the last token's logits). `hand_off(i)`, on the host between segments, copies segment i's
-output and token into segment i+1's inputs. The routes of every layer land in per-segment buffers
-(`routes()` reads them on the host).
+(the last one: the logits buffer, the last token's logits). `hand_off(i)`, on the host between
+segments, copies segment i's output and token into segment i+1's inputs. The routes of every layer
+land in per-segment buffers (`routes()` reads them on the host).
 
 `run()` runs segments and hand-offs eagerly; a graph runner (engine/decode_graphs.py) instead calls
 `check_room()`, replays each segment's graph followed by its hand-off, and `note_step()`.
