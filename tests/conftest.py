@@ -1,7 +1,15 @@
-"""Shared fixtures: tiny checkpoints are written once per test session.
+"""Shared fixtures, each built once per test session: the tiny checkpoints, one kernel build folder,
+the engine tests' compiled plan and plain reference model, the static-step tests' models.
 
 Without a GPU, Triton kernels run in its interpreter. Triton reads TRITON_INTERPRET when it is
 first imported (transformers imports it too), so it is set here, before any test imports anything.
+
+Tiers (markers registered in pyproject.toml): `pytest -m "not slow"` is the fast tier (no compiled
+kernel, no Triton interpreter, no transformers, nothing that takes more than a second or two); the full
+suite runs everything. `gpu` tests are skipped where torch.cuda.is_available() is false.
+
+Session-scoped objects are shared by every test that asks for them, so no test may change them: plans
+are frozen records (tests change copies with .replace), models get an observer only inside try/finally.
 """
 
 from __future__ import annotations
@@ -18,6 +26,24 @@ import pytest  # noqa: E402
 from ostinato.tiny import write_tiny_checkpoint  # noqa: E402
 
 
+def pytest_collection_modifyitems(config, items):
+    """`gpu` tests need CUDA: skipped, with the reason, where there is none."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="gpu: needs CUDA (torch.cuda.is_available() is false here)")
+    for item in items:
+        if item.get_closest_marker("gpu") is not None:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def kernel_dir(tmp_path_factory):
+    """The run's one kernel build folder. Builds are content-addressed (<root>/<content hash>/,
+    compiler/codegen/render.py), so each distinct kernel compiles once per run, whichever test asks
+    first. Tests that check building into a given folder, or the build cache itself, use their own."""
+    return tmp_path_factory.mktemp("kernels")
+
+
 @pytest.fixture(scope="session")
 def tiny_ckpt(tmp_path_factory):
     """The default tiny preset (seed 0), written once."""
@@ -31,14 +57,46 @@ def small_ckpt(tmp_path_factory):
                                  progress=False)
 
 
-def compile_tiny_plan(ckpt, work, **options):
-    """Compile a cpu-only plan with kernels for `ckpt` into work/plan.yaml (kernels: work/build/kernels)."""
+def compile_tiny_plan(ckpt, work, kernel_dir=None, **options):
+    """Compile a cpu-only plan with kernels for `ckpt` into work/plan.yaml; kernels go to `kernel_dir`
+    (pass the session's `kernel_dir` fixture), else to work/build/kernels beside the plan."""
     from ostinato.compiler.compile import CompileOptions, compile_plan
 
-    plan = compile_plan(CompileOptions(ckpt, work / "plan.yaml", "cpu-only", kernel_dir=work / "build" / "kernels",
-                                       **options)).plan
+    kernel_dir = kernel_dir if kernel_dir is not None else work / "build" / "kernels"
+    plan = compile_plan(CompileOptions(ckpt, work / "plan.yaml", "cpu-only", kernel_dir=kernel_dir, **options)).plan
     plan.write(work / "plan.yaml")
     return plan
+
+
+@pytest.fixture(scope="session")
+def compiled(tiny_ckpt, tmp_path_factory, kernel_dir):
+    """(plan, work): a mixed plan for the tiny model on cpu-only, written to work/plan.yaml, its kernels
+    in the session's kernel folder. Shared by the engine tests: they load engines from it and change only
+    copies of the plan (Plan.replace); files they write go beside it under names of their own."""
+    work = tmp_path_factory.mktemp("engine")
+    return compile_tiny_plan(tiny_ckpt, work, kernel_dir, context=4096, max_hot_per_layer=6), work
+
+
+@pytest.fixture(scope="session")
+def reference(tiny_ckpt):
+    """The plain tiny model (float32), the engine tests' reference: tests open sessions of their own and
+    set a routing observer only inside try/finally."""
+    from ostinato.runtime import load_model
+
+    return load_model(tiny_ckpt)
+
+
+@pytest.fixture(scope="session", params=["tiny", pytest.param("small", marks=pytest.mark.slow)])
+def model(request, tiny_ckpt, small_ckpt):
+    """The plain model of each preset in float32, `preset` set: the static-step tests' reference (they open
+    sessions of their own; observers only inside try/finally). Modules with a `model` fixture of their own
+    (test_model_session, test_model_executor) use theirs. The small preset's cases are slow (its
+    dimensions make each step several times the tiny one's)."""
+    from ostinato.runtime import load_model
+
+    m = load_model(tiny_ckpt if request.param == "tiny" else small_ckpt, dtype=torch.float32)
+    m.preset = request.param
+    return m
 
 
 def assert_close_to_scale(ours: torch.Tensor, ref: torch.Tensor, tol: float, what: str) -> None:

@@ -20,11 +20,10 @@ from __future__ import annotations
 from collections import defaultdict
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
-
 from graph_safety import storage_of
 from ostinato.runtime.engine.streams import CpuStreams, Entry
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 
 class StreamWork(TorchDispatchMode):

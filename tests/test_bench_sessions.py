@@ -1,14 +1,14 @@
-"""python -m ostinato.bench.sessions replays any workload CSV (--sessions FILE), grouped by workload, with every system."""
+"""python -m ostinato.bench.sessions replays any workload CSV (--sessions FILE), grouped by workload,
+with every system."""
 
 from pathlib import Path
 
 import pytest
-
 from ostinato.bench import sessions as bench_sessions
 from ostinato.bench.simulator.bench import by_workload
 from ostinato.plans import plans_dir
-from ostinato.workload import read_sessions
 
+from ostinato.workload import read_sessions
 
 SYSTEMS = ("Ostinato", "KTransformers-like", "KTransformers-like + GPU experts", "llama.cpp layers",
            "llama.cpp CPU experts", "llama.cpp LRU cache")
@@ -19,6 +19,7 @@ def test_the_shipped_sessions_group_as_coding_and_customer_service():
     assert list(groups) == ["coding", "customer service"] and all(len(g) == 3 for g in groups.values())
 
 
+@pytest.mark.slow
 def test_another_workload_file_is_replayed(tmp_path, capsys):
     csv = tmp_path / "mine.csv"
     rows = ["source,session,turn,appended_tokens,generated_tokens"]
@@ -40,6 +41,7 @@ def test_another_workload_file_is_replayed(tmp_path, capsys):
     assert e.value.code == 2 and "nope.csv: sessions file not found" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_the_documented_tables_are_the_tools_output():
     """docs/benchmarks.md's modeled tables, regenerated from the committed plan inputs, workload and seed."""
     from ostinato.bench.simulator.bench import DOC_BEGIN, DOC_END, DOC_SESSIONS, modeled_tables

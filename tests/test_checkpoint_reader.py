@@ -58,7 +58,8 @@ def test_reading_opens_only_the_shards_holding_the_requested_tensors(tiny_ckpt):
         ckpt.raw("layers.2.ffn.gate.bias")  # same shard: nothing new
         assert len(ckpt.opened_shards) == 1
         ckpt.raw("head.weight")
-        assert ckpt.opened_shards == sorted({ckpt.weight_map["layers.2.attn.wq_a.weight"], ckpt.weight_map["head.weight"]})
+        assert ckpt.opened_shards == sorted({ckpt.weight_map["layers.2.attn.wq_a.weight"],
+                                             ckpt.weight_map["head.weight"]})
 
 
 def test_single_file_checkpoint(tiny_ckpt, tmp_path):

@@ -2,10 +2,11 @@
 
 import pytest
 import torch
+from hf_reference import hf_parameter, load_reference
 
 from ostinato.checkpoint.reader import Checkpoint
 
-from hf_reference import hf_parameter, load_reference
+pytestmark = pytest.mark.slow  # transformers (the reference)
 
 
 @pytest.mark.parametrize("fixture", ["tiny_ckpt", "small_ckpt"])

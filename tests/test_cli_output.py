@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 CLOSED_READER = """
 import os, sys
 from ostinato.cli.inspect import main
@@ -17,6 +19,7 @@ sys.exit(main([sys.argv[1], "--tensors"]))
 """
 
 
+@pytest.mark.slow  # a fresh interpreter importing the CLI, seconds
 def test_inspect_into_a_closed_pipe_exits_0(tiny_ckpt):
     r = subprocess.run([sys.executable, "-c", CLOSED_READER, str(tiny_ckpt)], capture_output=True, text=True,
                        env={**os.environ, "PYTHONUNBUFFERED": "1"}, timeout=120)

@@ -9,21 +9,20 @@ import sys
 import pytest
 import torch
 import yaml
-
-from ostinato.cli import inspect as inspect_cli
+from conftest import compile_tiny_plan
 from ostinato.compiler.cli import compile as compile_cli
 from ostinato.compiler.cli import profile as profile_cli
 from ostinato.plans import plans_dir
 from ostinato.runtime.cli import record as record_cli
 from ostinato.runtime.cli import run as run_cli
 
-from conftest import compile_tiny_plan
+from ostinato.cli import inspect as inspect_cli
 
 
 @pytest.fixture(scope="module")
-def compiled(tiny_ckpt, tmp_path_factory):
+def compiled(tiny_ckpt, tmp_path_factory, kernel_dir):
     work = tmp_path_factory.mktemp("refusals")
-    compile_tiny_plan(tiny_ckpt, work, context=1024, max_hot_per_layer=4)
+    compile_tiny_plan(tiny_ckpt, work, kernel_dir, context=1024, max_hot_per_layer=4)
     return work / "plan.yaml"
 
 
@@ -111,7 +110,8 @@ CASES = {
         lambda ckpt, plan, tmp: (inspect_cli.main, [_a_file(tmp)]),
         r"DIRECTORY .*afile: is a file"),
     "record into an unwritable path": (
-        lambda ckpt, plan, tmp: (record_cli.main, [str(ckpt), "--sessions", str(plans_dir() / "workloads/agent_turns.csv"),
+        lambda ckpt, plan, tmp: (record_cli.main, [str(ckpt),
+                                                   "--sessions", str(plans_dir() / "workloads/agent_turns.csv"),
                                                    "-o", _a_file(tmp) + "/p.safetensors"]),
         r"--output .*afile/p.safetensors: .*afile is not a directory"),
     "profile report plot into a directory": (
@@ -122,6 +122,7 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.slow  # a compiled plan (C++ kernels)
 def test_bad_input_is_refused_by_name(case, tiny_ckpt, compiled, tmp_path, capsys):
     make, message = CASES[case]
     main, argv = make(tiny_ckpt, compiled, tmp_path)
@@ -133,6 +134,7 @@ def test_bad_input_is_refused_by_name(case, tiny_ckpt, compiled, tmp_path, capsy
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+@pytest.mark.slow  # a compiled plan (C++ kernels)
 def test_device_cuda_without_cuda_is_refused(compiled, capsys):
     assert run_cli.main([str(compiled), "--device", "cuda", "--prompt", "hi", "--max-new", "1"]) == 1
     assert "--device cuda: this machine has no CUDA device" in capsys.readouterr().err
@@ -152,6 +154,7 @@ def test_profile_without_a_command_is_a_usage_error(tiny_ckpt, capsys):
     assert "use ostinato-record" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # compiles kernels into its own folder, in subprocesses
 def test_a_plan_runs_from_any_working_directory(tiny_ckpt, tmp_path):
     """Compile in one folder, move the plan's folder elsewhere with its build/, run from a third."""
     work = tmp_path / "compiled-here"
@@ -171,6 +174,7 @@ def test_a_plan_runs_from_any_working_directory(tiny_ckpt, tmp_path):
     assert "plan " in r.stdout and "4 layers on cpu-only" in r.stdout
 
 
+@pytest.mark.slow  # a compiled plan (C++ kernels)
 def test_a_moved_model_is_given_with_model(tiny_ckpt, compiled, tmp_path, capsys):
     plan = yaml.safe_load(compiled.read_text())
     assert plan["model"]["path"] != str(tiny_ckpt)          # relative to the plan file
@@ -184,10 +188,11 @@ def test_a_moved_model_is_given_with_model(tiny_ckpt, compiled, tmp_path, capsys
                          "--max-new", "1"]) == 0
 
 
-def test_an_all_cold_plan_compiles_and_runs(tiny_ckpt, tmp_path, capsys):
+@pytest.mark.slow  # a compiled plan (C++ kernels)
+def test_an_all_cold_plan_compiles_and_runs(tiny_ckpt, tmp_path, kernel_dir, capsys):
     out = tmp_path / "cold.yaml"
     assert compile_cli.main([str(tiny_ckpt), str(out), "--hardware", "cpu-only", "--max-hot-per-layer", "0",
-                             "--context", "1024", "--kernel-dir", str(tmp_path / "k")]) == 0
+                             "--context", "1024", "--kernel-dir", str(kernel_dir)]) == 0
     plan = yaml.safe_load(out.read_text())
     assert all(layer["hot_experts"] == [] for layer in plan["layers"])
     assert plan["predictions"]["hot_route_share"] == 0.0

@@ -6,13 +6,14 @@ from pathlib import Path
 
 import pytest
 import yaml
+from ostinato.compiler.cli import compile as compile_cli
+from ostinato.compiler.compile import CompileError, CompileOptions, compile_plan
+from ostinato.compiler.memory_model import held_bytes, kv_cache_bytes
+from ostinato.plans import plans_dir
 
 from ostinato.checkpoint import ModelConfig, model_sizes
 from ostinato.checkpoint.fingerprint import model_fingerprint
 from ostinato.checkpoint.tensor_specs import global_specs, layer_specs
-from ostinato.compiler.cli import compile as compile_cli
-from ostinato.compiler.compile import CompileError, CompileOptions, compile_plan
-from ostinato.compiler.memory_model import held_bytes, kv_cache_bytes
 from ostinato.plan import (
     KernelName,
     PlanError,
@@ -20,7 +21,6 @@ from ostinato.plan import (
     load_plan,
     plan_from_dict,
 )
-from ostinato.plans import plans_dir
 
 REPO = Path(__file__).resolve().parents[1]
 FLASH = Path("plans/models/deepseek-v4-flash")
@@ -88,12 +88,14 @@ def test_kv_cache_matches_the_model_card():
 def test_flash_plan_content(in_repo):
     plan = load_plan(FLASH_PLAN)
     assert plan.model.layers == 43 and len(plan.layers) == 43
-    assert [l.gpu for l in plan.layers] == sorted(l.gpu for l in plan.layers) and {l.gpu for l in plan.layers} == {0, 1, 2, 3}
+    assert ([l.gpu for l in plan.layers] == sorted(l.gpu for l in plan.layers)
+            and {l.gpu for l in plan.layers} == {0, 1, 2, 3})
     assert any("SYNTHETIC" in n for n in plan.notes) and plan.provenance.profile_source.startswith("synthetic zipf")
     assert plan.provenance.index_sha256 is None  # config.json alone: said in the plan
     assert 0.5 < plan.predictions.hot_route_share < 1.0
     t, buckets = plan.policy.prefill_threshold, plan.policy.prefill_buckets
-    assert buckets and buckets == [2 ** i for i in range(1, len(buckets) + 1)] and 3 * buckets[-1] <= plan.policy.context
+    assert (buckets and buckets == [2 ** i for i in range(1, len(buckets) + 1)]
+            and 3 * buckets[-1] <= plan.policy.context)
     for row in plan.predictions.prefill:
         bucketed = row.tokens <= buckets[-1]
         assert row.mode == ("bucket" if bucketed else "upload" if t is not None and row.tokens > t else "split")
@@ -169,6 +171,7 @@ def test_malformed_plan_names_the_field(in_repo, tmp_path):
         load_plan(tmp_path / "bad.yaml")
 
 
+@pytest.mark.slow  # builds kernels (C++) into its own folder
 def test_kernels_are_built_and_recorded(tiny_ckpt, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "plans").mkdir()
@@ -179,7 +182,8 @@ def test_kernels_are_built_and_recorded(tiny_ckpt, tmp_path, monkeypatch):
         assert k.path.startswith(f"../build/kernels/{k.content_sha256[:20]}/")
         assert plan.provenance.templates[k.template] == k.template_sha256
     from ostinato.compiler.codegen.render import included_headers  # headers are recorded as templates are
-    assert included_headers(plan.kernel(KernelName.COLD_EXPERTS_CPU).template).items() <= plan.provenance.templates.items()
+    assert (included_headers(plan.kernel(KernelName.COLD_EXPERTS_CPU).template).items()
+            <= plan.provenance.templates.items())
     assert plan.kernel(KernelName.COLD_EXPERTS_CPU).params["isa"] == "avx2"
     assert plan.kernel(KernelName.HOT_EXPERTS_DECODE).params["max_routes"] == 4
 
@@ -195,6 +199,7 @@ def test_a_kernel_that_fails_to_compile_fails_the_compile(tiny_ckpt, tmp_path, m
     assert "the compiler says no" in err and not (tmp_path / "p.yaml").exists()
 
 
+@pytest.mark.slow  # builds kernels (C++) into its own folder
 def test_committed_tiny_plan_regenerates_byte_identically(tmp_path, monkeypatch):
     from ostinato.tiny import write_tiny_checkpoint
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from ostinato.compiler import compile as pipeline
 from ostinato.compiler.compile import CompileError, CompileOptions, compile_plan
+
 from ostinato.plan import PlanError, load_plan
 
 REPO = Path(__file__).resolve().parents[1]
@@ -28,7 +28,8 @@ def test_every_pass_is_logged_and_the_buckets_are_the_builds(tmp_path, caplog):
     with caplog.at_level(logging.INFO, logger="ostinato.compile"):
         b = compile_plan(CompileOptions(FLASH_CONFIG, tmp_path / "plan.yaml", "rtx4090d-x4", profile="synthetic:1.0"))
     logged = [r.getMessage() for r in caplog.records]
-    assert [m for m in logged if m.startswith("pass ") and ":" not in m] == [f"pass {p.__name__}" for p in pipeline.PASSES]
+    assert ([m for m in logged if m.startswith("pass ") and ":" not in m]
+            == [f"pass {p.__name__}" for p in pipeline.PASSES])
     assert b.buckets and b.plan.policy.prefill_buckets == b.buckets
     assert not hasattr(b.cost, "buckets")  # the cost model prices buckets it is given; it holds none
     # the replan pass left the graph-pool reserve at the largest bucket kept
@@ -67,7 +68,8 @@ def test_given_buckets_are_checked_by_the_schema_before_kernels_are_built(tmp_pa
     monkeypatch.setattr(pipeline, "kernels", lambda b: built.append(b))
     monkeypatch.setattr(pipeline, "PASSES", tuple(pipeline.kernels if p.__name__ == "kernels" else p
                                                  for p in pipeline.PASSES))
-    with pytest.raises(CompileError, match=r"prefill bucket 64: buckets are powers of two from 2 up to context / 3 \(42"):
+    with pytest.raises(CompileError,
+                       match=r"prefill bucket 64: buckets are powers of two from 2 up to context / 3 \(42"):
         compile_plan(CompileOptions(FLASH_CONFIG, tmp_path / "plan.yaml", "rtx4090d-x4", context=128,
                                     prefill_buckets=(2, 64)))
     assert built == []

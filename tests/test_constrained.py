@@ -11,12 +11,17 @@ from pathlib import Path
 
 import pytest
 import torch
-from tokenizers import Tokenizer
-
 from ostinato.server import dsml
-from ostinato.server.constrained import (ConstraintError, ResponseFormatError, bridge_for,
-                                                 constraint_factory, dsml_call_constraint, eos_id_from_config)
+from ostinato.server.constrained import (
+    ConstraintError,
+    ResponseFormatError,
+    bridge_for,
+    constraint_factory,
+    dsml_call_constraint,
+    eos_id_from_config,
+)
 from ostinato.server.token_bytes import token_bytes
+from tokenizers import Tokenizer
 
 EOS = 1       # "<｜end▁of▁sentence｜>" in both tokenizers
 BUDGET = 400  # tokens
@@ -107,6 +112,7 @@ def closing_bias(factory, vocab: int, k: float = 1.0) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("which", ["tiny", "real"])
+@pytest.mark.slow  # the real V4 tokenizer
 def test_token_bytes_spell_the_text(which, tiny_tok, real_tok):
     tok = tiny_tok if which == "tiny" else real_tok
     tb = token_bytes(tok)
@@ -226,6 +232,7 @@ def test_text_means_no_constraint(tiny_factory):
 # ---- the real tokenizer -------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # the real V4 tokenizer
 def test_real_vocabulary_schema_and_mask_time(real_tok):
     t0 = time.perf_counter()
     factory = constraint_factory(real_tok)

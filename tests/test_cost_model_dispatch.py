@@ -4,18 +4,17 @@ and the term lands where execution is eager (prefills; decode only on a cpu-only
 import copy
 
 import pytest
-
+from conftest import compile_tiny_plan
 from ostinato.compiler.cost_model import EAGER_OPS_PER_LAYER
 from ostinato.runtime.engine.loader import load_engine
 from ostinato.runtime.engine.op_count import ops_per_layer
 
-from conftest import compile_tiny_plan
-
 
 @pytest.mark.parametrize("preset", ["tiny", "small"])
-def test_eager_ops_per_layer_matches_the_runtime(preset, tiny_ckpt, small_ckpt, tmp_path):
+@pytest.mark.slow  # compiled plans' engines (C++ kernels)
+def test_eager_ops_per_layer_matches_the_runtime(preset, tiny_ckpt, small_ckpt, tmp_path, kernel_dir):
     ckpt = tiny_ckpt if preset == "tiny" else small_ckpt
-    plan = compile_tiny_plan(ckpt, tmp_path, context=4096, max_hot_per_layer=4)
+    plan = compile_tiny_plan(ckpt, tmp_path, kernel_dir, context=4096, max_hot_per_layer=4)
     engine = load_engine(plan, ckpt, device="cpu")
     counts = ops_per_layer(engine)  # split-route prefills of 1, 16, 128 tokens on top of a context, a decode step
     engine.close()

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from test_engine import compiled  # noqa: F401  (fixture)
-
+import pytest
 from ostinato.runtime.cli import run as run_cli
 from ostinato.runtime.engine.cpu_threads import GPU_RESERVED, cpu_threads, usable_cores
 
@@ -21,6 +20,7 @@ def test_cpu_only_runs_keep_every_core_and_small_boxes_keep_one_thread():
     assert cpu_threads(96, cuda=True, cores=2).threads == 1
 
 
+@pytest.mark.slow  # the compiled plan (tests/conftest.py)
 def test_the_run_header_says_the_plan_was_clamped(compiled, capsys):
     plan, work = compiled
     many = usable_cores() + 94

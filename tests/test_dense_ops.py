@@ -5,14 +5,15 @@ that lets only a plan's forwards use them."""
 
 import pytest
 import torch
-
 from ostinato.compiler.codegen.dense_ops import build_cpu_dense_ops, render_triton_dense_ops
-from ostinato.runtime.kernels.dense_ops import DenseOpsKernel
 from ostinato.runtime.engine.op_count import OpCounter
+from ostinato.runtime.kernels.dense_ops import DenseOpsKernel
 from ostinato.runtime.kernels.triton_experts import load_triton_module
 from ostinato.runtime.model import fused
 from ostinato.runtime.model.norms import rms_norm, unweighted_rms_norm
 from ostinato.runtime.model.rope import apply_rope
+
+pytestmark = pytest.mark.slow  # compiled kernels (C++; Triton under the interpreter)
 
 # float32: the same arithmetic in another summation order; bf16/fp16: one rounding step apart at most
 TOL = {torch.float32: dict(rtol=2e-6, atol=1e-6), torch.bfloat16: dict(rtol=2 ** -7, atol=1e-6),
@@ -20,9 +21,9 @@ TOL = {torch.float32: dict(rtol=2e-6, atol=1e-6), torch.bfloat16: dict(rtol=2 **
 
 
 @pytest.fixture(scope="module")
-def kernels(tmp_path_factory):
-    root = tmp_path_factory.mktemp("dense_ops")
-    return DenseOpsKernel(build_cpu_dense_ops(root).path, load_triton_module(render_triton_dense_ops(root).path))
+def kernels(kernel_dir):
+    return DenseOpsKernel(build_cpu_dense_ops(kernel_dir).path,
+                          load_triton_module(render_triton_dense_ops(kernel_dir).path))
 
 
 def inputs(shape, dtype, seed):

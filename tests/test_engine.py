@@ -1,56 +1,30 @@
 """The placement engine computes the plain model's function under every placement and mode."""
 
-import random
 import shutil
 
 import pytest
 import torch
-
-from ostinato.plan import PlanError
-from ostinato.runtime import load_model
+from conftest import compile_tiny_plan
+from engine_helpers import IDS, _close, _engine
 from ostinato.runtime.cli.run import main as run_main
 from ostinato.runtime.engine.loader import load_engine
 
-from conftest import compile_tiny_plan
+from ostinato.plan import PlanError
 
-TOL = 1e-4  # relative to the logits' scale, float32
+# compiled (the plan, session-wide) and reference (the plain model) are fixtures of tests/conftest.py
+pytestmark = pytest.mark.slow  # compiled kernels, the plain model as reference
 
 
-@pytest.fixture(scope="module")
-def compiled(tiny_ckpt, tmp_path_factory):
-    """A mixed plan for the tiny model on cpu-only, compiled with kernels in its own directory."""
-    work = tmp_path_factory.mktemp("engine")
+@pytest.fixture
+def compiled_beside_its_build(compiled, tiny_ckpt, tmp_path_factory):
+    """The shared plan compiled again into a folder of its own, its kernels in build/kernels beside it (the
+    layout ostinato-compile makes by default), copied from the session's kernel folder: nothing rebuilds."""
+    plan, _ = compiled
+    work = tmp_path_factory.mktemp("engine_own_build")
+    for k in plan.kernels:
+        folder = plan.resolve(k.path).parent
+        shutil.copytree(folder, work / "build" / "kernels" / folder.name, dirs_exist_ok=True)
     return compile_tiny_plan(tiny_ckpt, work, context=4096, max_hot_per_layer=6), work
-
-
-@pytest.fixture(scope="module")
-def reference(tiny_ckpt):
-    return load_model(tiny_ckpt)
-
-
-def _variant(plan, placement: str, threshold, seed=0):
-    E = plan.model.routed_experts
-    rng = random.Random(seed)
-    layers = []
-    for lp in plan.layers:
-        hot = {"all-hot": list(range(E)), "all-cold": [], "mixed": lp.hot_experts,
-               "random": sorted(rng.sample(range(E), rng.randint(1, E - 1)))}[placement]
-        layers.append(lp.replace(hot_experts=hot))
-    policy = plan.policy.replace(prefill_threshold=threshold, upload_group=3)
-    return plan.replace(layers=layers, policy=policy)
-
-
-def _engine(compiled, tiny_ckpt, placement, threshold=None, **kw):
-    plan, work = compiled
-    return load_engine(_variant(plan, placement, threshold), tiny_ckpt, device="cpu", **kw)
-
-
-def _close(a, b):
-    scale = b.abs().max()
-    assert (a - b).abs().max() <= TOL * scale, f"max diff {(a - b).abs().max()} at scale {scale}"
-
-
-IDS = torch.randint(0, 1024, (150,), generator=torch.Generator().manual_seed(7))
 
 
 @pytest.mark.parametrize("placement", ["all-hot", "all-cold", "mixed", "random"])
@@ -99,7 +73,7 @@ def test_greedy_tokens_of_a_multi_turn_session_match(compiled, tiny_ckpt, refere
     engine = _engine(compiled, tiny_ckpt, "mixed", threshold=40)
     ours, ref = engine.new_session(), reference.new_session()
     got, want = [], []
-    for turn, (start, stop) in enumerate([(0, 60), (60, 75), (75, 140)]):  # upload, split, upload prefills
+    for start, stop in [(0, 60), (60, 75), (75, 140)]:  # upload, split, upload prefills
         for sess, out in ((ours, got), (ref, want)):
             tok = int(sess.prefill(IDS[start:stop])[-1].argmax())
             for _ in range(6):
@@ -137,8 +111,8 @@ def test_a_plan_for_another_checkpoint_is_refused(compiled, small_ckpt):
         load_engine(plan, small_ckpt, device="cpu")
 
 
-def test_missing_kernel_artifact_is_a_clear_error(compiled, tiny_ckpt, tmp_path):
-    plan, work = compiled
+def test_missing_kernel_artifact_is_a_clear_error(compiled_beside_its_build, tiny_ckpt, tmp_path):
+    plan, work = compiled_beside_its_build
     shutil.copy(work / "plan.yaml", tmp_path / "plan.yaml")  # a plan copied without its build/ folder
     with pytest.raises(PlanError, match="kernel artifact .*/build/kernels/.* not found.*run ostinato-compile again"):
         load_engine(tmp_path / "plan.yaml", tiny_ckpt, device="cpu")
@@ -199,7 +173,8 @@ def test_ostinato_run_answers_a_prompt_and_names_bad_input(compiled, tiny_ckpt, 
 
     plan, work = compiled
     monkeypatch.chdir(work)
-    assert run_main(["plan.yaml", "--model", str(tiny_ckpt), "--device", "cpu", "--prompt", "Hello", "--max-new", "4"]) == 0
+    assert run_main(["plan.yaml", "--model", str(tiny_ckpt), "--device", "cpu", "--prompt", "Hello",
+                     "--max-new", "4"]) == 0
     tok = Tokenizer.from_file(str(tiny_ckpt / "tokenizer.json"))
     session, out = reference.new_session(), []
     nxt = int(session.prefill([0] + tok.encode("Hello").ids)[-1].argmax())

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from conftest import teacher_forced_picks
-from test_engine import IDS, _engine, compiled  # noqa: F401  (fixtures)
+from engine_helpers import IDS, _engine
+from ostinato.runtime.cli.run import main as run_main
+
+pytestmark = pytest.mark.slow  # the compiled plan (tests/conftest.py)
 
 STEPS = 24
 NEAR_TIE = 0.01  # of the logit scale
@@ -51,8 +53,6 @@ def test_bf16_engine_greedy_matches_the_float32_engine(compiled, tiny_ckpt, mode
 
 
 def test_ostinato_run_in_bfloat16_through_every_decode_mode(compiled, tiny_ckpt, capsys, monkeypatch):
-    from test_engine import run_main
-
     _, work = compiled
     monkeypatch.chdir(work)
     for mode in ("graph", "eager", "dynamic"):

@@ -7,11 +7,11 @@ bucket (hot launch + cold host task inside, equal op traces at two positions, on
 
 import pytest
 import torch
-
+from engine_helpers import IDS, _close, _variant, on_gpus
 from graph_safety import first_difference, segment_owners, traced_step
 from ostinato.runtime.engine.loader import load_engine
-from test_engine import IDS, _close, _variant, compiled, reference  # noqa: F401  (fixtures)
-from test_engine_decode_step import on_gpus
+
+pytestmark = pytest.mark.slow  # the compiled plan and the reference model (tests/conftest.py)
 
 BUCKETS = [2, 4, 8, 16, 32, 64]
 

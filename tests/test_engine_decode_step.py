@@ -9,27 +9,11 @@ import ctypes
 
 import pytest
 import torch
-
+from engine_helpers import IDS, _close, _engine, pipeline_engine
 from graph_safety import first_difference, segment_owners, traced_step
-from ostinato.runtime.engine.loader import load_engine
-from test_engine import IDS, _close, _engine, _variant, compiled, reference  # noqa: F401  (fixtures)
+from ostinato.runtime.cli.run import main as run_main
 
-
-def on_gpus(plan, gpus: int):
-    """The plan with its layers split in order over `gpus` planned GPUs (all the CPU here)."""
-    if gpus == 1:
-        return plan
-    hardware = plan.hardware.replace(gpus=plan.hardware.gpus.replace(count=gpus))
-    per = -(-len(plan.layers) // gpus)
-    layers = [lp.replace(gpu=i // per) for i, lp in enumerate(plan.layers)]
-    memory = [plan.memory[0].replace(device=f"gpu{g}") for g in range(gpus)] + [plan.memory[-1]]
-    return plan.replace(hardware=hardware, layers=layers, memory=memory)
-
-
-def pipeline_engine(compiled, tiny_ckpt, placement: str, gpus: int, threshold=None, hot_backend=None):
-    plan, _ = compiled
-    return load_engine(on_gpus(_variant(plan, placement, threshold), gpus), tiny_ckpt, device="cpu",
-                       hot_backend=hot_backend)
+pytestmark = pytest.mark.slow  # the compiled plan and the reference model (tests/conftest.py)
 
 
 @pytest.mark.parametrize("placement", ["all-hot", "all-cold", "mixed", "random"])
@@ -97,7 +81,7 @@ def test_sessions_take_turns_with_the_decode_step(compiled, tiny_ckpt, reference
     for s, r, ids in ((a, ra, IDS[:30]), (b, rb, IDS[30:70])):
         s.prefill(ids), r.prefill(ids)
     ta, tb = 5, 9
-    for i in range(3):
+    for _ in range(3):
         ta_ref, tb_ref = ra.decode(ta), rb.decode(tb)
         _close(a.decode(ta), ta_ref)
         _close(b.decode(tb), tb_ref)
@@ -130,8 +114,6 @@ def test_a_failed_cold_task_is_reported(compiled, tiny_ckpt):
 
 
 def test_ostinato_run_decode_modes_give_the_same_reply(compiled, tiny_ckpt, capsys, monkeypatch):
-    from test_engine import run_main
-
     _, work = compiled
     monkeypatch.chdir(work)
     replies = []
@@ -147,8 +129,9 @@ def test_ostinato_run_decode_modes_give_the_same_reply(compiled, tiny_ckpt, caps
 
 def test_a_cpu_kernel_for_an_isa_this_cpu_lacks_is_refused(compiled, tiny_ckpt, monkeypatch):
     """Loading it would die with SIGILL; the loader names the ISA and what to do instead."""
-    from ostinato.plan import KernelName, PlanError
     from ostinato.runtime.engine import loader
+
+    from ostinato.plan import KernelName, PlanError
 
     plan, work = compiled
     monkeypatch.setattr(loader, "supports", lambda isa: isa == "avx2")

@@ -15,9 +15,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from ostinato.checkpoint.formats import dequantize_mxfp4
-from ostinato.checkpoint.reader import Checkpoint, PackedExpert
+from engine_helpers import IDS, _engine
+from ostinato.runtime.cli.run import main as run_main
 from ostinato.runtime.engine import hot_compute
 from ostinato.runtime.engine.held_memory import tensors_in
 from ostinato.runtime.engine.hot_compute import TorchPoolCompute
@@ -27,7 +26,8 @@ from ostinato.runtime.kernels.mxfp4 import Mxfp4Table, dequantize
 from ostinato.runtime.kernels.triton_experts import HotPool
 from ostinato.runtime.model.experts import swiglu
 
-from test_engine import IDS, _engine, compiled, run_main  # noqa: F401  (fixtures)
+from ostinato.checkpoint.formats import dequantize_mxfp4
+from ostinato.checkpoint.reader import Checkpoint, PackedExpert
 
 
 # ----- item 1: no dequantized copies of experts ---------------------------------------------------
@@ -117,6 +117,7 @@ def _storage_bytes(tensors) -> int:
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.slow  # the compiled plan (C++ kernels)
 def test_the_engine_holds_packed_experts_only_as_the_plan_counts(compiled, tiny_ckpt, dtype):
     plan, _ = compiled
     engine = load_engine(plan, tiny_ckpt, device="cpu", dtype=dtype)  # the plan as compiled: its memory rows hold
@@ -156,6 +157,7 @@ def _inside(t: torch.Tensor, ranges) -> bool:
     return any(a <= lo and hi <= b for a, b in ranges)
 
 
+@pytest.mark.slow  # the compiled plan (C++ kernels)
 def test_cold_experts_are_views_of_the_memory_mapped_checkpoint(compiled, tiny_ckpt):
     """Each cold expert's bytes (and the CPU kernel's pointers) lie inside the mapped shard files:
     a copy (clone, contiguous of a strided view, a pinned copy) would live in anonymous memory."""
@@ -201,6 +203,7 @@ def test_resident_memory_from_proc_status():
     del block
 
 
+@pytest.mark.slow  # the compiled plan (C++ kernels)
 def test_load_progress_bars_on_stderr(compiled, tiny_ckpt, capsys):
     plan, _ = compiled
     L = len(plan.layers)
@@ -211,6 +214,7 @@ def test_load_progress_bars_on_stderr(compiled, tiny_ckpt, capsys):
     assert "placing experts" not in capsys.readouterr().err
 
 
+@pytest.mark.slow  # the compiled plan (C++ kernels)
 def test_ostinato_run_prints_resident_memory_beside_the_plan(compiled, tiny_ckpt, capsys, monkeypatch):
     plan, work = compiled
     monkeypatch.chdir(work)

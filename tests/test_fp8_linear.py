@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from ostinato.checkpoint.formats import dequantize_fp8, quantize_fp8
 from ostinato.runtime.kernels.fp8_triton import fp8_linear
 from ostinato.runtime.model.fp8_matrix import Fp8Matrix, grouped_linear, linear
+
+from ostinato.checkpoint.formats import dequantize_fp8, quantize_fp8
 
 
 def _random_fp8(n: int, k: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
@@ -18,6 +18,7 @@ def _random_fp8(n: int, k: int, gen: torch.Generator) -> tuple[torch.Tensor, tor
 
 
 @pytest.mark.parametrize("T", [1, 5, 33])
+@pytest.mark.slow  # Triton's interpreter
 def test_float32_activations_match_the_reference(T):
     g = torch.Generator().manual_seed(T)
     q, s = _random_fp8(256, 384, g)
@@ -28,6 +29,7 @@ def test_float32_activations_match_the_reference(T):
     assert (got - ref).abs().max() <= 1e-5 * ref.abs().max()
 
 
+@pytest.mark.slow  # Triton's interpreter
 def test_every_code_and_scale_decodes_exactly():
     """Row r of W holds all 254 finite e4m3 codes (plus two zeros) at block scale byte r x 2; x = identity."""
     finite = [c for c in range(256) if c & 0x7F != 0x7F]  # 0x7F / 0xFF are NaN
@@ -38,6 +40,7 @@ def test_every_code_and_scale_decodes_exactly():
     assert torch.equal(got.T, dequantize_fp8(q, scale.view(torch.float8_e8m0fnu)))
 
 
+@pytest.mark.slow  # Triton's interpreter
 def test_float16_activations_use_a_half_precision_dot():
     g = torch.Generator().manual_seed(7)
     q, s = _random_fp8(128, 256, g)
@@ -69,17 +72,17 @@ def test_the_cpu_twin_equals_the_dequantized_matrix_bit_for_bit(dtype):
         w.rows(0, 100)
 
 
-def test_an_fp8_plan_computes_what_a_bf16_plan_computes(tiny_ckpt, tmp_path):
+@pytest.mark.slow  # compiled plans (C++ kernels)
+def test_an_fp8_plan_computes_what_a_bf16_plan_computes(tiny_ckpt, tmp_path, kernel_dir):
     """Same checkpoint, same placement, dense weights held as stored FP8 or dequantized to bf16: on the
     CPU the same logits bit for bit (prefill and decode steps), with half the bytes of those matrices."""
     from conftest import compile_tiny_plan
-
     from ostinato.runtime.engine.loader import load_engine
 
     logits, dense = {}, {}
     ids = torch.randint(0, 1000, (40,), generator=torch.Generator().manual_seed(3))
     for fmt in ("fp8", "bf16"):
-        compile_tiny_plan(tiny_ckpt, tmp_path / fmt, context=1024, max_hot_per_layer=4, dense_format=fmt)
+        compile_tiny_plan(tiny_ckpt, tmp_path / fmt, kernel_dir, context=1024, max_hot_per_layer=4, dense_format=fmt)
         engine = load_engine(tmp_path / fmt / "plan.yaml", device="cpu")
         session = engine.new_session()
         steps = [session.prefill(ids[:30])[-1]] + [session.decode(int(t)) for t in ids[30:]]

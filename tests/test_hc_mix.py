@@ -3,12 +3,13 @@ random logits: the host library, the Triton kernel (interpreter, float32) and th
 
 import pytest
 import torch
-
 from ostinato.compiler.codegen.hc_mix import HcMixParams, build_cpu_hc_mix, render_triton_hc_mix
-from ostinato.runtime.kernels.hc_mix import HcMixKernel
 from ostinato.runtime.engine.op_count import OpCounter
+from ostinato.runtime.kernels.hc_mix import HcMixKernel
 from ostinato.runtime.kernels.triton_experts import load_triton_module
 from ostinato.runtime.model.hyper_connection import HcWeights, mix_weights
+
+pytestmark = pytest.mark.slow  # compiled kernels (C++; Triton under the interpreter)
 
 # (N, Sinkhorn iterations, eps): V4's 4 streams and 20 iterations; 3 streams (Triton pads to 4); one round
 SHAPES = [(4, 20, 1e-6), (3, 7, 1e-4), (2, 1, 0.0)]
@@ -22,10 +23,11 @@ def random_mix(n: int, t: int, seed: int) -> tuple[torch.Tensor, HcWeights]:
     return mix, w
 
 
-def kernels(tmp_path, n, iters, eps, triton: bool) -> HcMixKernel:
+def kernels(root, n, iters, eps, triton: bool) -> HcMixKernel:
+    """Built into `root`: the session's kernel folder (tests/conftest.py)."""
     params = HcMixParams(n=n, iters=iters, eps=eps)
-    module = load_triton_module(render_triton_hc_mix(params, tmp_path).path) if triton else None
-    return HcMixKernel(build_cpu_hc_mix(params, tmp_path).path, module)
+    module = load_triton_module(render_triton_hc_mix(params, root).path) if triton else None
+    return HcMixKernel(build_cpu_hc_mix(params, root).path, module)
 
 
 def assert_same(got, ref, what: str) -> None:
@@ -35,8 +37,8 @@ def assert_same(got, ref, what: str) -> None:
 
 
 @pytest.mark.parametrize("n,iters,eps", SHAPES)
-def test_host_kernel_matches_the_reference(tmp_path, n, iters, eps):
-    k = kernels(tmp_path, n, iters, eps, triton=False)
+def test_host_kernel_matches_the_reference(kernel_dir, n, iters, eps):
+    k = kernels(kernel_dir, n, iters, eps, triton=False)
     assert (k.n, k.iters, k.eps) == (n, iters, eps)
     for t, seed in ((1, 0), (5, 1), (64, 2), (0, 3)):
         mix, w = random_mix(n, t, seed)
@@ -44,8 +46,8 @@ def test_host_kernel_matches_the_reference(tmp_path, n, iters, eps):
 
 
 @pytest.mark.parametrize("n,iters,eps", SHAPES)
-def test_triton_kernel_matches_the_reference(tmp_path, n, iters, eps):
-    k = kernels(tmp_path, n, iters, eps, triton=True)
+def test_triton_kernel_matches_the_reference(kernel_dir, n, iters, eps):
+    k = kernels(kernel_dir, n, iters, eps, triton=True)
     for t, seed in ((1, 4), (6, 5)):
         mix, w = random_mix(n, t, seed)
         out = torch.empty_like(mix)
@@ -54,8 +56,8 @@ def test_triton_kernel_matches_the_reference(tmp_path, n, iters, eps):
         assert_same(got, mix_weights(mix, w, n, iters, eps), f"triton N={n} T={t}")
 
 
-def test_one_op_replaces_the_reference_dispatches(tmp_path):
-    k = kernels(tmp_path, 4, 20, 1e-6, triton=False)
+def test_one_op_replaces_the_reference_dispatches(kernel_dir):
+    k = kernels(kernel_dir, 4, 20, 1e-6, triton=False)
     mix, w = random_mix(4, 3, 6)
     with OpCounter() as fused:
         k(mix, w.base, w.scale)
@@ -65,8 +67,8 @@ def test_one_op_replaces_the_reference_dispatches(tmp_path):
     assert reference.ops > 100, reference.ops
 
 
-def test_bad_inputs_are_refused(tmp_path):
-    k = kernels(tmp_path, 4, 20, 1e-6, triton=False)
+def test_bad_inputs_are_refused(kernel_dir):
+    k = kernels(kernel_dir, 4, 20, 1e-6, triton=False)
     mix, w = random_mix(4, 2, 7)
     with pytest.raises(ValueError, match="mix must be a contiguous float32"):
         k(mix.double(), w.base, w.scale)

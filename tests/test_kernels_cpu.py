@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from ostinato.checkpoint.formats import unpack_fp4_codes
 from ostinato.compiler.codegen.kernels import CpuExpertParams, build_cpu_experts
-from ostinato.isa import detect_isa
 from ostinato.runtime.kernels.cpu_experts import CpuExpertKernel, gemm_library
 from ostinato.runtime.kernels.reference import dequantize_expert, moe_experts_reference
 from ostinato.runtime.kernels.routes import GroupedRoutes, group_routes
 from ostinato.runtime.kernels.testing import random_packed_expert
+
+from ostinato.checkpoint.formats import unpack_fp4_codes
+from ostinato.isa import detect_isa
+
+pytestmark = pytest.mark.slow  # compiled kernels (C++)
 
 HOST_ISA = detect_isa()
 BF16_DOT = HOST_ISA in ("avx512_bf16", "amx")
@@ -34,8 +36,8 @@ BUILDS = [pytest.param({}, id="own"), pytest.param(GEMM_BUILD, id="gemm", marks=
 
 
 @pytest.fixture(scope="module")
-def build_root(tmp_path_factory):
-    return tmp_path_factory.mktemp("kernels")
+def build_root(kernel_dir):
+    return kernel_dir  # the session's kernel folder (tests/conftest.py)
 
 
 @pytest.fixture(scope="module")

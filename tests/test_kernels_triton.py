@@ -3,7 +3,7 @@
 TRITON_INTERPRET is set only while this module's fixtures live (Triton reads it when a kernel is
 decorated and launched), so GPU tests elsewhere in a session are not forced into the interpreter.
 float32 and float16 activations only: the interpreter computes bf16 wrongly (it truncates instead of
-rounding, and multiplies bf16 as raw uint16 in tl.dot); the GPU check (tools/gpu_check.py) runs bf16.
+rounding, and multiplies bf16 as raw uint16 in tl.dot); the GPU checks (tests/gpu/test_hot_kernels.py) run bf16.
 Legend: D = hidden, I = expert intermediate (V4-Flash's aspect, D = 2I), E = experts, K = decode route slots.
 """
 
@@ -13,23 +13,24 @@ import os
 
 import pytest
 import torch
-
 from ostinato.compiler.codegen.kernels import TritonExpertParams, render_triton_experts
 from ostinato.runtime.kernels.reference import dequantize_expert, moe_experts_reference
 from ostinato.runtime.kernels.routes import group_flat_routes, group_routes
 from ostinato.runtime.kernels.testing import random_packed_expert
+
+pytestmark = pytest.mark.slow  # Triton's interpreter
 
 D, I, E, K = 256, 128, 4, 8
 BLOCKS = dict(block_m=16, block_n=32, block_k=128)  # K steps: 2 over D, 1 over I; row blocks: 4 of I, 8 of D
 
 
 @pytest.fixture(scope="module")
-def triton_mods(tmp_path_factory):
+def triton_mods(kernel_dir):
     old = os.environ.get("TRITON_INTERPRET")
     os.environ["TRITON_INTERPRET"] = "1"
     from ostinato.runtime.kernels import triton_experts as tx
 
-    root = tmp_path_factory.mktemp("triton")
+    root = kernel_dir  # the session's kernel folder (tests/conftest.py)
     prefill = tx.load_triton_module(render_triton_experts(TritonExpertParams(D, I, "prefill", **BLOCKS), root).path)
     decode = tx.load_triton_module(
         render_triton_experts(TritonExpertParams(D, I, "decode", max_routes=K, **BLOCKS), root).path)
@@ -94,10 +95,10 @@ DX = 192  # the next test's hidden size: scale rows of 6 bytes, so scale words s
 
 
 @pytest.fixture(scope="module")
-def unclamped_prefill(triton_mods, tmp_path_factory):
+def unclamped_prefill(triton_mods, kernel_dir):
     """A prefill module with SwiGLU's limit out of reach (3e38), hidden size DX."""
     params = TritonExpertParams(DX, I, "prefill", swiglu_limit=3e38, block_m=16, block_n=32, block_k=64)
-    return triton_mods[0].load_triton_module(render_triton_experts(params, tmp_path_factory.mktemp("unclamped")).path)
+    return triton_mods[0].load_triton_module(render_triton_experts(params, kernel_dir).path)
 
 
 @pytest.mark.filterwarnings("ignore:overflow encountered in exp")  # silu(g) for g << 0: exp(-g) = inf, g / inf = -0
@@ -131,7 +132,8 @@ def test_engine_path_runs_cpu_bf16_as_float32(triton_mods, experts):
     tx, prefill, decode = triton_mods
     g = torch.Generator().manual_seed(3)
     token, slot = torch.tensor([0, 0, 1, 2, 2]), torch.tensor([0, 1, 1, 0, 3])
-    weight, x, base = torch.rand(5, generator=g), torch.randn(3, D, generator=g).bfloat16(), torch.randn(3, D, generator=g)
+    weight, x, base = (torch.rand(5, generator=g), torch.randn(3, D, generator=g).bfloat16(),
+                       torch.randn(3, D, generator=g))
     out = base.clone()
     TritonPoolCompute(prefill, decode).prefill(tx.HotPool.stack(experts), x, token, slot, weight, out)
     ref = moe_experts_reference(x.float(), group_flat_routes(token, slot, weight, E), experts, torch.zeros(3, D))
@@ -141,8 +143,9 @@ def test_engine_path_runs_cpu_bf16_as_float32(triton_mods, experts):
 def test_decode_rejects_wrong_route_count(triton_mods, experts):
     tx, _, decode = triton_mods
     with pytest.raises(ValueError, match="decode launch needs"):
-        tx.decode_experts(decode, torch.zeros(1, D), torch.zeros(3, dtype=torch.int32), torch.zeros(3, dtype=torch.int32),
-                          torch.zeros(3), tx.HotPool.stack(experts), torch.zeros(1, D), torch.zeros(3, I))
+        tx.decode_experts(decode, torch.zeros(1, D), torch.zeros(3, dtype=torch.int32),
+                          torch.zeros(3, dtype=torch.int32), torch.zeros(3), tx.HotPool.stack(experts),
+                          torch.zeros(1, D), torch.zeros(3, I))
 
 
 def test_variant_mismatch_is_rejected(triton_mods, experts):

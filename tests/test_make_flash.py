@@ -29,12 +29,14 @@ def flash_slice(tmp_path_factory):
     return out, int(r.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow  # the flash preset: a 2.4 GB slice
 def test_the_slice_has_flash_values_and_valid_files(flash_slice):
     out, _ = flash_slice
     written = json.loads((out / "config.json").read_text())
     official = official_flash_config()
     sliced = {"num_hidden_layers", "n_routed_experts", "num_hash_layers", "compress_ratios", "num_nextn_predict_layers"}
-    assert {k: v for k, v in written.items() if k not in sliced} == {k: v for k, v in official.items() if k not in sliced}
+    assert ({k: v for k, v in written.items() if k not in sliced}
+            == {k: v for k, v in official.items() if k not in sliced})
     assert written["num_hidden_layers"] == 1 and written["n_routed_experts"] == 6 and written["num_hash_layers"] == 1
     with Checkpoint.open(out) as ckpt:  # every header checked against the name map
         assert ckpt.has_weights
@@ -50,6 +52,7 @@ def test_the_slice_has_flash_values_and_valid_files(flash_slice):
                        shallow=False)
 
 
+@pytest.mark.slow  # the flash preset: a 2.4 GB slice
 def test_writing_is_streamed(flash_slice):
     out, peak = flash_slice
     size = sum(f.stat().st_size for f in out.glob("*.safetensors"))
@@ -69,15 +72,16 @@ def test_slices_keep_the_real_layer_kinds_in_order():
     assert cfg["compress_ratios"][:4] == [0, 0, 4, 128] and cfg["num_hash_layers"] == 3
 
 
-def test_a_plan_at_flash_shapes_holds_what_it_counted(flash_slice, tmp_path):
+@pytest.mark.slow  # the flash preset's slice, compiled kernels
+def test_a_plan_at_flash_shapes_holds_what_it_counted(flash_slice, tmp_path, kernel_dir):
     """Allocation = plan at V4-Flash's real dimensions (test_allocation_plan.py has the two-GPU tiny case)."""
-    from test_allocation_plan import TWO_GPUS, _check, _compile, _filled_session
-
+    from allocation_helpers import TWO_GPUS, _check, _compile, _filled_session
     from ostinato.runtime.engine.loader import load_engine
 
     out, _ = flash_slice
     one_gpu = dict(TWO_GPUS, gpus=dict(TWO_GPUS["gpus"], count=1, usable_bytes=8_000_000_000))
-    _compile(out, tmp_path, one_gpu, context=256, prefill_chunk=128, max_hot_per_layer=3, dense_format="bf16")
+    _compile(out, tmp_path, one_gpu, kernel_dir, context=256, prefill_chunk=128, max_hot_per_layer=3,
+             dense_format="bf16")
     engine = load_engine(tmp_path / "plan.yaml", device="cpu")
     _check(engine, _filled_session(engine, 256))
     engine.close()

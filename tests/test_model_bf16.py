@@ -9,11 +9,12 @@ flip, which must be one of those near-ties.
 
 from __future__ import annotations
 
+import pytest
 import torch
-
+from conftest import teacher_forced_picks
 from ostinato.runtime import load_model
 
-from conftest import teacher_forced_picks
+pytestmark = pytest.mark.slow  # 64 greedy steps twice, tens of seconds
 
 STEPS = 64
 NEAR_TIE = 0.01  # of the logit scale

@@ -18,12 +18,10 @@ from pathlib import Path
 
 import pytest
 import torch
-
+from hf_reference import load_reference
 from ostinato.runtime import load_model
 from ostinato.runtime.model.compressor import CompressorState, compress
 from ostinato.runtime.model.indexer import index_queries, index_scores, select
-
-from hf_reference import load_reference
 
 S = 320  # > 2 HCA windows (128), 80 CSA windows
 TOL = 1e-4
@@ -54,7 +52,9 @@ def small_exact_ckpt(small_ckpt, tmp_path_factory) -> Path:
     return d
 
 
-@pytest.fixture(scope="module", params=["tiny", "small"])
+# every test of a case is slow: the case is transformers' forward (the reference)
+@pytest.fixture(scope="module", params=[pytest.param("tiny", marks=pytest.mark.slow),
+                                        pytest.param("small", marks=pytest.mark.slow)])
 def case(request, tiny_ckpt, small_exact_ckpt) -> Case:
     ckpt = tiny_ckpt if request.param == "tiny" else small_exact_ckpt
     model = load_model(ckpt, dtype=torch.float32, device="cpu")
@@ -170,6 +170,7 @@ def test_fork_is_independent(case):
 
 
 # ----- the indexer's top-k selection, tie-aware ---------------------------------------------------
+@pytest.mark.slow  # transformers (the reference)
 def test_indexer_topk_matches_reference_up_to_ties(small_ckpt):
     """On "small" (index_topk 64) with 400 tokens the indexer really selects (up to 100 visible
     entries). For each CSA layer, the reference's indexer inputs are captured and our indexer is run

@@ -8,7 +8,6 @@ import sys
 
 import pytest
 import torch
-
 from ostinato.runtime import load_model
 from ostinato.runtime.model import DenseExpertExecutor
 
@@ -105,6 +104,7 @@ def test_routing_observer(model):
             assert torch.equal(experts, table[ids])
 
 
+@pytest.mark.slow  # a fresh interpreter importing the runtime, seconds
 def test_runtime_does_not_import_reference_or_compiler(tiny_ckpt):
     code = ("import sys, torch; from ostinato.runtime import load_model; "
             f"load_model({str(tiny_ckpt)!r}).new_session().prefill(torch.arange(8)); "

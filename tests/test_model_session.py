@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from ostinato.runtime import load_model
-
 from conftest import assert_close_to_scale
+from ostinato.runtime import load_model
 
 TOL = 1e-4
 
@@ -17,7 +15,8 @@ def assert_close(ours: torch.Tensor, ref: torch.Tensor, what: str) -> None:
     assert_close_to_scale(ours, ref, TOL, what)
 
 
-@pytest.fixture(scope="module", params=["tiny", "small"])
+# the small preset's cases are slow: its dimensions make each prefill several times the tiny one's
+@pytest.fixture(scope="module", params=["tiny", pytest.param("small", marks=pytest.mark.slow)])
 def model(request, tiny_ckpt, small_ckpt):
     return load_model(tiny_ckpt if request.param == "tiny" else small_ckpt, dtype=torch.float32)
 

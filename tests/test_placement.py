@@ -4,7 +4,6 @@ import itertools
 
 import numpy as np
 import pytest
-
 from ostinato.compiler.placement import DoesNotFit, PlacementProblem, place, select_hot
 
 

@@ -3,20 +3,19 @@
 import numpy as np
 import pytest
 import torch
-
-from ostinato.checkpoint import ModelConfig
+from hf_reference import load_reference
 from ostinato.compiler.cli.profile import main as profile_main
 from ostinato.compiler.profile import PHASES, ProfileError, RoutingProfile, load_profile, synthetic_profile
 from ostinato.compiler.profile.counts_io import export_csv, import_counts
 from ostinato.compiler.profile.merge import merge_profiles
 from ostinato.compiler.profile.report import build_report, top_k_mask
 from ostinato.plans import plans_dir
-from ostinato.profile_format import pack_touched
 from ostinato.runtime import load_model
 from ostinato.runtime.profile_recording import record_profile
-from ostinato.workload import SessionShape, Turn, read_sessions
 
-from hf_reference import load_reference
+from ostinato.checkpoint import ModelConfig
+from ostinato.profile_format import pack_touched
+from ostinato.workload import SessionShape, Turn, read_sessions
 
 WORKLOAD = plans_dir() / "workloads" / "agent_turns.csv"
 
@@ -53,6 +52,7 @@ def recorded(tiny_ckpt):
     return profile, model.fed
 
 
+@pytest.mark.slow  # transformers (the reference)
 def test_counts_equal_a_recount_from_the_reference_router(recorded, tiny_ckpt):
     profile, fed = recorded
     ref = load_reference(str(tiny_ckpt))
@@ -161,7 +161,8 @@ def test_mismatched_profile_is_refused(tmp_path, tiny_ckpt, capsys):
     bad.save(tmp_path / "bad.safetensors")
     good = synthetic_profile(cfg)
     good.save(tmp_path / "good.safetensors")
-    assert profile_main(["report", str(tmp_path / "good.safetensors"), "--holdout", str(tmp_path / "bad.safetensors")]) == 1
+    assert profile_main(["report", str(tmp_path / "good.safetensors"),
+                         "--holdout", str(tmp_path / "bad.safetensors")]) == 1
     assert "recorded for another model" in capsys.readouterr().err
 
 

@@ -6,17 +6,19 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
-from tokenizers import Tokenizer
-
-from ostinato.runtime.engine.loader import load_engine
-from ostinato.tiny import write_tiny_checkpoint
-
 from conftest import assert_close_to_scale, compile_tiny_plan
 from hf_reference import load_reference
+from ostinato.runtime.engine.loader import load_engine
+from tokenizers import Tokenizer
+
+from ostinato.tiny import write_tiny_checkpoint
+
+pytestmark = pytest.mark.slow  # the real tokenizer's vocabulary, compiled kernels and transformers
 
 
-def test_real_vocab_preset_runs_exactly_against_transformers(tmp_path):
+def test_real_vocab_preset_runs_exactly_against_transformers(tmp_path, kernel_dir):
     ckpt = write_tiny_checkpoint(tmp_path / "rv", "real-vocab", seed=3, popularity=1.0, progress=False)
     cfg = json.loads((ckpt / "config.json").read_text())
     assert cfg["vocab_size"] == 129280 and cfg["index_head_dim"] != cfg["head_dim"]
@@ -26,7 +28,8 @@ def test_real_vocab_preset_runs_exactly_against_transformers(tmp_path):
     ids = torch.randint(0, cfg["vocab_size"], (150,), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         ref = load_reference(str(ckpt))(ids[None]).logits[0].float()  # [150, V]
-    engine = load_engine(compile_tiny_plan(ckpt, tmp_path, context=1024, max_hot_per_layer=4), ckpt, device="cpu")
+    plan = compile_tiny_plan(ckpt, tmp_path, kernel_dir, context=1024, max_hot_per_layer=4)
+    engine = load_engine(plan, ckpt, device="cpu")
     session = engine.new_session()
     assert_close_to_scale(session.prefill(ids[:140])[-1], ref[139], 1e-4, "prefill, last logits")
     for t in range(140, 149):  # decode steps: the static step's head through the generated kernel

@@ -6,7 +6,6 @@ import subprocess
 import sys
 
 import pytest
-
 from ostinato.server import cli as serve_cli
 
 
@@ -28,6 +27,7 @@ def test_usage_errors_exit_2(argv, says, capsys):
     assert e.value.code == 2 and says in capsys.readouterr().err
 
 
+@pytest.mark.slow  # a fresh interpreter importing the runtime, seconds
 def test_run_with_serve_becomes_ostinato_serve_and_says_so(tmp_path):
     r = subprocess.run([sys.executable, "-m", "ostinato.runtime.cli.run", str(tmp_path / "p.yaml"), "--serve",
                         "--port", "70000"], capture_output=True, text=True, timeout=120)

@@ -5,14 +5,14 @@ import time
 import httpx
 import openai
 import pytest
-from tokenizers import Tokenizer
-
+from conftest import compile_tiny_plan
 from ostinato.runtime.engine.loader import load_engine
 from ostinato.server.app import create_app
 from ostinato.server.background import serve_in_background
 from ostinato.server.dsml import render_tool_calls
+from tokenizers import Tokenizer
 
-from conftest import compile_tiny_plan
+pytestmark = pytest.mark.slow  # a compiled plan's engine (C++ kernels) behind the server
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}}}}}]
@@ -33,9 +33,9 @@ class Script:
 
 
 @pytest.fixture(scope="module")
-def server(tiny_ckpt, tmp_path_factory):
+def server(tiny_ckpt, tmp_path_factory, kernel_dir):
     work = tmp_path_factory.mktemp("server")
-    compile_tiny_plan(tiny_ckpt, work, context=1024)
+    compile_tiny_plan(tiny_ckpt, work, kernel_dir, context=1024)
     engine = load_engine(work / "plan.yaml", tiny_ckpt, device="cpu")
     tok = Tokenizer.from_file(str(tiny_ckpt / "tokenizer.json"))
     script = Script()

@@ -8,13 +8,13 @@ import threading
 import httpx
 import openai
 import pytest
-from tokenizers import Tokenizer
-
+from conftest import compile_tiny_plan
 from ostinato.runtime.engine.loader import load_engine
 from ostinato.server.app import create_app
 from ostinato.server.background import serve_in_background
+from tokenizers import Tokenizer
 
-from conftest import compile_tiny_plan
+pytestmark = pytest.mark.slow  # a compiled plan's engine (C++ kernels) behind the server
 
 CONTEXT = 256
 
@@ -32,9 +32,9 @@ class Gate:
 
 
 @pytest.fixture(scope="module")
-def server(tiny_ckpt, tmp_path_factory):
+def server(tiny_ckpt, tmp_path_factory, kernel_dir):
     work = tmp_path_factory.mktemp("server_errors")
-    compile_tiny_plan(tiny_ckpt, work, context=CONTEXT)
+    compile_tiny_plan(tiny_ckpt, work, kernel_dir, context=CONTEXT)
     engine = load_engine(work / "plan.yaml", tiny_ckpt, device="cpu")
     tok = Tokenizer.from_file(str(tiny_ckpt / "tokenizer.json"))
     gate = Gate()

@@ -12,16 +12,14 @@ import httpx
 import openai
 import pytest
 import torch
-from tokenizers import Tokenizer
-
+from conftest import compile_tiny_plan
 from ostinato.runtime.engine.loader import load_engine
 from ostinato.server.app import create_app
 from ostinato.server.background import serve_in_background
 from ostinato.server.dsml import render_tool_calls
 from ostinato.server.sampling import LOGPROB_FLOOR, Sampler, Sampling
 from ostinato.server.stop import StopMatcher
-
-from conftest import compile_tiny_plan
+from tokenizers import Tokenizer
 
 EOS = 1
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {
@@ -57,9 +55,9 @@ def scoring(scores: dict):
 
 
 @pytest.fixture(scope="module")
-def server(tiny_ckpt, tmp_path_factory):
+def server(tiny_ckpt, tmp_path_factory, kernel_dir):
     work = tmp_path_factory.mktemp("server_fields")
-    compile_tiny_plan(tiny_ckpt, work, context=1024)
+    compile_tiny_plan(tiny_ckpt, work, kernel_dir, context=1024)
     engine = load_engine(work / "plan.yaml", tiny_ckpt, device="cpu")
     tok = Tokenizer.from_file(str(tiny_ckpt / "tokenizer.json"))
     hook = Hook()
@@ -114,6 +112,7 @@ def streamed_text(chunks, field="content"):
      "response_format"),
     ({"response_format": {"type": "xml"}}, "response_format"),
 ])
+@pytest.mark.slow  # the server on a compiled plan (C++ kernels)
 def test_refused_fields_name_their_param(server, extra, param):
     body = {"model": "tiny", "messages": [{"role": "user", "content": "x"}], "max_tokens": 1, **extra}
     r = httpx.post(server["url"] + "/v1/chat/completions", json=body)
@@ -121,6 +120,7 @@ def test_refused_fields_name_their_param(server, extra, param):
     assert r.json()["error"]["param"] == param, r.text
 
 
+@pytest.mark.slow  # the server on a compiled plan (C++ kernels)
 def test_accepted_fields_through_the_client(server):
     r = ask(server, n=1, user="me", response_format={"type": "text"}, parallel_tool_calls=True, top_p=1,
             presence_penalty=0, frequency_penalty=0, logit_bias={}, stop=None, max_completion_tokens=2,
@@ -133,6 +133,7 @@ TEXT = "Hello world. Stop here: more text"
 
 
 @pytest.mark.parametrize("stop", ["Stop", ["zzz", "re: mo"], "world!"])
+@pytest.mark.slow  # the server on a compiled plan (C++ kernels)
 def test_stop_cuts_whole_and_stream_alike(server, stop):
     first = min((TEXT.find(s) for s in ([stop] if isinstance(stop, str) else stop) if s in TEXT), default=-1)
     with hooked(server, forcing(ids(server, TEXT))):
@@ -149,6 +150,7 @@ def test_stop_cuts_whole_and_stream_alike(server, stop):
         assert whole.usage.completion_tokens == len(ids(server, TEXT)) + 1
 
 
+@pytest.mark.slow  # the server on a compiled plan (C++ kernels)
 def test_stop_does_not_match_tool_call_markup(server):
     with hooked(server, forcing(ids(server, "ok" + render_tool_calls(CALLS[:1])))):
         r = ask(server, tools=TOOLS, stop=["city", "invoke"], max_tokens=200)
@@ -164,6 +166,7 @@ def test_stop_matcher_holds_back_only_possible_starts():
     assert m.feed("x") == ("", True)
 
 
+@pytest.mark.slow  # the server on a compiled plan (C++ kernels)
 def test_completions_stop_and_legacy_logprobs(server):
     client = server["client"]
     with hooked(server, forcing(ids(server, TEXT))):
@@ -184,6 +187,7 @@ def test_completions_stop_and_legacy_logprobs(server):
 
 
 # -- logprobs ---------------------------------------------------------------------------------------------
+@pytest.mark.slow  # the server on a compiled plan (C++ kernels)
 def test_logprobs_whole_and_streamed_from_the_greedy_pick(server):
     whole = ask(server, "Tell me", logprobs=True, top_logprobs=3, max_tokens=6)
     chunks = ask(server, "Tell me", logprobs=True, top_logprobs=3, max_tokens=6, stream=True)
@@ -201,6 +205,7 @@ def test_logprobs_whole_and_streamed_from_the_greedy_pick(server):
     assert [e.logprob for e in streamed] == pytest.approx([e.logprob for e in entries], abs=1e-4)
 
 
+@pytest.mark.slow  # the server on a compiled plan (C++ kernels)
 def test_logprobs_follow_logit_bias_and_bytes_of_split_characters(server):
     a, b = ids(server, "a")[0], ids(server, "b")[0]
     with hooked(server, scoring({a: 1.0, b: 0.9})):
@@ -220,6 +225,7 @@ def test_logprobs_follow_logit_bias_and_bytes_of_split_characters(server):
 
 
 # -- sampling ---------------------------------------------------------------------------------------------
+@pytest.mark.slow  # the server on a compiled plan (C++ kernels)
 def test_penalties_follow_openais_definitions(server):
     a, b = ids(server, "a")[0], ids(server, "b")[0]
     with hooked(server, scoring({a: 1.0, b: 0.9})):
@@ -240,6 +246,7 @@ def test_sampler_penalties_count_generated_tokens():
     assert x.tolist() == [0, 0, 0, 0, 0, -2.0, 0, -1.5]
 
 
+@pytest.mark.slow  # the server on a compiled plan (C++ kernels)
 def test_top_p_keeps_the_nucleus_and_seed_repeats(server):
     a, b, c = (ids(server, ch)[0] for ch in "abc")
     with hooked(server, scoring({a: 1.0, b: 0.9, c: 0.0})):  # p(a) = 0.43: a nucleus of 0.3 is {a}
@@ -276,6 +283,7 @@ class ForceText:
         return self.at == len(self.want)
 
 
+@pytest.mark.slow  # the server on a compiled plan (C++ kernels)
 def test_response_format_goes_to_the_constraint_factory(server):
     want, seen = ids(server, '{"a": 1}'), []
 
@@ -312,6 +320,7 @@ def reassembled(chunks):
     return [tuple(v) for v in calls.values()]
 
 
+@pytest.mark.slow  # the server on a compiled plan (C++ kernels)
 def test_streamed_tool_calls_are_incremental_and_equal_whole(server):
     with hooked(server, forcing(ids(server, "Let me look." + render_tool_calls(CALLS)))):
         whole = ask(server, tools=TOOLS, max_tokens=300)
@@ -329,6 +338,7 @@ def test_streamed_tool_calls_are_incremental_and_equal_whole(server):
 
 
 @pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.slow  # the server on a compiled plan (C++ kernels)
 def test_parallel_tool_calls_false_stops_after_the_first_call(server, stream):
     text = render_tool_calls(CALLS)
     with hooked(server, forcing(ids(server, text))):
@@ -348,6 +358,7 @@ def test_parallel_tool_calls_false_stops_after_the_first_call(server, stream):
 
 
 # -- detokenization ---------------------------------------------------------------------------------------
+@pytest.mark.slow  # the server on a compiled plan (C++ kernels)
 def test_incremental_detokenization_equals_the_whole_decode(server):
     text = "héllo wörld 你好"
     forced = ids(server, text)
@@ -370,6 +381,7 @@ SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "enum": ["
 
 
 @pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.slow  # the server on a compiled plan (C++ kernels)
 def test_json_schema_output_parses_and_matches(server, stream):
     rf = {"type": "json_schema", "json_schema": {"name": "trip", "schema": SCHEMA, "strict": True}}
     r = ask(server, "Plan a trip", stream=stream, max_tokens=60, response_format=rf)
@@ -378,6 +390,7 @@ def test_json_schema_output_parses_and_matches(server, stream):
     assert set(value) == {"city", "days"} and value["city"] in ("Paris", "Rome") and 1 <= value["days"] <= 9
 
 
+@pytest.mark.slow  # the server on a compiled plan (C++ kernels)
 def test_json_object_mode_parses(server):
     """Random weights would write an endless object; a bias toward the closing brace lets the constraint
     decide everything else (the opening brace, no text before it, EOS right after)."""
@@ -392,6 +405,7 @@ WEATHER = [{"type": "function", "function": {"name": "get_weather", "parameters"
 
 
 @pytest.mark.parametrize("choice", [{"type": "function", "function": {"name": "get_weather"}}, "required"])
+@pytest.mark.slow  # the server on a compiled plan (C++ kernels)
 def test_forced_tool_choice_is_a_valid_call(server, choice):
     """Not only the call's opening: the whole call is the named tool's, its arguments valid for its schema."""
     r = ask(server, "Weather?", max_tokens=120, tools=WEATHER, tool_choice=choice)

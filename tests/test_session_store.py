@@ -10,16 +10,16 @@ import httpx
 import openai
 import pytest
 import torch
-from tokenizers import Tokenizer
-
+from conftest import assert_close_to_scale, compile_tiny_plan
 from ostinato.runtime.engine.loader import load_engine
 from ostinato.runtime.model.session_file import SessionFileError, read_header, read_session, write_session
 from ostinato.server.app import create_app
 from ostinato.server.background import serve_in_background
 from ostinato.server.chat_encoding import ChatOptions, encode, render
 from ostinato.server.session_store import SessionStore, engine_identity, file_name
+from tokenizers import Tokenizer
 
-from conftest import assert_close_to_scale, compile_tiny_plan
+pytestmark = pytest.mark.slow  # a compiled plan's engine (C++ kernels) and a server
 
 IDENTITY = {"model": "m" * 64, "plan": "p" * 64, "dtype": "float32"}
 LONG = " ".join(f"item {i} costs {i * 7 % 100} coins;" for i in range(120))  # about 2,000 tokens
@@ -27,9 +27,9 @@ STORE_LOG = "ostinato.server.session_store"
 
 
 @pytest.fixture(scope="module")
-def plan(tiny_ckpt, tmp_path_factory):
+def plan(tiny_ckpt, tmp_path_factory, kernel_dir):
     work = tmp_path_factory.mktemp("session_store")
-    compile_tiny_plan(tiny_ckpt, work, context=4096)
+    compile_tiny_plan(tiny_ckpt, work, kernel_dir, context=4096)
     return work / "plan.yaml"
 
 

@@ -4,13 +4,13 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-
-from ostinato.compiler.cost_model import CostModel, LayerCostInputs
 from ostinato.bench.simulator.ktransformers import KTransformers, frequency_placed
 from ostinato.bench.simulator.llamacpp import CpuExperts, LayerPlacement, LruCache, layers_that_fit
 from ostinato.bench.simulator.ostinato_policy import Ostinato
 from ostinato.bench.simulator.replay import simulate, summarize
 from ostinato.bench.simulator.trace import TraceSampler, at_coverage, counts_of
+from ostinato.compiler.cost_model import CostModel, LayerCostInputs
+
 from ostinato.hardware import parse_hardware
 from ostinato.workload import SessionShape, Turn
 
@@ -18,8 +18,9 @@ EXPERT = 1000          # bytes per expert
 MS = 1e-3
 # GPU reads an expert in 1 ms, the host in 10 ms, the link moves one in 100 ms; FLOPs never bind.
 HW = parse_hardware({
-    "name": "hand", "description": "hand-built", "gpus": {"name": "g", "count": 1, "usable_bytes": 10 ** 6, "bandwidth": 1e6,
-                             "matmul_flops": 1e15, "launch_overhead_s": 0.0},
+    "name": "hand", "description": "hand-built",
+    "gpus": {"name": "g", "count": 1, "usable_bytes": 10 ** 6, "bandwidth": 1e6,
+             "matmul_flops": 1e15, "launch_overhead_s": 0.0},
     "host": {"cores": 1, "usable_bytes": 10 ** 9, "bandwidth": 1e5, "matmul_flops": 1e15, "isa": "avx2",
              "op_dispatch_s": 0.0},
     "link": {"h2d_bandwidth": 1e4, "d2h_bandwidth": 1e4, "latency_s": 0.0}}, "hand")

@@ -12,34 +12,17 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from conftest import assert_close_to_scale
 from graph_safety import GraphUnsafe, first_difference, graph_safe_trace, segment_owners, traced_step
 from ostinato.runtime import load_model
 from ostinato.runtime.model.experts import swiglu
 from ostinato.runtime.model.static_decode import StaticStep
+from static_helpers import MAX_CONTEXT, _cache_items, _tokens, assert_close
 
-MAX_CONTEXT = 512
-# Relative to the logit scale; observed max |diff| / scale: 5e-7 (tiny), 8e-7 (small).
-TOL = 1e-5
+# the `model` fixture (tiny and small, float32) is tests/conftest.py's, shared with test_static_buckets.py
+
 # Prefill lengths with a decode of N tokens that crosses CSA and HCA boundaries (128 on tiny,
 # 384 on small, where the indexer keeps 64 of ~95 visible entries).
 LONG = {"tiny": (120, 16), "small": (370, 20)}
-
-
-def assert_close(ours: torch.Tensor, ref: torch.Tensor, what: str) -> None:
-    assert_close_to_scale(ours, ref, TOL, what)
-
-
-@pytest.fixture(scope="module", params=["tiny", "small"])
-def model(request, tiny_ckpt, small_ckpt):
-    m = load_model(tiny_ckpt if request.param == "tiny" else small_ckpt, dtype=torch.float32)
-    m.preset = request.param
-    return m
-
-
-def _tokens(model, n: int, seed: int) -> torch.Tensor:
-    return torch.randint(0, model.config.vocab_size, (n,), generator=torch.Generator().manual_seed(seed))
 
 
 def static_decode(step: StaticStep, tokens) -> torch.Tensor:
@@ -77,8 +60,10 @@ def test_decode_matches_dynamic(model, length):
             step.set_tokens([int(t)])
             assert_close(step.run(), ref, f"{model.preset}: token {i} at position {p + i}")
             got_ids, got_weights = (r[:, 0] for r in step.routes())  # [L, 1, k] -> [L, k]
-            assert torch.equal(got_ids.sort(dim=-1).values, torch.stack([recorder.ids[k] for k in sorted(recorder.ids)]))
-            assert torch.allclose(got_weights.sum(dim=-1), torch.full((len(got_ids),), model.config.routed_scaling_factor))
+            assert torch.equal(got_ids.sort(dim=-1).values,
+                               torch.stack([recorder.ids[k] for k in sorted(recorder.ids)]))
+            assert torch.allclose(got_weights.sum(dim=-1),
+                                  torch.full((len(got_ids),), model.config.routed_scaling_factor))
     finally:
         model.set_observer(None)
     assert step.steps_taken == n and step.position == p + n
@@ -111,19 +96,6 @@ def test_store_then_dynamic_prefill_continues_exactly(model):
     assert_close(static_decode(step, last), torch.stack([ref.decode(t) for t in last]), "static decode after reload")
 
 
-def _cache_items(cache):
-    """Every tensor a KvCache holds, named (None where a compressor has no previous window yet)."""
-    items = {"position": cache.position}
-    for i, lc in enumerate(cache.layers):
-        items[f"{i}.window"] = lc.window
-        for name, comp, rows in (("comp", lc.comp, lc.rows), ("index", lc.index_comp, lc.index_rows)):
-            if comp is not None:
-                for f in ("buf_kv", "buf_gate", "prev_kv", "prev_gate"):
-                    items[f"{i}.{name}.{f}"] = getattr(comp, f)
-                items[f"{i}.{name}.rows"] = rows.view()
-    return items
-
-
 @pytest.mark.parametrize("p", [0, 2, 131])
 def test_load_store_without_steps_keeps_the_cache(model, p):
     session = model.new_session()
@@ -140,6 +112,7 @@ def test_load_store_without_steps_keeps_the_cache(model, p):
         assert same, f"position {p}: {key} changed"
 
 
+@pytest.mark.slow  # 40 decode steps each way, seconds
 def test_greedy_tokens_match_dynamic(model):
     """40 greedy steps; on small they cross the indexer's selection onset (256 tokens)."""
     session = model.new_session()

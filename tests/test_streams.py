@@ -15,14 +15,12 @@ invisible unless the orderings are checked (tests/stream_order.py):
 
 import pytest
 import torch
-
+from engine_helpers import IDS, _close, pipeline_engine
 from graph_safety import storage_of
 from ostinato.runtime.engine.decode_graphs import WARMUP_RUNS, SegmentGraphs
 from ostinato.runtime.engine.streams import CPU_STREAMS, CpuStreams, TwinStream
 from ostinato.runtime.model.static_decode import StaticStep
 from stream_order import StreamWork, capture_problems, races
-from test_engine import IDS, _close, compiled, reference  # noqa: F401  (fixtures)
-from test_engine_decode_step import pipeline_engine
 
 
 @pytest.fixture(scope="module")
@@ -66,6 +64,7 @@ def test_the_checkers_catch_a_missing_wait_fork_or_join():
     assert len(problems) == 2 and "not forked" in problems[0] and "not joined" in problems[1], problems
 
 
+@pytest.mark.slow  # the compiled plan's engine (C++ kernels)
 def test_upload_copies_and_computes_are_ordered_per_staging_buffer(engine, reference):
     staging = {storage_of(t) for le in engine.executor.layers for pool in le.staging for t in vars(pool).values()}
     before = engine.executor.counters.copy()
@@ -80,6 +79,7 @@ def test_upload_copies_and_computes_are_ordered_per_staging_buffer(engine, refer
     assert not found, f"{len(found)} unordered pairs, first: {found[0]}"
 
 
+@pytest.mark.slow  # the compiled plan's engine (C++ kernels)
 def test_capture_warms_up_on_its_stream_and_joins_what_it_forks(engine, reference):
     session, ref = engine.new_session(), reference.new_session()
     _close(session.prefill(IDS[:40]), ref.prefill(IDS[:40]))
@@ -105,6 +105,7 @@ def test_capture_warms_up_on_its_stream_and_joins_what_it_forks(engine, referenc
         token = int(b.argmax())
 
 
+@pytest.mark.slow  # the compiled plan's engine (C++ kernels)
 def test_warm_up_from_a_session_at_max_context_minus_one(engine, reference):
     max_context = 128  # a multiple of every compressor ratio (4, 128): position 128 has no row
     session, ref = engine.new_session(), reference.new_session()

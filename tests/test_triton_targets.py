@@ -7,9 +7,10 @@ rendered as ostinato-compile renders them for the tiny preset and for DeepSeek-V
 triton.compile to PTX and a cubin on the CPU (tools/triton_compile_check.py), with the .venv's Triton
 and with the pinned Triton of the team's GPU machine (build/triton-3.6, tools/setup_triton_pin.sh).
 The argument types are the ones the engine's launch path passes on a GPU (a stub module records them;
-a bf16 engine's); likewise the FP8 dense kernel, the mHC mixing kernel and the norm and rope kernels. What the PTX and ptxas say: no kernel loads a byte, decode streams its weights with
-16-byte loads, prefill multiplies on tensor cores, no instruction flushes denormals (the decoding
-relies on them) and no kernel spills registers.
+a bf16 engine's); likewise the FP8 dense kernel, the mHC mixing kernel and the norm and rope kernels.
+What the PTX and ptxas say: no kernel loads a byte, decode streams its weights with 16-byte loads,
+prefill multiplies on tensor cores, no instruction flushes denormals (the decoding relies on them)
+and no kernel spills registers.
 Legend: D = hidden, I = expert intermediate, k = routes per token (decode's MAX_ROUTES).
 """
 
@@ -25,7 +26,6 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-
 from ostinato.compiler.codegen.dense_ops import render_triton_dense_ops
 from ostinato.compiler.codegen.hc_mix import HcMixParams, render_triton_hc_mix
 from ostinato.compiler.codegen.kernels import render_triton_experts
@@ -34,6 +34,7 @@ from ostinato.runtime.engine.hot_compute import TritonPoolCompute
 from ostinato.runtime.kernels.dense_ops import HEAD_BLOCK
 from ostinato.runtime.kernels.testing import random_packed_expert
 from ostinato.runtime.kernels.triton_experts import HotPool
+
 from ostinato.tiny.presets import official_flash_config, preset_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -166,8 +167,9 @@ def load_problems(jobs: list[dict], results: list[dict]) -> list[str]:
     for j, r in zip(jobs, results, strict=True):
         if not r["error"]:
             byte_loads = [op for op in r["loads"] if re.search(r"\.[bsu]8$", op)]
-            wide = "prefill" in j["label"] or not j.get("weight_stream", True) or any(".v4." in op or op.startswith("cp.async.cg.")  # 16-byte async
-                                                  for op in r["loop_loads"] or r["loads"])
+            wide = "prefill" in j["label"] or not j.get("weight_stream", True) or any(
+                ".v4." in op or op.startswith("cp.async.cg.")  # 16-byte async
+                for op in r["loop_loads"] or r["loads"])
             if byte_loads or not wide:
                 bad.append(f"{_name(j, r)}: loads {r['loads']}, in the loop {r['loop_loads']}")
     return bad
@@ -191,8 +193,8 @@ def spill_problems(jobs: list[dict], results: list[dict]) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def jobs(tmp_path_factory):
-    root = tmp_path_factory.mktemp("rendered")
+def jobs(kernel_dir):
+    root = kernel_dir  # rendered into the session's kernel folder (tests/conftest.py)
     return compile_jobs(launcher_signatures(), root) + fp8_jobs() + hc_mix_jobs(root) + dense_ops_jobs(root)
 
 
@@ -223,6 +225,7 @@ CHECKS = {"compile for the target": compile_problems, "load words, not bytes": l
 
 
 @pytest.mark.parametrize("check", CHECKS.values(), ids=CHECKS.keys())
+@pytest.mark.slow  # Triton compiles every kernel for the GPU targets, in subprocesses
 def test_compiled_kernels(compiled, check):
     bad = check(*compiled)
     assert not bad, "\n".join(bad)

@@ -15,13 +15,13 @@ log=.venv/install.log
 # What a step is doing, while it does it: its name, then every 15 s the latest thing pip is working on
 # (the full output stays in $log, shown only when something fails), then how long it took.
 say() { echo "setup: $*"; }
-progress() {  # $1: pid of the step
+progress() {  # $1: pid of the step; a line only when pip has moved on, cut to 100 characters
+    local now last=
     while kill -0 "$1" 2>/dev/null; do
         sleep 15
         kill -0 "$1" 2>/dev/null || break
-        local now
-        now=$(grep -E '^ *(Collecting|Downloading|Processing|Building|Installing|Successfully)' "$log" | tail -n 1)
-        [ -n "$now" ] && say "  ... ${now# *}"
+        now=$(grep -E '^ *(Collecting|Downloading|Processing|Building|Installing)' "$log" | tail -n 1 | sed 's/^ *//')
+        if [ -n "$now" ] && [ "$now" != "$last" ]; then say "  ... ${now:0:100}"; last=$now; fi
     done
 }
 run() {

@@ -40,6 +40,8 @@ def parse_args(argv):
     ap.add_argument("--experts", type=int, default=48, help="distinct experts cycled through (48: 640 MB)")
     ap.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16", help="activations (bfloat16)")
     ap.add_argument("--rounds", type=int, default=3, help="best of this many rounds (3)")
+    ap.add_argument("--kernel-dir", type=Path, help="where the kernel is built, content-addressed (default: "
+                                                    "build/kernels here, as ostinato-compile)")
     a = ap.parse_args(argv)
     if a.experts < 2 * ROUTED:
         ap.error(f"--experts must be at least {2 * ROUTED}, got {a.experts}")
@@ -61,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         check_output_file(a.out, "OUT")
     except (HardwareError, InputError) as e:
         return refuse("ostinato-calibrate", e)
-    kernel = build_cpu_experts(host_cpu_params(D, I)).path
+    kernel = build_cpu_experts(host_cpu_params(D, I), root=a.kernel_dir).path
     cmd = [sys.executable, "-m", "ostinato.runtime.kernel_rates", str(kernel), "--d", str(D), "--i", str(I),
            "--threads", str(a.threads), "--experts", str(a.experts), "--dtype", a.dtype, "--rounds", str(a.rounds)]
     print(f"ostinato-calibrate: timing the CPU expert kernel ({a.experts} experts, {a.threads} threads, "
