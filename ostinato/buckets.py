@@ -16,9 +16,12 @@ def bucket_rule_error(buckets: list[int], context: int) -> str | None:
     """What breaks the buckets rule, or None: ascending distinct powers of two from 2 up to
     largest_bucket_for(context). The plan schema checks it (ostinato/plan.py Policy)."""
     limit = largest_bucket_for(context)
-    bad = [T for T in buckets if T < 2 or T & (T - 1) or T > limit]
-    if bad:
-        return (f"prefill bucket {bad[0]}: buckets are powers of two from 2 up to context / {CAPTURE_RUNS} "
+    odd = [T for T in buckets if T < 2 or T & (T - 1)]
+    if odd:
+        return f"prefill bucket {odd[0]} is not a power of two >= 2"
+    big = [T for T in buckets if T > limit]
+    if big:
+        return (f"prefill bucket {big[0]}: buckets are powers of two from 2 up to context / {CAPTURE_RUNS} "
                 f"({limit}: a step's warm-up and capture take {CAPTURE_RUNS} of them)")
     if list(buckets) != sorted(set(buckets)):
         return f"prefill buckets {list(buckets)}: ascending, each once"

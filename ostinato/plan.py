@@ -55,7 +55,7 @@ class Provenance(Record):
     profile_sha256: Sha256
     profile_source: str
     hardware_sha256: Sha256
-    templates: dict[str, Sha256] = {}    # template path -> sha256 of its text
+    templates: dict[str, Sha256] = {}    # template or included header path -> sha256 of its text
 
 
 class ModelSummary(Record):

@@ -47,8 +47,8 @@ def _flash_plan_with(tmp_path, **policy) -> Path:
 
 
 @pytest.mark.parametrize("buckets, says", [
-    ([2, 3], "prefill bucket 3: buckets are powers of two from 2 up to context / 3"),
-    ([1, 2], "prefill bucket 1: buckets are powers of two from 2"),
+    ([2, 3], "prefill bucket 3 is not a power of two >= 2"),
+    ([1, 2], "prefill bucket 1 is not a power of two >= 2"),
     ([2, 32768], "prefill bucket 32768: buckets are powers of two from 2 up to context / 3 (21845"),
     ([4, 2], "prefill buckets [4, 2]: ascending, each once"),
     ([2, 2], "prefill buckets [2, 2]: ascending, each once"),
@@ -73,3 +73,16 @@ def test_given_buckets_are_checked_by_the_schema_before_kernels_are_built(tmp_pa
         compile_plan(CompileOptions(FLASH_CONFIG, tmp_path / "plan.yaml", "rtx4090d-x4", context=128,
                                     prefill_buckets=(2, 64)))
     assert built == []
+
+
+def test_the_command_line_checks_the_buckets_shape_with_the_schemas_rule():
+    import argparse
+
+    from ostinato.compiler.cli.compile import _buckets
+
+    from ostinato.buckets import bucket_rule_error
+
+    assert _buckets("8,2,4") == (8, 2, 4) and _buckets("none") == ()
+    with pytest.raises(argparse.ArgumentTypeError) as e:
+        _buckets("8,12")
+    assert str(e.value) == bucket_rule_error([8, 12], 10 ** 6) == "prefill bucket 12 is not a power of two >= 2"

@@ -17,7 +17,7 @@ from .ostinato_policy import Ostinato
 from .policy import Policy
 
 V4_FLASH = Path(__file__).resolve().parents[2] / "plans" / "models" / "deepseek-v4-flash"
-KT_PREFILL_THRESHOLD = 1024   # --kt-gpu-prefill-token-threshold as set here (a user setting; see README)
+KT_PREFILL_THRESHOLD = 1024   # --kt-gpu-prefill-token-threshold as set here (a user setting; see docs/baselines.md)
 
 
 @dataclass(frozen=True)

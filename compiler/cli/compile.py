@@ -7,6 +7,7 @@ import logging
 import sys
 from pathlib import Path
 
+from ostinato.buckets import CAPTURE_RUNS, bucket_rule_error
 from ostinato.checkpoint import CheckpointError
 from ostinato.cli.common import InputError, check_model_dir, check_output_file, refuse
 from ostinato.hardware import HardwareError, available_presets
@@ -26,9 +27,11 @@ def _buckets(text: str) -> tuple[int, ...]:
         sizes = tuple(int(x) for x in text.split(","))
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated token counts or 'none', got {text!r}") from None
-    bad = [T for T in sizes if T < 2 or T & (T - 1)]
-    if bad:
-        raise argparse.ArgumentTypeError(f"bucket {bad[0]} is not a power of two >= 2")
+    # The rule is the plan schema's (ostinato/buckets.py); here only its shape, before --context is known:
+    # a context of CAPTURE_RUNS x the largest bucket puts no bound on the sizes.
+    error = bucket_rule_error(sorted(set(sizes)), CAPTURE_RUNS * max(sizes, default=0))
+    if error:
+        raise argparse.ArgumentTypeError(error)
     return sizes
 
 

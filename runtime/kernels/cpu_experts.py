@@ -1,6 +1,6 @@
 """Run a compiled CPU expert kernel (rendered from templates/cpu/moe_experts.cpp.j2) through ctypes.
 
-Only the built library is needed at run time: no compiler, no jinja2. C ABI (see the template):
+Only the built library is needed at run time: no compiler, no jinja2. C ABI (templates/cpu/include/ostinato/c_api.h):
   int ost_moe_experts_f32 (const float* x, int64 T, int64 E, const int64* offsets, const int64* token,
                            const float* weight, const void* const* ptrs /*[E, 6]*/, float* out, int n_threads)
   int ost_moe_experts_bf16(same, x as bf16 bits)
