@@ -45,6 +45,7 @@ import subprocess
 import time
 
 import torch
+
 from ostinato.compiler.codegen.kernels import build_cpu_experts, host_cpu_params
 from ostinato.runtime.kernels.cpu_experts import CpuExpertKernel
 from ostinato.runtime.kernels.reference import dequantize_expert

@@ -17,6 +17,7 @@ import argparse
 import time
 
 import torch
+
 from ostinato.runtime.engine.loader import load_engine
 
 

@@ -70,6 +70,7 @@ def prepare(a) -> dict:
 def child(plan_path: str, context_tokens: int, tool_tokens: int, decode_tokens: int, dtype: str) -> None:
     """Measure in this process; print one JSON line."""
     import torch
+
     from ostinato.runtime.engine.loader import load_engine
     from ostinato.runtime.engine.resident import resident
 
@@ -105,11 +106,12 @@ def child(plan_path: str, context_tokens: int, tool_tokens: int, decode_tokens: 
 def serve_check(plan_path: str, ckpt: str) -> dict:
     """The slice behind the OpenAI API: one chat request with a tool, through the openai client."""
     import openai
+    from tokenizers import Tokenizer
+
     from ostinato.runtime.engine.loader import load_engine
     from ostinato.server.app import create_app
     from ostinato.server.background import serve_in_background
     from ostinato.server.chat_encoding import encode, render
-    from tokenizers import Tokenizer
 
     engine = load_engine(plan_path, device="cpu")
     tok = Tokenizer.from_file(str(Path(ckpt) / "tokenizer.json"))

@@ -44,6 +44,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
+
 from ostinato.bench.gpu_setup import (
     GpuSetup,
     all_hot_bridges,
@@ -238,9 +239,8 @@ def bucket_steps(s: GpuSetup, peak_gbs: float) -> list[Row]:
 def fp8_dense(s: GpuSetup, peak_gbs: float) -> list[Row]:
     """(h) The FP8 dense kernel: a decode token through V4-Flash's largest dense matrix (wq_b, 32768 x 1024)
     in GB/s of FP8 bytes read, a 4096-token prefill through wo_b (4096 x 8192) in TFLOP/s."""
-    from ostinato.runtime.kernels.fp8_triton import fp8_linear  # imports Triton: after TRITON_INTERPRET is set
-
     from ostinato.checkpoint.formats import quantize_fp8
+    from ostinato.runtime.kernels.fp8_triton import fp8_linear  # imports Triton: after TRITON_INTERPRET is set
 
     rows = []
     shapes = ((1, 32768, 1024), (4096, 4096, 8192)) if s.cuda else ((1, 256, 128), (64, 128, 256))

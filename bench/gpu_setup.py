@@ -16,10 +16,17 @@ from pathlib import Path
 
 import torch
 import yaml
+
+from ostinato.checkpoint.config import ModelConfig
+from ostinato.checkpoint.reader import PackedExpert
+from ostinato.checkpoint.sizes import model_sizes
 from ostinato.compiler.codegen.kernels import render_triton_experts
 from ostinato.compiler.codegen.plan_kernels import triton_expert_params
 from ostinato.compiler.compile import CompileOptions, compile_plan
 from ostinato.compiler.cost_model import CostModel
+from ostinato.hardware import load_hardware
+from ostinato.isa import detect_isa
+from ostinato.plan import Plan, load_plan
 from ostinato.plans import plans_dir
 from ostinato.runtime.engine.executor import LayerExperts, PlacementExecutor
 from ostinato.runtime.engine.hot_compute import TorchPoolCompute, TritonPoolCompute
@@ -35,13 +42,6 @@ from ostinato.runtime.kernels.triton_experts import (
     prefill_experts,
     route_blocks,
 )
-
-from ostinato.checkpoint.config import ModelConfig
-from ostinato.checkpoint.reader import PackedExpert
-from ostinato.checkpoint.sizes import model_sizes
-from ostinato.hardware import load_hardware
-from ostinato.isa import detect_isa
-from ostinato.plan import Plan, load_plan
 from ostinato.tiny import write_tiny_checkpoint
 
 CONTEXT = 512        # the tiny plan's context: the memory check fills a session to it

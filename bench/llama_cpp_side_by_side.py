@@ -37,12 +37,12 @@ from pathlib import Path
 
 import httpx
 import numpy as np
+
 from ostinato.bench import llama_cpp_build
 from ostinato.bench.simulator.bench import by_workload
 from ostinato.bench.simulator.kernels import KERNELS_FILE
-from ostinato.plans import plans_dir
-
 from ostinato.host import cpu_model
+from ostinato.plans import plans_dir
 from ostinato.workload import TokenSource, read_sessions, shrink_sessions
 
 # docs/benchmarks.md keeps one measured table per checkpoint: `--doc` rewrites the block of this run's checkpoint

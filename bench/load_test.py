@@ -24,12 +24,12 @@ import time
 
 
 def _start_tiny(max_queue: int):
+    from tokenizers import Tokenizer
+
     from ostinato.compiler.compile import CompileOptions, compile_plan
     from ostinato.runtime.engine.loader import load_engine
     from ostinato.server.app import create_app
     from ostinato.server.background import serve_in_background
-    from tokenizers import Tokenizer
-
     from ostinato.tiny import write_tiny_checkpoint
     work = tempfile.mkdtemp(prefix="ostinato-load-")
     ckpt = write_tiny_checkpoint(os.path.join(work, "tiny"), "tiny", seed=0, progress=False)

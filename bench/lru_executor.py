@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections import OrderedDict
 
 import torch
+
 from ostinato.runtime.engine.executor import PlacementExecutor
 from ostinato.runtime.engine.loader import Engine, _staging
 

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+
 from ostinato.bench.lru_executor import lru_cache_engine
 from ostinato.bench.simulator.bench import by_workload
 from ostinato.bench.simulator.replay import simulate
@@ -21,7 +22,6 @@ from ostinato.bench.simulator.trace import TraceSampler
 from ostinato.bench.simulator.world import build_world
 from ostinato.compiler.compile import CompileOptions, compile_plan
 from ostinato.runtime.engine.loader import load_engine
-
 from ostinato.tiny import write_tiny_checkpoint
 from ostinato.workload import TokenSource, shrink_sessions
 

@@ -23,7 +23,6 @@ from ostinato.bench.simulator.bench import DOC_SESSIONS, doc_with, run_modeled
 from ostinato.bench.simulator.kernels import KERNELS_FILE
 from ostinato.bench.simulator.world import build_world
 from ostinato.plans import plans_dir
-
 from ostinato.workload import WorkloadError, read_sessions
 
 SHIPPED = plans_dir() / "workloads" / "agent_turns.csv"

@@ -6,11 +6,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from ostinato.runtime.cli.engine_args import add_engine_args, load_engine_from_args
-
 from ostinato.checkpoint import CheckpointError
 from ostinato.cli.common import refuse
 from ostinato.plan import PlanError
+from ostinato.runtime.cli.engine_args import add_engine_args, load_engine_from_args
 
 
 def parse_args(argv):

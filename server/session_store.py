@@ -31,6 +31,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
+from ostinato.checkpoint.fingerprint import model_fingerprint
 from ostinato.runtime.model.session import Session
 from ostinato.runtime.model.session_file import (
     SessionFileError,
@@ -39,8 +41,6 @@ from ostinato.runtime.model.session_file import (
     read_session,
     write_session,
 )
-
-from ostinato.checkpoint.fingerprint import model_fingerprint
 
 from .prefix_cache import reusable
 

@@ -3,6 +3,7 @@ for a hardware spec, fill a session to the planned context, compare what the eng
 
 import torch
 import yaml
+
 from ostinato.compiler.compile import CompileOptions, compile_plan
 from ostinato.runtime.engine.held_memory import held_memory
 

@@ -4,6 +4,7 @@ shared `compiled` plan (tests/conftest.py), engines loaded from them, and the cl
 import random
 
 import torch
+
 from ostinato.runtime.engine.loader import load_engine
 
 TOL = 1e-4  # relative to the logits' scale, float32

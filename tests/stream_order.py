@@ -21,9 +21,10 @@ from collections import defaultdict
 
 import torch
 from graph_safety import storage_of
-from ostinato.runtime.engine.streams import CpuStreams, Entry
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
+
+from ostinato.runtime.engine.streams import CpuStreams, Entry
 
 
 class StreamWork(TorchDispatchMode):

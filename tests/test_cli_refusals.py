@@ -10,13 +10,13 @@ import pytest
 import torch
 import yaml
 from conftest import compile_tiny_plan
+
+from ostinato.cli import inspect as inspect_cli
 from ostinato.compiler.cli import compile as compile_cli
 from ostinato.compiler.cli import profile as profile_cli
 from ostinato.plans import plans_dir
 from ostinato.runtime.cli import record as record_cli
 from ostinato.runtime.cli import run as run_cli
-
-from ostinato.cli import inspect as inspect_cli
 
 
 @pytest.fixture(scope="module")

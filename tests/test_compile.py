@@ -6,14 +6,13 @@ from pathlib import Path
 
 import pytest
 import yaml
-from ostinato.compiler.cli import compile as compile_cli
-from ostinato.compiler.compile import CompileError, CompileOptions, compile_plan
-from ostinato.compiler.memory_model import held_bytes, kv_cache_bytes
-from ostinato.plans import plans_dir
 
 from ostinato.checkpoint import ModelConfig, model_sizes
 from ostinato.checkpoint.fingerprint import model_fingerprint
 from ostinato.checkpoint.tensor_specs import global_specs, layer_specs
+from ostinato.compiler.cli import compile as compile_cli
+from ostinato.compiler.compile import CompileError, CompileOptions, compile_plan
+from ostinato.compiler.memory_model import held_bytes, kv_cache_bytes
 from ostinato.plan import (
     KernelName,
     PlanError,
@@ -21,6 +20,7 @@ from ostinato.plan import (
     load_plan,
     plan_from_dict,
 )
+from ostinato.plans import plans_dir
 
 REPO = Path(__file__).resolve().parents[1]
 FLASH = Path("plans/models/deepseek-v4-flash")

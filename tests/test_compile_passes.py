@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from ostinato.compiler import compile as pipeline
 from ostinato.compiler.compile import CompileError, CompileOptions, compile_plan
-
 from ostinato.plan import PlanError, load_plan
 
 REPO = Path(__file__).resolve().parents[1]
@@ -78,9 +78,8 @@ def test_given_buckets_are_checked_by_the_schema_before_kernels_are_built(tmp_pa
 def test_the_command_line_checks_the_buckets_shape_with_the_schemas_rule():
     import argparse
 
-    from ostinato.compiler.cli.compile import _buckets
-
     from ostinato.buckets import bucket_rule_error
+    from ostinato.compiler.cli.compile import _buckets
 
     assert _buckets("8,2,4") == (8, 2, 4) and _buckets("none") == ()
     with pytest.raises(argparse.ArgumentTypeError) as e:

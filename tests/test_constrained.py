@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from tokenizers import Tokenizer
+
 from ostinato.server import dsml
 from ostinato.server.constrained import (
     ConstraintError,
@@ -21,7 +23,6 @@ from ostinato.server.constrained import (
     eos_id_from_config,
 )
 from ostinato.server.token_bytes import token_bytes
-from tokenizers import Tokenizer
 
 EOS = 1       # "<｜end▁of▁sentence｜>" in both tokenizers
 BUDGET = 400  # tokens

@@ -5,6 +5,7 @@ import copy
 
 import pytest
 from conftest import compile_tiny_plan
+
 from ostinato.compiler.cost_model import EAGER_OPS_PER_LAYER
 from ostinato.runtime.engine.loader import load_engine
 from ostinato.runtime.engine.op_count import ops_per_layer

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from ostinato.runtime.cli import run as run_cli
 from ostinato.runtime.engine.cpu_threads import GPU_RESERVED, cpu_threads, usable_cores
 

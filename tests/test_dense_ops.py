@@ -5,6 +5,7 @@ that lets only a plan's forwards use them."""
 
 import pytest
 import torch
+
 from ostinato.compiler.codegen.dense_ops import build_cpu_dense_ops, render_triton_dense_ops
 from ostinato.runtime.engine.op_count import OpCounter
 from ostinato.runtime.kernels.dense_ops import DenseOpsKernel

@@ -4,6 +4,7 @@ import json
 import random
 
 import pytest
+
 from ostinato.server.dsml import DSMLError, parse_block, render_tool_calls, split_tool_calls
 from ostinato.server.dsml_stream import ToolCallStream
 

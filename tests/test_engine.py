@@ -6,10 +6,10 @@ import pytest
 import torch
 from conftest import compile_tiny_plan
 from engine_helpers import IDS, _close, _engine
-from ostinato.runtime.cli.run import main as run_main
-from ostinato.runtime.engine.loader import load_engine
 
 from ostinato.plan import PlanError
+from ostinato.runtime.cli.run import main as run_main
+from ostinato.runtime.engine.loader import load_engine
 
 # compiled (the plan, session-wide) and reference (the plain model) are fixtures of tests/conftest.py
 pytestmark = pytest.mark.slow  # compiled kernels, the plain model as reference

@@ -14,6 +14,7 @@ import pytest
 import torch
 from conftest import teacher_forced_picks
 from engine_helpers import IDS, _engine
+
 from ostinato.runtime.cli.run import main as run_main
 
 pytestmark = pytest.mark.slow  # the compiled plan (tests/conftest.py)

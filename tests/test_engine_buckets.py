@@ -9,6 +9,7 @@ import pytest
 import torch
 from engine_helpers import IDS, _close, _variant, on_gpus
 from graph_safety import first_difference, segment_owners, traced_step
+
 from ostinato.runtime.engine.loader import load_engine
 
 pytestmark = pytest.mark.slow  # the compiled plan and the reference model (tests/conftest.py)

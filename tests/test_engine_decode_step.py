@@ -11,6 +11,7 @@ import pytest
 import torch
 from engine_helpers import IDS, _close, _engine, pipeline_engine
 from graph_safety import first_difference, segment_owners, traced_step
+
 from ostinato.runtime.cli.run import main as run_main
 
 pytestmark = pytest.mark.slow  # the compiled plan and the reference model (tests/conftest.py)
@@ -129,9 +130,8 @@ def test_ostinato_run_decode_modes_give_the_same_reply(compiled, tiny_ckpt, caps
 
 def test_a_cpu_kernel_for_an_isa_this_cpu_lacks_is_refused(compiled, tiny_ckpt, monkeypatch):
     """Loading it would die with SIGILL; the loader names the ISA and what to do instead."""
-    from ostinato.runtime.engine import loader
-
     from ostinato.plan import KernelName, PlanError
+    from ostinato.runtime.engine import loader
 
     plan, work = compiled
     monkeypatch.setattr(loader, "supports", lambda isa: isa == "avx2")

@@ -16,6 +16,9 @@ from pathlib import Path
 import pytest
 import torch
 from engine_helpers import IDS, _engine
+
+from ostinato.checkpoint.formats import dequantize_mxfp4
+from ostinato.checkpoint.reader import Checkpoint, PackedExpert
 from ostinato.runtime.cli.run import main as run_main
 from ostinato.runtime.engine import hot_compute
 from ostinato.runtime.engine.held_memory import tensors_in
@@ -25,9 +28,6 @@ from ostinato.runtime.engine.resident import Resident, parse_status, resident, r
 from ostinato.runtime.kernels.mxfp4 import Mxfp4Table, dequantize
 from ostinato.runtime.kernels.triton_experts import HotPool
 from ostinato.runtime.model.experts import swiglu
-
-from ostinato.checkpoint.formats import dequantize_mxfp4
-from ostinato.checkpoint.reader import Checkpoint, PackedExpert
 
 
 # ----- item 1: no dequantized copies of experts ---------------------------------------------------

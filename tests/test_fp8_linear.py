@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from ostinato.runtime.kernels.fp8_triton import fp8_linear
-from ostinato.runtime.model.fp8_matrix import Fp8Matrix, grouped_linear, linear
 
 from ostinato.checkpoint.formats import dequantize_fp8, quantize_fp8
+from ostinato.runtime.kernels.fp8_triton import fp8_linear
+from ostinato.runtime.model.fp8_matrix import Fp8Matrix, grouped_linear, linear
 
 
 def _random_fp8(n: int, k: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
@@ -77,6 +77,7 @@ def test_an_fp8_plan_computes_what_a_bf16_plan_computes(tiny_ckpt, tmp_path, ker
     """Same checkpoint, same placement, dense weights held as stored FP8 or dequantized to bf16: on the
     CPU the same logits bit for bit (prefill and decode steps), with half the bytes of those matrices."""
     from conftest import compile_tiny_plan
+
     from ostinato.runtime.engine.loader import load_engine
 
     logits, dense = {}, {}

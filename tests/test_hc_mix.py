@@ -3,6 +3,7 @@ random logits: the host library, the Triton kernel (interpreter, float32) and th
 
 import pytest
 import torch
+
 from ostinato.compiler.codegen.hc_mix import HcMixParams, build_cpu_hc_mix, render_triton_hc_mix
 from ostinato.runtime.engine.op_count import OpCounter
 from ostinato.runtime.kernels.hc_mix import HcMixKernel

@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+
 from ostinato.compiler.codegen.cxx import KernelCompileError, compile_shared
 from ostinato.compiler.codegen.isa import isa_flags
 from ostinato.compiler.codegen.kernels import (
@@ -16,7 +17,6 @@ from ostinato.compiler.codegen.kernels import (
     render_triton_experts,
 )
 from ostinato.compiler.codegen.render import included_headers, render, sha256, template_text
-
 from ostinato.isa import detect_isa
 
 

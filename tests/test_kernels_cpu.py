@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import pytest
 import torch
+
+from ostinato.checkpoint.formats import unpack_fp4_codes
 from ostinato.compiler.codegen.kernels import CpuExpertParams, build_cpu_experts
+from ostinato.isa import detect_isa
 from ostinato.runtime.kernels.cpu_experts import CpuExpertKernel, gemm_library
 from ostinato.runtime.kernels.reference import dequantize_expert, moe_experts_reference
 from ostinato.runtime.kernels.routes import GroupedRoutes, group_routes
 from ostinato.runtime.kernels.testing import random_packed_expert
-
-from ostinato.checkpoint.formats import unpack_fp4_codes
-from ostinato.isa import detect_isa
 
 pytestmark = pytest.mark.slow  # compiled kernels (C++)
 

@@ -13,6 +13,7 @@ import os
 
 import pytest
 import torch
+
 from ostinato.compiler.codegen.kernels import TritonExpertParams, render_triton_experts
 from ostinato.runtime.kernels.reference import dequantize_expert, moe_experts_reference
 from ostinato.runtime.kernels.routes import group_flat_routes, group_routes

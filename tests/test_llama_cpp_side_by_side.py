@@ -2,8 +2,8 @@
 of llama-server / ostinato-serve: what each request carries, what counts as a wait, teacher forcing."""
 
 import pytest
-from ostinato.bench import llama_cpp_side_by_side as sbs
 
+from ostinato.bench import llama_cpp_side_by_side as sbs
 from ostinato.workload import SessionShape, Turn
 
 

@@ -76,6 +76,7 @@ def test_slices_keep_the_real_layer_kinds_in_order():
 def test_a_plan_at_flash_shapes_holds_what_it_counted(flash_slice, tmp_path, kernel_dir):
     """Allocation = plan at V4-Flash's real dimensions (test_allocation_plan.py has the two-GPU tiny case)."""
     from allocation_helpers import TWO_GPUS, _check, _compile, _filled_session
+
     from ostinato.runtime.engine.loader import load_engine
 
     out, _ = flash_slice

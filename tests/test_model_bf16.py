@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import teacher_forced_picks
+
 from ostinato.runtime import load_model
 
 pytestmark = pytest.mark.slow  # 64 greedy steps twice, tens of seconds

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 from hf_reference import load_reference
+
 from ostinato.runtime import load_model
 from ostinato.runtime.model.compressor import CompressorState, compress
 from ostinato.runtime.model.indexer import index_queries, index_scores, select

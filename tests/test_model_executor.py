@@ -8,6 +8,7 @@ import sys
 
 import pytest
 import torch
+
 from ostinato.runtime import load_model
 from ostinato.runtime.model import DenseExpertExecutor
 

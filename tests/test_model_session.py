@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import assert_close_to_scale
+
 from ostinato.runtime import load_model
 
 TOL = 1e-4

@@ -4,6 +4,7 @@ import itertools
 
 import numpy as np
 import pytest
+
 from ostinato.compiler.placement import DoesNotFit, PlacementProblem, place, select_hot
 
 

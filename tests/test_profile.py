@@ -4,17 +4,17 @@ import numpy as np
 import pytest
 import torch
 from hf_reference import load_reference
+
+from ostinato.checkpoint import ModelConfig
 from ostinato.compiler.cli.profile import main as profile_main
 from ostinato.compiler.profile import PHASES, ProfileError, RoutingProfile, load_profile, synthetic_profile
 from ostinato.compiler.profile.counts_io import export_csv, import_counts
 from ostinato.compiler.profile.merge import merge_profiles
 from ostinato.compiler.profile.report import build_report, top_k_mask
 from ostinato.plans import plans_dir
+from ostinato.profile_format import pack_touched
 from ostinato.runtime import load_model
 from ostinato.runtime.profile_recording import record_profile
-
-from ostinato.checkpoint import ModelConfig
-from ostinato.profile_format import pack_touched
 from ostinato.workload import SessionShape, Turn, read_sessions
 
 WORKLOAD = plans_dir() / "workloads" / "agent_turns.csv"

@@ -10,9 +10,9 @@ import pytest
 import torch
 from conftest import assert_close_to_scale, compile_tiny_plan
 from hf_reference import load_reference
-from ostinato.runtime.engine.loader import load_engine
 from tokenizers import Tokenizer
 
+from ostinato.runtime.engine.loader import load_engine
 from ostinato.tiny import write_tiny_checkpoint
 
 pytestmark = pytest.mark.slow  # the real tokenizer's vocabulary, compiled kernels and transformers

@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+
 from ostinato.server import cli as serve_cli
 
 

@@ -6,11 +6,12 @@ import httpx
 import openai
 import pytest
 from conftest import compile_tiny_plan
+from tokenizers import Tokenizer
+
 from ostinato.runtime.engine.loader import load_engine
 from ostinato.server.app import create_app
 from ostinato.server.background import serve_in_background
 from ostinato.server.dsml import render_tool_calls
-from tokenizers import Tokenizer
 
 pytestmark = pytest.mark.slow  # a compiled plan's engine (C++ kernels) behind the server
 

@@ -13,13 +13,14 @@ import openai
 import pytest
 import torch
 from conftest import compile_tiny_plan
+from tokenizers import Tokenizer
+
 from ostinato.runtime.engine.loader import load_engine
 from ostinato.server.app import create_app
 from ostinato.server.background import serve_in_background
 from ostinato.server.dsml import render_tool_calls
 from ostinato.server.sampling import LOGPROB_FLOOR, Sampler, Sampling
 from ostinato.server.stop import StopMatcher
-from tokenizers import Tokenizer
 
 EOS = 1
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {

@@ -11,13 +11,14 @@ import openai
 import pytest
 import torch
 from conftest import assert_close_to_scale, compile_tiny_plan
+from tokenizers import Tokenizer
+
 from ostinato.runtime.engine.loader import load_engine
 from ostinato.runtime.model.session_file import SessionFileError, read_header, read_session, write_session
 from ostinato.server.app import create_app
 from ostinato.server.background import serve_in_background
 from ostinato.server.chat_encoding import ChatOptions, encode, render
 from ostinato.server.session_store import SessionStore, engine_identity, file_name
-from tokenizers import Tokenizer
 
 pytestmark = pytest.mark.slow  # a compiled plan's engine (C++ kernels) and a server
 

@@ -4,13 +4,13 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+
 from ostinato.bench.simulator.ktransformers import KTransformers, frequency_placed
 from ostinato.bench.simulator.llamacpp import CpuExperts, LayerPlacement, LruCache, layers_that_fit
 from ostinato.bench.simulator.ostinato_policy import Ostinato
 from ostinato.bench.simulator.replay import simulate, summarize
 from ostinato.bench.simulator.trace import TraceSampler, at_coverage, counts_of
 from ostinato.compiler.cost_model import CostModel, LayerCostInputs
-
 from ostinato.hardware import parse_hardware
 from ostinato.workload import SessionShape, Turn
 

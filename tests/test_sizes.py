@@ -2,10 +2,9 @@
 
 import json
 
-from ostinato.plans import plans_dir
-
 from ostinato.checkpoint import ModelConfig, model_sizes
 from ostinato.checkpoint.reader import Checkpoint
+from ostinato.plans import plans_dir
 
 FLASH = plans_dir() / "models" / "deepseek-v4-flash" / "config.json"
 

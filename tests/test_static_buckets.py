@@ -8,10 +8,10 @@ boundaries. The decomposition of a prompt into buckets (120 = 64 + 32 + 16 + 8) 
 
 import pytest
 import torch
-from ostinato.runtime.model.static_decode import StaticStep
 from static_helpers import MAX_CONTEXT, _cache_items, _tokens, assert_close
 
 from ostinato.buckets import bucket_pieces
+from ostinato.runtime.model.static_decode import StaticStep
 
 # the `model` fixture (tiny and small, float32) is tests/conftest.py's, shared with test_static_decode.py
 

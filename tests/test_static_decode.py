@@ -13,10 +13,11 @@ from __future__ import annotations
 import pytest
 import torch
 from graph_safety import GraphUnsafe, first_difference, graph_safe_trace, segment_owners, traced_step
+from static_helpers import MAX_CONTEXT, _cache_items, _tokens, assert_close
+
 from ostinato.runtime import load_model
 from ostinato.runtime.model.experts import swiglu
 from ostinato.runtime.model.static_decode import StaticStep
-from static_helpers import MAX_CONTEXT, _cache_items, _tokens, assert_close
 
 # the `model` fixture (tiny and small, float32) is tests/conftest.py's, shared with test_static_buckets.py
 

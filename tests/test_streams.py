@@ -17,10 +17,11 @@ import pytest
 import torch
 from engine_helpers import IDS, _close, pipeline_engine
 from graph_safety import storage_of
+from stream_order import StreamWork, capture_problems, races
+
 from ostinato.runtime.engine.decode_graphs import WARMUP_RUNS, SegmentGraphs
 from ostinato.runtime.engine.streams import CPU_STREAMS, CpuStreams, TwinStream
 from ostinato.runtime.model.static_decode import StaticStep
-from stream_order import StreamWork, capture_problems, races
 
 
 @pytest.fixture(scope="module")

@@ -26,6 +26,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+
 from ostinato.compiler.codegen.dense_ops import render_triton_dense_ops
 from ostinato.compiler.codegen.hc_mix import HcMixParams, render_triton_hc_mix
 from ostinato.compiler.codegen.kernels import render_triton_experts
@@ -34,7 +35,6 @@ from ostinato.runtime.engine.hot_compute import TritonPoolCompute
 from ostinato.runtime.kernels.dense_ops import HEAD_BLOCK
 from ostinato.runtime.kernels.testing import random_packed_expert
 from ostinato.runtime.kernels.triton_experts import HotPool
-
 from ostinato.tiny.presets import official_flash_config, preset_config
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -10,6 +10,7 @@ Not modeled: expert deferral (an approximation Ostinato does not make)."""
 from __future__ import annotations
 
 import numpy as np
+
 from ostinato.compiler.cost_model import UNFUSED_EAGER_OPS_PER_LAYER, CostModel
 
 from .policy import Forward, Policy, split_pass, static_decode, upload_pass

@@ -24,6 +24,7 @@ evicted. Batches of > 32 tokens only read it: misses are uploaded for that batch
 from __future__ import annotations
 
 import numpy as np
+
 from ostinato.compiler.cost_model import CostModel
 
 from .policy import Forward, Policy

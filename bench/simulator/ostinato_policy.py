@@ -6,6 +6,7 @@ the host, concurrently), longer ones upload each distinct cold expert once; deco
 from __future__ import annotations
 
 import numpy as np
+
 from ostinato.compiler.cost_model import CostModel
 
 from .policy import Forward, Policy, bucket_pass, split_pass, static_decode, upload_pass

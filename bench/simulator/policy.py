@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from ostinato.compiler.cost_model import CostModel
 
 from ostinato.buckets import bucket_pieces
+from ostinato.compiler.cost_model import CostModel
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
 from ostinato.compiler.compile import Build, CompileOptions, compile_plan
 
 from .ablation import ablations

@@ -22,6 +22,7 @@ if ON_CPU:
     os.environ.setdefault("TRITON_INTERPRET", "1")  # read when Triton is first imported, later than this
 
 import pytest  # noqa: E402
+
 from ostinato.bench.gpu_setup import GpuSetup, make_setup  # noqa: E402
 
 FIGURES: dict[str, float] = {}  # measured figures the checks record, printed in pytest's summary

@@ -6,15 +6,15 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from ostinato.bench.gpu_setup import rel_err
+from ostinato.plan import KernelName
 from ostinato.runtime.kernels.dense_ops import DenseOpsKernel
 from ostinato.runtime.kernels.hc_mix import HcMixKernel
 from ostinato.runtime.kernels.triton_experts import load_triton_module
 from ostinato.runtime.model.hyper_connection import HcWeights, mix_weights
 from ostinato.runtime.model.norms import rms_norm, unweighted_rms_norm
 from ostinato.runtime.model.rope import apply_rope
-
-from ostinato.plan import KernelName
 
 pytestmark = pytest.mark.gpu
 CUDA = torch.cuda.is_available()

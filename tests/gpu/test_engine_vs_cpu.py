@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from ostinato.bench.gpu_setup import rel_err
 from ostinato.runtime import load_model
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from ostinato.bench.gpu_setup import rel_err
-from ostinato.runtime.kernels.fp8_triton import fp8_linear
 
+from ostinato.bench.gpu_setup import rel_err
 from ostinato.checkpoint.formats import dequantize_fp8, quantize_fp8
+from ostinato.runtime.kernels.fp8_triton import fp8_linear
 
 pytestmark = pytest.mark.gpu
 CUDA = torch.cuda.is_available()

@@ -5,6 +5,7 @@ replayed: every task accepts its input, and a token with only hot routes gets ze
 from __future__ import annotations
 
 import pytest
+
 from ostinato.bench.gpu_setup import all_hot_bridges, captured, sync
 
 pytestmark = pytest.mark.gpu

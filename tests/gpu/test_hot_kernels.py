@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from ostinato.bench.gpu_setup import captured, hot_decode_launches, prefill_launches, random_experts, rel_err
 from ostinato.runtime.kernels import triton_experts as tx
 from ostinato.runtime.kernels.reference import dequantize_expert, moe_experts_reference

@@ -9,6 +9,7 @@ import gc
 
 import pytest
 import torch
+
 from ostinato.bench.gpu_setup import CONTEXT, sync
 from ostinato.runtime.engine.held_memory import BOUNDS, held_memory
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from ostinato.bench.gpu_setup import rel_err, upload_rig
 
 pytestmark = pytest.mark.gpu
