@@ -6,42 +6,27 @@ DeepSeek-V4-Flash's expert shape (D=4096, I=2048; 13.4 MB packed MXFP4 per exper
     1..6 experts, bf16 and float32 activations, cycling through > 1 GB of distinct experts (from DRAM);
 (c) time per expert with T = 1..64 tokens all routed to it: the kernel with float32 and bf16
     activations, its GEMM-library path (bf16 tiles to MKL's cblas_gemm_bf16bf16f32, where torch exports
-    it and the build has AVX512_BF16), torch float32 and bf16 matmuls on the same weights pre-dequantized,
-    KTransformers' MXFP4 MoE kernel (kt-kernel, where installed: its default MXFP4 backend, fed the
-    same packed bytes and scales, bf16 in and out, k = 1 route per token), and ggml's, i.e. llama.cpp's
-    (where a llama.cpp source tree and a shared-library build of it are given: bench/ggml_kernel.py compiles
-    bench/ggml_expert_kernel.c against it, which runs the graph llama.cpp's MoE layer builds, mul_mat_id
-    gate/up, clamped SwiGLU, mul_mat_id down, on random MXFP4 experts in llama.cpp's own weight buffer
-    type, float32 in and out, k = 1 route per token, timed inside that process);
+    it and the build has AVX512_BF16), torch float32 and bf16 matmuls on the same weights pre-dequantized;
 (d) the crossover of (c): the fewest tokens per expert from which the GEMM path beats the kernel's own
     at every larger count, i.e. the gemm_min_tokens to plan (0: never);
 (e) the kernel's compute ceiling: 1 token x 1 expert again and again (its 13.4 MB stay in the L3 cache).
 Machines here are shared and noisy: every figure is the best of several interleaved rounds.
-Last line: `cpu_expert_read_bw_ratio=R torch_speedup_min=S kt_speedup_min=K ggml_speedup_min=G2
-per_core_gbs=G`, where R is (b) with 6 experts and bf16 activations over (a), S the smallest (best torch
-time / kernel bf16 time) over the token counts, K and G2 the same against kt-kernel and ggml (nan where
-they did not run), and G is R's bandwidth per thread.
+Last line: `cpu_expert_read_bw_ratio=R torch_speedup_min=S per_core_gbs=G`, where R is (b) with 6
+experts and bf16 activations over (a), S the smallest (best torch time / kernel bf16 time) over the token
+counts, and G is R's bandwidth per thread.
 
-kt-kernel 0.7.2 pins torch==2.9.1: `pip install kt-kernel==0.7.2` replaces the project's torch, so
-install it with `pip install --no-deps kt-kernel==0.7.2 gguf` (its extension does not link torch).
-ggml needs `--llama-cpp-src DIR` (the tree with ggml/include; default $OSTINATO_LLAMA_CPP_SRC) and
-`--llama-cpp-build DIR` (its build with bin/libggml.so, libggml-base.so, libggml-cpu.so: cmake
--DBUILD_SHARED_LIBS=ON; default $OSTINATO_LLAMA_CPP_BUILD) and a C compiler; without them it is skipped.
+The side-by-side with other systems' CPU expert kernels (KTransformers' kt-kernel, llama.cpp's ggml) and
+the simulator's kernel table (bench/measured/cpu_expert_kernels.yaml) moved to
+`python -m ostinato.bench.kernel_side_by_side`, which drives each system on whole-layer calls as its own
+benchmark drives it.
 
-`--kernels-out FILE` writes (c)'s side-by-side times as the simulator's kernel table
-(bench/measured/cpu_expert_kernels.yaml, read by bench/simulator/kernels.py): per token count, ms per
-expert of Ostinato's kernel (its bf16 path, or its GEMM-library path where that is faster: what a plan's
-gemm_min_tokens picks), of kt-kernel and of ggml (rows for those that ran).
-
-Usage: python -m ostinato.bench.cpu_experts [--threads N] [--build-root DIR] [--kernels-out FILE]
-                                         [--llama-cpp-build DIR] [--llama-cpp-src DIR]
+Usage: python -m ostinato.bench.cpu_experts [--threads N] [--build-root DIR]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import time
 
 import torch
@@ -55,8 +40,6 @@ from ostinato.runtime.kernels.testing import random_packed_expert
 D, I = 4096, 2048
 N_EXPERTS = 80        # 80 x 13.4 MB = 1.07 GB of packed experts: far beyond the L3 cache
 N_DENSE = 6           # torch baseline: 6 x 100 MB float32 (and bf16) experts, also beyond the L3
-N_KT = 8              # kt-kernel: 8 experts (107 MB) in its own layout
-N_GGML = 32           # ggml: 32 random experts (430 MB) in its own process, more than a 300 MB L3 holds
 TOKENS = (1, 2, 4, 8, 16, 32, 64)
 ROUNDS = 3
 
@@ -125,67 +108,10 @@ def torch_time(dense: list, n_tokens: int, dtype: torch.dtype, calls: int) -> fl
     return best
 
 
-class KtMxfp4:
-    """kt-kernel's MXFP4 MoE op through its extension (the KTMoEWrapper front end wants pinned memory and
-    a safetensors checkpoint): per-expert pointers to the same packed bytes, ue8m0 scales as bf16 (as its
-    MXFP4 loader does), SwiGLU limit 10, one route per token."""
-
-    def __init__(self, experts: list, threads: int, max_tokens: int):
-        import kt_kernel  # picks the extension for this CPU
-        import kt_kernel_ext
-        from kt_kernel_ext import moe
-
-        self.variant = kt_kernel.__cpu_variant__
-        backend = getattr(moe, "AMXFP4_KGroup_MOE", None) or getattr(moe, "AVX2MXFP4_MOE", None)  # its own order
-        if backend is None:
-            raise RuntimeError("no MXFP4 backend compiled into kt_kernel_ext")
-        self.backend = backend.__name__
-        pool = kt_kernel_ext.WorkerPoolConfig()
-        pool.subpool_count, pool.subpool_numa_map, pool.subpool_thread_count = 1, [0], [threads]
-        self.cpu = kt_kernel_ext.CPUInfer(pool)
-        self.mask = torch.zeros(len(experts), dtype=torch.bool)  # no GPU experts
-        cfg = moe.MOEConfig(len(experts), 1, D, I, self.mask.data_ptr())
-        cfg.layer_idx, cfg.pool, cfg.max_len, cfg.swiglu_limit = 0, self.cpu.backend_, max_tokens, 10.0
-
-        def bf16(scale):  # ue8m0 byte b -> bf16 bits b << 7: exact
-            return (scale.view(torch.uint8).to(torch.int32) << 7).to(torch.int16).view(torch.bfloat16).contiguous()
-        self.keep = [[bf16(getattr(e, n)) for e in experts] for n in ("w1_scale", "w3_scale", "w2_scale")]
-        cfg.gate_projs, cfg.up_projs, cfg.down_projs = ([[getattr(e, n).data_ptr() for e in experts]]
-                                                        for n in ("w1", "w3", "w2"))
-        cfg.gate_scales, cfg.up_scales, cfg.down_scales = ([[t.data_ptr() for t in s]] for s in self.keep)
-        cfg.quant_config.bits, cfg.quant_config.group_size, cfg.quant_config.zero_point = 4, 32, False
-        self.moe = backend(cfg)
-        p2l = torch.arange(len(experts), dtype=torch.int64)
-        self.cpu.submit(self.moe.load_weights_task(p2l.data_ptr()))
-        self.cpu.sync()
-        self.n, self.next = len(experts), 0
-
-    def time(self, n_tokens: int, calls: int) -> float:
-        x, out = torch.randn(n_tokens, D).bfloat16(), torch.zeros(n_tokens, D, dtype=torch.bfloat16)
-        ids, w = torch.zeros(n_tokens, 1, dtype=torch.int64), torch.full((n_tokens, 1), 0.5)
-        bsz = torch.tensor([n_tokens], dtype=torch.int32)
-
-        best = float("inf")
-        for _ in range(calls):
-            ids.fill_(self.next)
-            self.next = (self.next + 1) % self.n
-            t = time.perf_counter()
-            self.cpu.submit(self.moe.forward_task(bsz.data_ptr(), 1, ids.data_ptr(), w.data_ptr(), x.data_ptr(),
-                                                  out.data_ptr(), False))
-            self.cpu.sync()
-            best = min(best, time.perf_counter() - t)
-        return best
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--build-root", default=None, help="kernel build directory (default build/kernels)")
-    ap.add_argument("--kernels-out", help="write the side-by-side times per expert as the simulator's kernel table")
-    ap.add_argument("--llama-cpp-build", default=os.environ.get("OSTINATO_LLAMA_CPP_BUILD"),
-                    help="llama.cpp build directory with bin/libggml*.so (default $OSTINATO_LLAMA_CPP_BUILD)")
-    ap.add_argument("--llama-cpp-src", default=os.environ.get("OSTINATO_LLAMA_CPP_SRC"),
-                    help="llama.cpp source directory with ggml/include (default $OSTINATO_LLAMA_CPP_SRC)")
     args = ap.parse_args()
     threads = args.threads
     torch.set_num_threads(threads)
@@ -208,22 +134,6 @@ def main() -> None:
         why = "" if gemm else "torch exports no cblas_gemm_bf16bf16f32 (no MKL)"
     else:
         why = f"the {params.isa} build has no bf16 path"
-    try:
-        kt = KtMxfp4(experts[:N_KT], threads, max(TOKENS))
-        print(f"kt-kernel: {kt.variant} extension, {kt.backend}")
-    except (ImportError, RuntimeError, AttributeError, TypeError) as e:  # not installed, or no MXFP4 backend
-        kt = None
-        print(f"kt-kernel: not run ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})")
-    try:
-        from .ggml_kernel import GgmlMxfp4
-
-        ggml = GgmlMxfp4(threads, max(TOKENS), N_GGML, args.llama_cpp_build, args.llama_cpp_src)
-        print(f"ggml: {ggml.variant}; {N_GGML} experts; T=1 vs a float reference: rel err {ggml.check_rel_err:.1e} "
-              f"({ggml.check_rel_err_q8:.1e} with its 8-bit activation rounding)")
-    except (ImportError, RuntimeError, OSError, subprocess.SubprocessError) as e:  # not found, or failed its check
-        ggml = None
-        print(f"ggml: not run ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})")
-
     # (a) + (b), interleaved rounds
     buf = torch.ones(512 * 2**20, dtype=torch.float32)  # 2 GiB
     bw, kbw = 0.0, {(n, dt): 0.0 for dt in (torch.bfloat16, torch.float32) for n in range(1, 7)}
@@ -242,7 +152,7 @@ def main() -> None:
     # (c) per token count; rounds interleave the contenders
     dense32 = [tuple(w.contiguous() for w in dequantize_expert(e)) for e in experts[:N_DENSE]]
     dense16 = [tuple(w.bfloat16() for w in d) for d in dense32]
-    names = ["f32", "bf16", "gemm", "torch32", "torch16", "kt", "ggml"]
+    names = ["f32", "bf16", "gemm", "torch32", "torch16"]
     best = {(T, k): float("inf") for T in TOKENS for k in names}
 
     def one_round(T: int, calls: int) -> dict:
@@ -251,41 +161,25 @@ def main() -> None:
                "torch16": torch_time(dense16, T, torch.bfloat16, calls)}
         if gemm and T > 1:
             got["gemm"] = gemm.time(1, T, torch.bfloat16, calls)
-        if kt:
-            got["kt"] = kt.time(T, calls)
-        if ggml:
-            got["ggml"] = ggml.time(T, calls)
         return got
     for _ in range(ROUNDS):
         for T in TOKENS:
             for k, v in one_round(T, 4 if T <= 8 else 2).items():
                 best[T, k] = min(best[T, k], v)
     print("\n(c) ms per expert, all tokens routed to it (bf16: bf16 activations; gemm: bf16 tiles to the "
-          "GEMM library; torch on pre-dequantized weights; ggml: llama.cpp's, float32 activations)")
-    print("    tokens |   f32 |  bf16 |  gemm | torch f32 | torch bf16 | kt MXFP4 | ggml MXFP4 | bf16 vs torch | "
-          "vs kt | vs ggml | f32 vs torch f32 | bf16 GB/s/thread")
-    speedups, kt_speedups, ggml_speedups = [], [], []
+          "GEMM library; torch on pre-dequantized weights)")
+    print("    tokens |   f32 |  bf16 |  gemm | torch f32 | torch bf16 | bf16 vs torch | f32 vs torch f32 | "
+          "bf16 GB/s/thread")
+    speedups = []
     for T in TOKENS:
         b = {k: best[T, k] * 1e3 for k in names}
         s = min(b["torch32"], b["torch16"]) / b["bf16"]
         speedups.append(s)
-        kt_s = b["kt"] / b["bf16"] if kt else float("nan")
-        if kt:
-            kt_speedups.append(kt_s)
-        ggml_s = b["ggml"] / b["bf16"] if ggml else float("nan")
-        if ggml:
-            ggml_speedups.append(ggml_s)
         def cell(v: float) -> str:
             return f"{v:5.2f}" if v != float("inf") else "    -"
         print(f"    {T:>6} | {cell(b['f32'])} | {cell(b['bf16'])} | {cell(b['gemm'])} | {b['torch32']:9.2f} | "
-              f"{b['torch16']:10.2f} | {cell(b['kt']):>8} | {cell(b['ggml']):>10} | {s:12.2f}x | {kt_s:4.2f}x | "
-              f"{ggml_s:6.2f}x | {b['torch32'] / b['f32']:15.2f}x | "
+              f"{b['torch16']:10.2f} | {s:12.2f}x | {b['torch32'] / b['f32']:15.2f}x | "
               f"{expert_bytes / best[T, 'bf16'] / threads / 1e9:16.1f}")
-    if ggml:
-        ggml.close()
-
-    if args.kernels_out:
-        write_kernel_table(args.kernels_out, best, bool(kt), bool(ggml), threads, bw)
 
     # (d) the crossover to plan
     if gemm:
@@ -303,35 +197,7 @@ def main() -> None:
           "(the kernel's compute ceiling)")
     r = kbw[6, torch.bfloat16]
     print(f"cpu_expert_read_bw_ratio={r / bw:.3f} torch_speedup_min={min(speedups):.3f} "
-          f"kt_speedup_min={min(kt_speedups) if kt_speedups else float('nan'):.3f} "
-          f"ggml_speedup_min={min(ggml_speedups) if ggml_speedups else float('nan'):.3f} "
           f"per_core_gbs={r / threads / 1e9:.2f}")
-
-
-def write_kernel_table(path: str, best: dict, with_kt: bool, with_ggml: bool, threads: int, bw: float) -> None:
-    """(c) as bench/measured/cpu_expert_kernels.yaml (bench/simulator/kernels.py reads it)."""
-    import platform
-    import subprocess
-
-    import yaml
-
-    cpu = next((line.split(":", 1)[1].strip() for line in subprocess.run(
-        ["lscpu"], capture_output=True, text=True, check=False).stdout.splitlines()
-        if line.startswith("Model name")), platform.processor() or "unknown CPU")
-    ms = {"ostinato": [round(min(best[T, "bf16"], best[T, "gemm"]) * 1e3, 3) for T in TOKENS]}
-    if with_kt:
-        ms["kt-kernel"] = [round(best[T, "kt"] * 1e3, 3) for T in TOKENS]
-    if with_ggml:
-        ms["ggml"] = [round(best[T, "ggml"] * 1e3, 3) for T in TOKENS]
-    data = {"source": f"bench/cpu_experts.py --kernels-out, one run, {cpu}, {threads} threads, read "
-                      f"bandwidth {bw / 1e9:.1f} GB/s, {time.strftime('%Y-%m-%d')}; ms per V4-Flash expert, all "
-                      f"tokens routed to it, best of interleaved rounds",
-            "tokens": list(TOKENS), "ms": ms}
-    with open(path, "w") as f:
-        f.write("# Each system's CPU MXFP4 expert kernel, side by side: written by bench/cpu_experts.py;\n"
-                "# read by bench/simulator/kernels.py (a baseline's host expert time = ours x its slowdown).\n")
-        yaml.safe_dump(data, f, sort_keys=False, width=120)
-    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

@@ -1,41 +1,48 @@
 /*
- * ggml_expert_kernel.c: time ggml's (llama.cpp's) CPU MXFP4 MoE expert kernel on DeepSeek-V4-Flash's
- * expert shape (D=4096 hidden, I=2048 intermediate; 13.4 MB of packed MXFP4 per expert), so that
- * bench/cpu_experts.py can set it beside Ostinato's kernel and kt-kernel's.
+ * ggml_expert_kernel.c: time ggml's (llama.cpp's) CPU MXFP4 MoE expert kernel on whole-layer calls of
+ * DeepSeek-V4-Flash's routed experts (256 experts of D=4096 hidden, I=2048 intermediate, 13.4 MB of packed
+ * MXFP4 each; top-6 routing), so that bench/kernel_side_by_side.py can set it beside Ostinato's kernel and
+ * kt-kernel's.
  *
  * What runs is the graph llama.cpp's MoE layer builds for its routed experts (build_moe_ffn, the separate
- * gate/up path with DeepSeek-V4's clamped SwiGLU):
- *     gate = mul_mat_id(gate_exps, x, ids)   gate_exps: MXFP4 [D, I, N]
- *     up   = mul_mat_id(up_exps,   x, ids)   up_exps:   MXFP4 [D, I, N]
+ * gate/up path with DeepSeek-V4's clamped SwiGLU), with K routes per token:
+ *     up   = mul_mat_id(up_exps,   x, ids)   up_exps:   MXFP4 [D, I, E]      -> [I, K, T]
+ *     gate = mul_mat_id(gate_exps, x, ids)   gate_exps: MXFP4 [D, I, E]      -> [I, K, T]
  *     h    = swiglu_clamp(gate, up, 10)      min(gate, 10) silu'd, times up clamped to [-10, 10]
- *     y    = mul_mat_id(down_exps, h, ids) * route weight     down_exps: MXFP4 [I, D, N]
- * with float32 activations x [D, 1, T] (what llama.cpp's CPU path is handed) and ids [1, T] routing all T
- * tokens to one expert (k = 1 route per token); the expert moves on from call to call, so with enough
- * experts (--experts) the weights come from DRAM, not the cache. The weights are random bytes with
- * e8m0 scales 118..123 (finite values) and are placed the way llama.cpp places CPU expert weights: in
- * the first of the CPU backend's extra buffer types that takes this mul_mat_id (on x86 with AVX2 that is
- * CPU_REPACK, MXFP4 rows interleaved 8 x 8 for its GEMV/GEMM), else plain CPU memory (--plain forces it).
- * The graph is computed by the CPU backend (ggml_backend_graph_compute, --threads threads), built and
- * allocated once per token count.
+ *     y_k  = mul_mat_id(down_exps, h, ids) * weights   down_exps: MXFP4 [I, D, E]; weights [1, K, T]
+ *     y    = y_0 + y_1 + ... + y_{K-1}       views of [D, K, T] added up, as build_moe_ffn aggregates
+ * with float32 activations x [D, 1, T] (what llama.cpp's CPU path is handed) and ids [K, T] (int32: each
+ * token's K experts, the top-k selection build_moe_ffn hands mul_mat_id). The weights are random bytes with
+ * e8m0 scales 118..123 (finite values) and are placed the way llama.cpp places CPU expert weights: in the
+ * first of the CPU backend's extra buffer types that takes this mul_mat_id (on x86 with AVX2 that is
+ * CPU_REPACK, MXFP4 rows interleaved for its GEMV/GEMM), else plain CPU memory (--plain forces it). The
+ * graph is computed by the CPU backend with a persistent ggml threadpool of --threads threads made with
+ * ggml_threadpool_params_default (as llama.cpp's common init and llama-bench attach one: polling level
+ * 50), built and allocated once per token count.
  *
- * Before timing, one call with T = 1 is checked against a plain C reference of the same expert in double
- * precision (its own MXFP4 dequantization), twice: on the exact float32 activations, and on activations
- * rounded to Q8_0 as ggml's MXFP4 dot product rounds them (8-bit integers, an fp16 scale per 32 values).
- * Each largest error relative to the output's largest magnitude is printed; the program exits 2 if the
- * second is above 1e-2 (a wrong layout or scale is off by ~100%; a right one by ~1e-7) or the first
- * above 5e-2 (the 8-bit activations alone cost about 1% of the largest output).
+ * Before timing, one call with T = 2 tokens, each routed to K experts spread over the layer with unequal
+ * route weights, is checked against a plain C reference in double precision (its own MXFP4
+ * dequantization), twice: on the exact float32 activations, and on activations rounded to Q8_0 as ggml's
+ * MXFP4 dot product rounds them (8-bit integers, an fp16 scale per 32 values). Each largest error relative
+ * to the output's largest magnitude is printed; the program exits 2 if the second is above 1e-2 (a wrong
+ * layout, scale or routing is off by ~100%; a right one by ~1e-7) or the first above 5e-2 (the 8-bit
+ * activations alone cost about 1% of the largest output).
  *
- * Output (stdout): `# ...` comment lines (the check), then one line `T ms` per token count: the best of
- * `--calls` calls, in milliseconds per expert call (the graph compute only; setup is not timed).
- * `--serve` instead reads lines `T calls` from stdin and answers each with `T ms` (weights and graphs
- * stay set up between requests; EOF ends it). `--info` prints the ggml CPU features and where the
- * weights would go, and exits.
+ * Output (stdout): `# ...` comment lines (the check), then one line `T ms` per token count: the median of
+ * `--calls` calls with each token's K experts drawn uniformly at random (distinct), in milliseconds per
+ * call (the graph compute only; setup and setting the ids are not timed).
+ * `--serve` instead reads requests from stdin, one a line, and answers each with one line:
+ *     `T C W PATH`  PATH holds (W + C) calls' ids, int32 [W + C][T][K], then their route weights, float32
+ *                   [W + C][T][K]; the first W calls are warm-up, the next C are timed; answer:
+ *                   `T ms_1 ... ms_C` (each timed call's milliseconds)
+ * (weights and graphs stay set up between requests; EOF ends it). `--info` prints the ggml CPU features and
+ * where the weights would go, and exits.
  *
  * Build (bench/ggml_kernel.py does this and caches the binary):
  *     cc -O2 -o ggml_expert_kernel bench/ggml_expert_kernel.c -I $LLAMA_CPP_SRC/ggml/include \
  *        -L $LLAMA_CPP_BUILD/bin -Wl,-rpath,$LLAMA_CPP_BUILD/bin -lggml -lggml-base -lggml-cpu -lm
- * Usage: ggml_expert_kernel [--threads N] [--tokens 1,2,4,...] [--calls C] [--experts N] [--plain]
- *                           [--no-check] [--serve] [--info]
+ * Usage: ggml_expert_kernel [--threads N] [--experts E] [--top-k K] [--tokens 1,2,4,...] [--calls C]
+ *                           [--plain] [--no-check] [--serve] [--info]
  */
 
 #include <math.h>
@@ -55,8 +62,9 @@
 #define BLOCK 32                /* values per MXFP4 block */
 #define BLOCK_BYTES 17          /* one e8m0 scale byte + 16 bytes of nibbles */
 #define MAX_T 4096
+#define MAX_K 16
+#define CHECK_T 2
 #define SWIGLU_LIMIT 10.0f
-#define ROUTE_WEIGHT 0.5f
 #define CHECK_TOL_Q8 1e-2f      /* vs the reference with ggml's activation rounding: the layout is right */
 #define CHECK_TOL_EXACT 5e-2f   /* vs the exact reference: 8-bit activations cost ~1% */
 
@@ -117,9 +125,10 @@ static void round_q8_0(float *v, int n) {
     }
 }
 
-/* y = ROUTE_WEIGHT * down @ swiglu_clamp(gate @ x, up @ x) for one token, in double; w1, w3: I rows of D,
- * w2: D rows of I. q8: round x and the SwiGLU output to Q8_0 first, as ggml does. */
-static void reference(const uint8_t *w1, const uint8_t *w3, const uint8_t *w2, const float *x_in, int q8, float *y) {
+/* y = down @ swiglu_clamp(gate @ x, up @ x) for one token and one expert, in double, added to acc times
+ * weight; w1, w3: I rows of D, w2: D rows of I. q8: round x and the SwiGLU output to Q8_0 first, as ggml does. */
+static void reference(const uint8_t *w1, const uint8_t *w3, const uint8_t *w2, const float *x_in, int q8,
+                      double weight, double *acc) {
     size_t row_d = (size_t) D / BLOCK * BLOCK_BYTES, row_i = (size_t) I / BLOCK * BLOCK_BYTES;
     float *wrow = malloc(sizeof(float) * D), *h = malloc(sizeof(float) * I), *x = malloc(sizeof(float) * D);
     memcpy(x, x_in, sizeof(float) * D);
@@ -136,10 +145,10 @@ static void reference(const uint8_t *w1, const uint8_t *w3, const uint8_t *w2, c
     }
     if (q8) round_q8_0(h, I);
     for (int r = 0; r < D; r++) {
-        double acc = 0;
+        double s = 0;
         dequant_row(w2 + r * row_i, I, wrow);
-        for (int k = 0; k < I; k++) acc += (double) wrow[k] * h[k];
-        y[r] = (float) (ROUTE_WEIGHT * acc);
+        for (int k = 0; k < I; k++) s += (double) wrow[k] * h[k];
+        acc[r] += weight * s;
     }
     free(wrow);
     free(h);
@@ -150,12 +159,15 @@ static void reference(const uint8_t *w1, const uint8_t *w3, const uint8_t *w2, c
 
 struct model {
     ggml_backend_t backend;
+    struct ggml_threadpool *threadpool;
     ggml_backend_buffer_type_t weight_buft;
     struct ggml_context *ctx;
     ggml_backend_buffer_t buf;
     struct ggml_tensor *gate, *up, *down;
-    int n_experts;
-    uint8_t *keep[3];  /* host copies of expert 0's gate, up and down bytes (for the check) */
+    int n_experts, top_k;
+    int check_ids[CHECK_T * MAX_K];          /* the check call's ids, [CHECK_T][top_k] */
+    float check_w[CHECK_T * MAX_K];          /* and its route weights */
+    uint8_t *keep[3][CHECK_T * MAX_K];       /* host copies of those experts' gate, up and down bytes */
 };
 
 struct graph {  /* one per token count */
@@ -166,12 +178,12 @@ struct graph {  /* one per token count */
 };
 
 /* Would the device run mul_mat_id on MXFP4 experts [cols, rows, n] kept in a buffer of type buft? */
-static int buft_takes(ggml_backend_dev_t dev, ggml_backend_buffer_type_t buft, int cols, int rows, int n) {
+static int buft_takes(ggml_backend_dev_t dev, ggml_backend_buffer_type_t buft, int cols, int rows, int n, int k) {
     struct ggml_init_params p = {ggml_tensor_overhead() * 8, NULL, true};
     struct ggml_context *ctx = ggml_init(p);
     struct ggml_tensor *w = ggml_new_tensor_3d(ctx, GGML_TYPE_MXFP4, cols, rows, n);
     struct ggml_tensor *x = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, cols, 1, 1);
-    struct ggml_tensor *ids = ggml_new_tensor_2d(ctx, GGML_TYPE_I32, 1, 1);
+    struct ggml_tensor *ids = ggml_new_tensor_2d(ctx, GGML_TYPE_I32, k, 1);
     struct ggml_tensor *op = ggml_mul_mat_id(ctx, w, x, ids);
     ggml_backend_buffer_t dummy = ggml_backend_buft_alloc_buffer(buft, 0);
     w->buffer = dummy;
@@ -183,24 +195,36 @@ static int buft_takes(ggml_backend_dev_t dev, ggml_backend_buffer_type_t buft, i
 
 /* The buffer type llama.cpp would give CPU expert weights: the first extra buffer type that takes both
  * shapes' mul_mat_id, else the CPU's own. */
-static ggml_backend_buffer_type_t pick_weight_buft(ggml_backend_t backend, int n_experts, int plain) {
+static ggml_backend_buffer_type_t pick_weight_buft(ggml_backend_t backend, int n_experts, int k, int plain) {
     ggml_backend_dev_t dev = ggml_backend_get_device(backend);
     if (!plain) {
         ggml_backend_reg_t reg = ggml_backend_dev_backend_reg(dev);
         ggml_backend_dev_get_extra_bufts_t extra =
             (ggml_backend_dev_get_extra_bufts_t) ggml_backend_reg_get_proc_address(reg, "ggml_backend_dev_get_extra_bufts");
         for (ggml_backend_buffer_type_t *b = extra ? extra(dev) : NULL; b && *b; b++)
-            if (buft_takes(dev, *b, D, I, n_experts) && buft_takes(dev, *b, I, D, n_experts)) return *b;
+            if (buft_takes(dev, *b, D, I, n_experts, k) && buft_takes(dev, *b, I, D, n_experts, k)) return *b;
     }
     return ggml_backend_cpu_buffer_type();
 }
 
-static void load_model(struct model *m, int threads, int n_experts, int plain) {
+static void load_model(struct model *m, int threads, int n_experts, int top_k, int plain) {
     m->backend = ggml_backend_cpu_init();
     if (!m->backend) { fprintf(stderr, "ggml_backend_cpu_init failed\n"); exit(1); }
     ggml_backend_cpu_set_n_threads(m->backend, threads);
+    struct ggml_threadpool_params tpp = ggml_threadpool_params_default(threads);
+    m->threadpool = ggml_threadpool_new(&tpp);
+    if (!m->threadpool) { fprintf(stderr, "ggml_threadpool_new failed\n"); exit(1); }
+    ggml_backend_cpu_set_threadpool(m->backend, m->threadpool);
     m->n_experts = n_experts;
-    m->weight_buft = pick_weight_buft(m->backend, n_experts, plain);
+    m->top_k = top_k;
+    m->weight_buft = pick_weight_buft(m->backend, n_experts, top_k, plain);
+
+    /* the check call: token t's slot j goes to expert t + j * (E / K), weight (j + 1) / (K (K + 1) / 2) */
+    for (int t = 0; t < CHECK_T; t++)
+        for (int j = 0; j < top_k; j++) {
+            m->check_ids[t * top_k + j] = (t + j * (n_experts / top_k)) % n_experts;
+            m->check_w[t * top_k + j] = (float) (j + 1) / (float) (top_k * (top_k + 1) / 2);
+        }
 
     struct ggml_init_params p = {ggml_tensor_overhead() * 4, NULL, true};
     m->ctx = ggml_init(p);
@@ -216,33 +240,50 @@ static void load_model(struct model *m, int threads, int n_experts, int plain) {
         size_t bytes = ggml_nbytes(ts[i]), per_expert = bytes / n_experts;
         if (per_expert != (size_t) D * I / BLOCK * BLOCK_BYTES) { fprintf(stderr, "unexpected MXFP4 size\n"); exit(1); }
         uint8_t *host = malloc(bytes);
+        if (!host) { fprintf(stderr, "out of memory for %zu bytes of experts\n", bytes); exit(1); }
         fill_mxfp4(host, bytes / BLOCK_BYTES);
+        for (int r = 0; r < CHECK_T * top_k; r++) {
+            m->keep[i][r] = malloc(per_expert);
+            memcpy(m->keep[i][r], host + (size_t) m->check_ids[r] * per_expert, per_expert);
+        }
         ggml_backend_tensor_set(ts[i], host, 0, bytes);  /* a repacking buffer repacks here */
-        m->keep[i] = malloc(per_expert);
-        memcpy(m->keep[i], host, per_expert);
         free(host);
     }
 }
 
 static struct graph *build_graph(struct model *m, int T) {
+    int K = m->top_k;
     struct graph *g = calloc(1, sizeof *g);
-    struct ggml_init_params p = {ggml_tensor_overhead() * 32 + ggml_graph_overhead(), NULL, true};
+    struct ggml_init_params p = {ggml_tensor_overhead() * (32 + 2 * MAX_K) + ggml_graph_overhead(), NULL, true};
     g->ctx = ggml_init(p);
     g->x = ggml_new_tensor_3d(g->ctx, GGML_TYPE_F32, D, 1, T);
-    g->ids = ggml_new_tensor_2d(g->ctx, GGML_TYPE_I32, 1, T);
-    g->w = ggml_new_tensor_3d(g->ctx, GGML_TYPE_F32, 1, 1, T);
+    g->ids = ggml_new_tensor_2d(g->ctx, GGML_TYPE_I32, K, T);
+    g->w = ggml_new_tensor_3d(g->ctx, GGML_TYPE_F32, 1, K, T);
     struct ggml_tensor *in[3] = {g->x, g->ids, g->w};
     for (int i = 0; i < 3; i++) {  /* inputs, and kept as set: the allocator may not reuse their memory */
         ggml_set_input(in[i]);
         ggml_set_output(in[i]);
     }
-    struct ggml_tensor *up = ggml_mul_mat_id(g->ctx, m->up, g->x, g->ids);      /* [I, 1, T] */
-    struct ggml_tensor *gate = ggml_mul_mat_id(g->ctx, m->gate, g->x, g->ids);  /* [I, 1, T] */
-    struct ggml_tensor *h = ggml_swiglu_clamp(g->ctx, gate, up, SWIGLU_LIMIT);
-    struct ggml_tensor *down = ggml_mul_mat_id(g->ctx, m->down, h, g->ids);     /* [D, 1, T] */
-    g->y = ggml_mul(g->ctx, down, g->w);
-    ggml_set_output(g->y);
     g->gf = ggml_new_graph(g->ctx);
+    struct ggml_tensor *up = ggml_mul_mat_id(g->ctx, m->up, g->x, g->ids);      /* [I, K, T] */
+    struct ggml_tensor *gate = ggml_mul_mat_id(g->ctx, m->gate, g->x, g->ids);  /* [I, K, T] */
+    struct ggml_tensor *h = ggml_swiglu_clamp(g->ctx, gate, up, SWIGLU_LIMIT);
+    struct ggml_tensor *experts = ggml_mul_mat_id(g->ctx, m->down, h, g->ids);  /* [D, K, T] */
+    experts = ggml_mul(g->ctx, experts, g->w);
+    ggml_build_forward_expand(g->gf, experts);
+    struct ggml_tensor *views[MAX_K] = {0};
+    for (int k = 0; k < K; k++) {  /* as build_moe_ffn: the views first, then the adds */
+        views[k] = ggml_view_2d(g->ctx, experts, D, T, experts->nb[2], (size_t) k * experts->nb[1]);
+        ggml_build_forward_expand(g->gf, views[k]);
+    }
+    struct ggml_tensor *y = views[0];
+    for (int k = 1; k < K; k++) {
+        y = ggml_add(g->ctx, y, views[k]);
+        ggml_build_forward_expand(g->gf, y);
+    }
+    if (K == 1) y = ggml_cont(g->ctx, y);
+    g->y = y;
+    ggml_set_output(g->y);
     ggml_build_forward_expand(g->gf, g->y);
     g->alloc = ggml_gallocr_new(ggml_backend_cpu_buffer_type());
     if (!ggml_gallocr_alloc_graph(g->alloc, g->gf)) { fprintf(stderr, "graph allocation failed\n"); exit(1); }
@@ -250,16 +291,14 @@ static struct graph *build_graph(struct model *m, int T) {
     float *buf = malloc(sizeof(float) * D * T);
     for (int i = 0; i < D * T; i++) buf[i] = rng_normal();
     ggml_backend_tensor_set(g->x, buf, 0, sizeof(float) * D * T);
-    for (int i = 0; i < T; i++) buf[i] = ROUTE_WEIGHT;
-    ggml_backend_tensor_set(g->w, buf, 0, sizeof(float) * T);
     free(buf);
     return g;
 }
 
-static void route_all_to(struct graph *g, int T, int expert) {
-    int32_t ids[MAX_T];
-    for (int i = 0; i < T; i++) ids[i] = expert;
-    ggml_backend_tensor_set(g->ids, ids, 0, sizeof(int32_t) * T);
+/* One call's routes: ids [T][K], weights [T][K] */
+static void set_routes(struct graph *g, int T, int K, const int32_t *ids, const float *w) {
+    ggml_backend_tensor_set(g->ids, ids, 0, sizeof(int32_t) * T * K);
+    ggml_backend_tensor_set(g->w, w, 0, sizeof(float) * T * K);
 }
 
 static double now(void) {
@@ -268,52 +307,78 @@ static double now(void) {
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-static int next_expert = 0;
-
-/* Best seconds of `calls` computes, each on the next expert (ids set outside the timed part). */
-static double time_calls(struct model *m, struct graph *g, int T, int calls) {
-    double best = INFINITY;
-    for (int c = 0; c < calls; c++) {
-        route_all_to(g, T, next_expert);
-        next_expert = (next_expert + 1) % m->n_experts;
-        double t = now();
-        if (ggml_backend_graph_compute(m->backend, g->gf) != GGML_STATUS_SUCCESS) {
-            fprintf(stderr, "graph compute failed\n");
-            exit(1);
-        }
-        t = now() - t;
-        if (t < best) best = t;
+static void compute(struct model *m, struct graph *g) {
+    if (ggml_backend_graph_compute(m->backend, g->gf) != GGML_STATUS_SUCCESS) {
+        fprintf(stderr, "graph compute failed\n");
+        exit(1);
     }
-    return best;
+}
+
+/* Seconds of each of `calls` computes after `warmup` untimed ones; call c's routes at ids/w + c * T * K
+ * (the routes are set outside the timed part). */
+static void time_calls(struct model *m, struct graph *g, int T, int warmup, int calls, const int32_t *ids,
+                       const float *w, double *secs) {
+    size_t step = (size_t) T * m->top_k;
+    for (int c = 0; c < warmup + calls; c++) {
+        set_routes(g, T, m->top_k, ids + c * step, w + c * step);
+        double t = now();
+        compute(m, g);
+        if (c >= warmup) secs[c - warmup] = now() - t;
+    }
+}
+
+/* K distinct experts out of E, uniformly (partial Fisher-Yates), weights ~ 1/K */
+static void random_routes(int T, int K, int E, int32_t *ids, float *w) {
+    int32_t *perm = malloc(sizeof(int32_t) * E);
+    for (int t = 0; t < T; t++) {
+        for (int e = 0; e < E; e++) perm[e] = e;
+        for (int j = 0; j < K; j++) {
+            int r = j + (int) (rng() % (uint64_t) (E - j)), tmp = perm[j];
+            perm[j] = perm[r];
+            perm[r] = tmp;
+            ids[t * K + j] = perm[j];
+            w[t * K + j] = 1.0f / K;
+        }
+    }
+    free(perm);
 }
 
 /* Largest |y - ref| over the largest |ref| */
-static double rel_err(const float *y, const float *ref, double *err_out, double *amax_out) {
+static double rel_err(const float *y, const double *ref, int n, double *err_out, double *amax_out) {
     double err = 0, amax = 0;
-    for (int i = 0; i < D; i++) {
+    for (int i = 0; i < n; i++) {
         if (!isfinite(y[i])) return INFINITY;
         err = fmax(err, fabs((double) y[i] - ref[i]));
-        amax = fmax(amax, fabs((double) ref[i]));
+        amax = fmax(amax, fabs(ref[i]));
     }
     *err_out = err;
     *amax_out = amax;
     return amax > 0 ? err / amax : INFINITY;
 }
 
-/* T = 1 on expert 0 against the float reference, exact and with ggml's Q8_0 activation rounding;
- * returns nonzero if either is off by more than its bound. */
-static int check(struct model *m, struct graph *g1) {
-    static float x[D], y[D], ref[D], ref8[D];
-    route_all_to(g1, 1, 0);
-    if (ggml_backend_graph_compute(m->backend, g1->gf) != GGML_STATUS_SUCCESS) { fprintf(stderr, "compute failed\n"); exit(1); }
-    ggml_backend_tensor_get(g1->x, x, 0, sizeof x);
-    ggml_backend_tensor_get(g1->y, y, 0, sizeof y);
-    reference(m->keep[0], m->keep[1], m->keep[2], x, 0, ref);
-    reference(m->keep[0], m->keep[1], m->keep[2], x, 1, ref8);
-    double err, amax, err8, amax8, rel = rel_err(y, ref, &err, &amax), rel8 = rel_err(y, ref8, &err8, &amax8);
-    printf("# check: T=1 expert 0 vs the float reference: max_abs_err=%.4g max_abs_out=%.4g rel_err=%.3e "
-           "(ggml rounds activations to 8 bits)\n", err, amax, rel);
-    printf("# check: T=1 expert 0 vs the float reference with Q8_0-rounded activations: max_abs_err=%.4g "
+/* T = CHECK_T tokens, K routes each, against the float reference, exact and with ggml's Q8_0 activation
+ * rounding; returns nonzero if either is off by more than its bound. */
+static int check(struct model *m, struct graph *g) {
+    int K = m->top_k;
+    static float x[CHECK_T * D], y[CHECK_T * D];
+    static double ref[CHECK_T * D], ref8[CHECK_T * D];
+    set_routes(g, CHECK_T, K, m->check_ids, m->check_w);
+    compute(m, g);
+    ggml_backend_tensor_get(g->x, x, 0, sizeof x);
+    ggml_backend_tensor_get(g->y, y, 0, sizeof y);
+    memset(ref, 0, sizeof ref);
+    memset(ref8, 0, sizeof ref8);
+    for (int t = 0; t < CHECK_T; t++)
+        for (int j = 0; j < K; j++) {
+            int r = t * K + j;
+            reference(m->keep[0][r], m->keep[1][r], m->keep[2][r], x + t * D, 0, m->check_w[r], ref + t * D);
+            reference(m->keep[0][r], m->keep[1][r], m->keep[2][r], x + t * D, 1, m->check_w[r], ref8 + t * D);
+        }
+    double err, amax, err8, amax8;
+    double rel = rel_err(y, ref, CHECK_T * D, &err, &amax), rel8 = rel_err(y, ref8, CHECK_T * D, &err8, &amax8);
+    printf("# check: T=%d tokens x %d experts vs the float reference: max_abs_err=%.4g max_abs_out=%.4g "
+           "rel_err=%.3e (ggml rounds activations to 8 bits)\n", CHECK_T, K, err, amax, rel);
+    printf("# check: the same vs the float reference with Q8_0-rounded activations: max_abs_err=%.4g "
            "rel_err_q8=%.3e\n", err8, rel8);
     fflush(stdout);
     if (rel8 > CHECK_TOL_Q8 || rel > CHECK_TOL_EXACT) {
@@ -324,7 +389,7 @@ static int check(struct model *m, struct graph *g1) {
     return 0;
 }
 
-static void print_info(int threads, int n_experts, int plain) {
+static void print_info(int threads, int n_experts, int top_k, int plain) {
     struct { const char *name; int (*has)(void); } feats[] = {
         {"AVX2", ggml_cpu_has_avx2}, {"FMA", ggml_cpu_has_fma}, {"F16C", ggml_cpu_has_f16c},
         {"AVX_VNNI", ggml_cpu_has_avx_vnni}, {"AVX512", ggml_cpu_has_avx512},
@@ -335,7 +400,7 @@ static void print_info(int threads, int n_experts, int plain) {
     };
     ggml_backend_t be = ggml_backend_cpu_init();
     ggml_backend_cpu_set_n_threads(be, threads);
-    ggml_backend_buffer_type_t buft = pick_weight_buft(be, n_experts, plain);
+    ggml_backend_buffer_type_t buft = pick_weight_buft(be, n_experts, top_k, plain);
     printf("ggml %s (%s)\n", ggml_version(), ggml_commit());
     printf("cpu_features:");
     for (size_t i = 0; i < sizeof feats / sizeof feats[0]; i++)
@@ -345,19 +410,59 @@ static void print_info(int threads, int n_experts, int plain) {
 }
 
 static void usage(const char *argv0) {
-    fprintf(stderr, "usage: %s [--threads N] [--tokens 1,2,4,...] [--calls C] [--experts N] [--plain] [--no-check] "
-                    "[--serve] [--info]\n", argv0);
+    fprintf(stderr, "usage: %s [--threads N] [--experts E] [--top-k K] [--tokens 1,2,4,...] [--calls C] [--plain] "
+                    "[--no-check] [--serve] [--info]\n", argv0);
     exit(1);
 }
 
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *) a, y = *(const double *) b;
+    return (x > y) - (x < y);
+}
+
+static struct graph *graph_for(struct model *m, struct graph **graphs, int T) {
+    if (!graphs[T]) graphs[T] = build_graph(m, T);
+    return graphs[T];
+}
+
+/* `T C W PATH`: answer `T ms_1 ... ms_C`, or `error: ...` */
+static void serve_one(struct model *m, struct graph **graphs, const char *line) {
+    int T, C, W;
+    char path[4096];
+    if (sscanf(line, "%d %d %d %4095s", &T, &C, &W, path) != 4 || T < 1 || T > MAX_T || C < 1 || W < 0) {
+        printf("error: expected `T calls warmup path` with 1 <= T <= %d\n", MAX_T);
+        return;
+    }
+    size_t n = (size_t) (W + C) * T * m->top_k;
+    int32_t *ids = malloc(sizeof(int32_t) * n);
+    float *w = malloc(sizeof(float) * n);
+    double *secs = malloc(sizeof(double) * C);
+    FILE *f = fopen(path, "rb");
+    int ok = f && fread(ids, sizeof(int32_t), n, f) == n && fread(w, sizeof(float), n, f) == n;
+    if (f) fclose(f);
+    for (size_t i = 0; ok && i < n; i++) ok = ids[i] >= 0 && ids[i] < m->n_experts;
+    if (!ok) {
+        printf("error: %s does not hold %zu ids in 0..%d and %zu weights\n", path, n, m->n_experts - 1, n);
+    } else {
+        time_calls(m, graph_for(m, graphs, T), T, W, C, ids, w, secs);
+        printf("%d", T);
+        for (int c = 0; c < C; c++) printf(" %.6f", secs[c] * 1e3);
+        printf("\n");
+    }
+    free(ids);
+    free(w);
+    free(secs);
+}
+
 int main(int argc, char **argv) {
-    int threads = 1, calls = 5, n_experts = 8, plain = 0, do_check = 1, serve = 0, info = 0;
+    int threads = 1, calls = 5, n_experts = 256, top_k = 6, plain = 0, do_check = 1, serve = 0, info = 0;
     int tokens[64], n_tokens = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
         else if (!strcmp(a, "--calls") && i + 1 < argc) calls = atoi(argv[++i]);
         else if (!strcmp(a, "--experts") && i + 1 < argc) n_experts = atoi(argv[++i]);
+        else if (!strcmp(a, "--top-k") && i + 1 < argc) top_k = atoi(argv[++i]);
         else if (!strcmp(a, "--tokens") && i + 1 < argc) {
             for (char *s = strtok(argv[++i], ","); s && n_tokens < 64; s = strtok(NULL, ",")) tokens[n_tokens++] = atoi(s);
         }
@@ -367,11 +472,11 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--info")) info = 1;
         else usage(argv[0]);
     }
-    if (threads < 1 || calls < 1 || n_experts < 1) usage(argv[0]);
+    if (threads < 1 || calls < 1 || top_k < 1 || top_k > MAX_K || n_experts < top_k) usage(argv[0]);
     for (int i = 0; i < n_tokens; i++)
         if (tokens[i] < 1 || tokens[i] > MAX_T) { fprintf(stderr, "token counts must be 1..%d\n", MAX_T); return 1; }
     if (info) {
-        print_info(threads, n_experts, plain);
+        print_info(threads, n_experts, top_k, plain);
         return 0;
     }
     if (!n_tokens && !serve) {
@@ -381,42 +486,36 @@ int main(int argc, char **argv) {
     }
 
     struct model m;
-    load_model(&m, threads, n_experts, plain);
-    printf("# %d experts x %.1f MB in %s, %d threads\n", n_experts,
-           ggml_nbytes(m.gate) * 3.0 / n_experts / 1e6, ggml_backend_buft_name(m.weight_buft), threads);
+    load_model(&m, threads, n_experts, top_k, plain);
+    printf("# %d experts x %.1f MB in %s, top-%d, %d threads\n", n_experts,
+           ggml_nbytes(m.gate) * 3.0 / n_experts / 1e6, ggml_backend_buft_name(m.weight_buft), top_k, threads);
     fflush(stdout);
 
-    struct graph *graphs[MAX_T + 1] = {0};
-    if (do_check) {
-        graphs[1] = build_graph(&m, 1);
-        if (check(&m, graphs[1])) return 2;
-    }
+    static struct graph *graphs[MAX_T + 1];
+    if (do_check && check(&m, graph_for(&m, graphs, CHECK_T))) return 2;
 
     if (serve) {
-        char line[256];
+        static char line[8192];
         while (fgets(line, sizeof line, stdin)) {
-            int T, c;
-            if (sscanf(line, "%d %d", &T, &c) != 2 || T < 1 || T > MAX_T || c < 1) {
-                printf("error: expected `T calls` with 1 <= T <= %d\n", MAX_T);
-                fflush(stdout);
-                continue;
-            }
-            if (!graphs[T]) {
-                graphs[T] = build_graph(&m, T);
-                time_calls(&m, graphs[T], T, 1);  /* first compute sizes the backend's work buffer */
-            }
-            printf("%d %.6f\n", T, time_calls(&m, graphs[T], T, c) * 1e3);
+            serve_one(&m, graphs, line);
             fflush(stdout);
         }
     } else {
         for (int i = 0; i < n_tokens; i++) {
             int T = tokens[i];
-            if (!graphs[T]) {
-                graphs[T] = build_graph(&m, T);
-                time_calls(&m, graphs[T], T, 1);
-            }
-            printf("%d %.6f\n", T, time_calls(&m, graphs[T], T, calls) * 1e3);
+            size_t n = (size_t) (1 + calls) * T * top_k;
+            int32_t *ids = malloc(sizeof(int32_t) * n);
+            float *w = malloc(sizeof(float) * n);
+            double *secs = malloc(sizeof(double) * calls);
+            random_routes((1 + calls) * T, top_k, n_experts, ids, w);
+            time_calls(&m, graph_for(&m, graphs, T), T, 1, calls, ids, w, secs);
+            qsort(secs, calls, sizeof(double), cmp_double);
+            double med = calls % 2 ? secs[calls / 2] : 0.5 * (secs[calls / 2 - 1] + secs[calls / 2]);
+            printf("%d %.6f\n", T, med * 1e3);
             fflush(stdout);
+            free(ids);
+            free(w);
+            free(secs);
         }
     }
 
@@ -429,6 +528,8 @@ int main(int argc, char **argv) {
     ggml_backend_buffer_free(m.buf);
     ggml_free(m.ctx);
     ggml_backend_free(m.backend);
-    for (int i = 0; i < 3; i++) free(m.keep[i]);
+    ggml_threadpool_free(m.threadpool);
+    for (int i = 0; i < 3; i++)
+        for (int r = 0; r < CHECK_T * top_k; r++) free(m.keep[i][r]);
     return 0;
 }

@@ -1,10 +1,12 @@
-"""ggml's (llama.cpp's) CPU MXFP4 MoE expert kernel, timed from Python for bench/cpu_experts.py.
+"""ggml's (llama.cpp's) CPU MXFP4 MoE expert kernel, timed from Python for bench/kernel_side_by_side.py.
 
 bench/ggml_expert_kernel.c runs the graph a llama.cpp MoE layer builds for its routed experts (mul_mat_id
-gate and up, clamped SwiGLU, mul_mat_id down, times the route weight) on DeepSeek-V4-Flash's expert shape
-with ggml's CPU backend, and times it internally; this module finds a llama.cpp source tree and a build
-of its shared ggml libraries, compiles the program against them (`cc -O2`, cached under build/ggml_kernel
-and rebuilt only when the source, the paths or the compiler change), and talks to it.
+gate and up with each token's top-k expert ids, clamped SwiGLU, mul_mat_id down, times the route weights,
+the k results added) on a layer of DeepSeek-V4-Flash's experts (256 x D=4096, I=2048 by default) with
+ggml's CPU backend and a persistent ggml threadpool, and times it internally; this module finds a
+llama.cpp source tree and a build of its shared ggml libraries, compiles the program against them
+(`cc -O2`, cached under build/ggml_kernel and rebuilt only when the source, the paths or the compiler
+change), and talks to it.
 
 llama.cpp is located by arguments or, failing those, the environment, or else where
 bench/llama_cpp_side_by_side.py builds it (bench/llama_cpp_build.py's cache):
@@ -13,12 +15,15 @@ bench/llama_cpp_side_by_side.py builds it (bench/llama_cpp_build.py's cache):
                             may also sit in the directory itself)
   OSTINATO_LLAMA_CPP_SRC    the source tree: ggml/include holds ggml.h, ggml-cpu.h, ggml-backend.h, ggml-alloc.h
 
-`GgmlMxfp4(threads, max_tokens)` starts the program once (its experts set up and checked against a float
-reference); `.time(n_tokens, calls)` is then the best seconds of `calls` expert calls, each on the next
-expert, process start-up and set-up not included. `.variant` says which ggml CPU features the library was
-built with and where the weights went (CPU_REPACK: llama.cpp's default for CPU MXFP4 experts on AVX2).
+`GgmlMxfp4(threads)` starts the program once (its experts set up, one call checked against a float
+reference); `.run(ids, weights, warmup)` then computes one call per row of ids [calls, T, k] (the first
+`warmup` untimed) and returns each timed call's seconds, process start-up, set-up and setting the ids not
+included. `.variant` says which ggml CPU features the library was built with and where the weights went
+(CPU_REPACK: llama.cpp's default for CPU MXFP4 experts on AVX2). `.pid` is the process (its threadpool
+polls after each call: bench/kernel_side_by_side.py stops it while other systems are timed).
 
-Standalone: python -m ostinato.bench.ggml_kernel [--threads N] [--tokens 1,2,4] [--calls C] [--experts N] [--plain]
+Standalone: python -m ostinato.bench.ggml_kernel [--threads N] [--tokens 1,2,4] [--calls C] [--experts N]
+            [--top-k K] [--plain]  (uniform random top-k routes; median ms per call)
 """
 
 from __future__ import annotations
@@ -92,9 +97,9 @@ def compile_binary(lib_dir: Path, inc: Path, cache: Path = CACHE, cc: str | None
     return out
 
 
-def info(binary: Path, threads: int = 1, n_experts: int = 8, plain: bool = False) -> dict:
+def info(binary: Path, threads: int = 1, n_experts: int = 256, top_k: int = 6, plain: bool = False) -> dict:
     """The program's --info lines as a dict: ggml (version), cpu_features, weights_buffer."""
-    cmd = ([str(binary), "--info", "--threads", str(threads), "--experts", str(n_experts)]
+    cmd = ([str(binary), "--info", "--threads", str(threads), "--experts", str(n_experts), "--top-k", str(top_k)]
            + (["--plain"] if plain else []))
     r = subprocess.run(cmd, capture_output=True, text=True, check=True)
     got = {}
@@ -108,24 +113,26 @@ def info(binary: Path, threads: int = 1, n_experts: int = 8, plain: bool = False
 
 
 class GgmlMxfp4:
-    """ggml's MXFP4 expert kernel in a process of its own: `n_experts` experts stacked as ggml tensors
-    (8 x 13.4 MB by default; use more than the last-level cache holds to time weights from DRAM), all of a
-    call's tokens routed to one expert, the expert cycled from call to call."""
+    """ggml's MXFP4 expert kernel in a process of its own: a layer of `n_experts` random experts stacked as
+    ggml tensors in llama.cpp's weight buffer type (256 x 13.4 MB = 3.4 GB by default), `top_k` routes per
+    token."""
 
-    def __init__(self, threads: int, max_tokens: int, n_experts: int = 8, build: str | None = None,
+    def __init__(self, threads: int, n_experts: int = 256, top_k: int = 6, build: str | None = None,
                  src: str | None = None, plain: bool = False, cache: Path = CACHE):
         lib_dir, inc = locate(build, src)
         self.binary = compile_binary(lib_dir, inc, cache)
-        self.threads, self.max_tokens, self.n_experts = threads, max_tokens, n_experts
-        got = info(self.binary, threads, n_experts, plain)
+        self.threads, self.n_experts, self.top_k = threads, n_experts, top_k
+        got = info(self.binary, threads, n_experts, top_k, plain)
         self.weights_buffer = got.get("weights_buffer", "?")
         self.variant = (f"ggml {got.get('ggml', '?')} [{got.get('cpu_features', '')}], MXFP4 weights in "
                         f"{self.weights_buffer}")
         self._err = tempfile.TemporaryFile(mode="w+")
+        self._dir = tempfile.TemporaryDirectory(prefix="ggml_kernel-")
         self.proc = subprocess.Popen(
-            [str(self.binary), "--serve", "--threads", str(threads), "--experts", str(n_experts)]
-            + (["--plain"] if plain else []),
+            [str(self.binary), "--serve", "--threads", str(threads), "--experts", str(n_experts),
+             "--top-k", str(top_k)] + (["--plain"] if plain else []),
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._err, text=True, bufsize=1)
+        self.pid = self.proc.pid
         self.check_rel_err = self.check_rel_err_q8 = float("nan")
         self.notes = []
         while self.check_rel_err_q8 != self.check_rel_err_q8:  # nan until the second check line
@@ -145,19 +152,33 @@ class GgmlMxfp4:
         err = "; ".join(line for line in self._err.read().splitlines() if not line.startswith("repack:"))
         raise RuntimeError(f"{self.binary.name} {what} (exit {self.proc.returncode}): {err}")
 
-    def time(self, n_tokens: int, calls: int) -> float:
-        """Best seconds of `calls` calls with n_tokens tokens routed to one expert (a new one each call)."""
-        if not 1 <= n_tokens <= self.max_tokens:
-            raise ValueError(f"n_tokens {n_tokens} outside 1..{self.max_tokens}")
-        self.proc.stdin.write(f"{n_tokens} {calls}\n")
+    def run(self, ids, weights, warmup: int = 0) -> list[float]:
+        """Seconds of each call after the first `warmup`: ids [calls, T, top_k] expert ids (any integer array
+        type with .numpy(), or numpy), weights [calls, T, top_k] route weights."""
+        import numpy as np
+
+        ids = np.ascontiguousarray(np.asarray(ids), dtype=np.int32)
+        weights = np.ascontiguousarray(np.asarray(weights), dtype=np.float32)
+        if ids.ndim != 3 or ids.shape[2] != self.top_k or weights.shape != ids.shape:
+            raise ValueError(f"ids and weights: need [calls, T, {self.top_k}], got {ids.shape} and {weights.shape}")
+        calls, T = ids.shape[0] - warmup, ids.shape[1]
+        if calls < 1 or warmup < 0:
+            raise ValueError(f"warmup {warmup} leaves no timed call of {ids.shape[0]}")
+        if ids.min() < 0 or ids.max() >= self.n_experts:
+            raise ValueError(f"expert ids outside 0..{self.n_experts - 1}")
+        path = Path(self._dir.name) / "routes.bin"
+        with open(path, "wb") as f:
+            f.write(ids.tobytes())
+            f.write(weights.tobytes())
+        self.proc.stdin.write(f"{T} {calls} {warmup} {path}\n")
         self.proc.stdin.flush()
         line = self.proc.stdout.readline()
         if not line:
-            self._fail(f"exited while timing {n_tokens} tokens")
-        t, ms = line.split()
-        if int(t) != n_tokens:
-            raise RuntimeError(f"{self.binary.name} answered {line.strip()!r} to {n_tokens} tokens")
-        return float(ms) / 1e3
+            self._fail(f"exited while timing {T} tokens")
+        words = line.split()
+        if words[0] == "error:" or int(words[0]) != T or len(words) != calls + 1:
+            raise RuntimeError(f"{self.binary.name} answered {line.strip()!r} to {T} tokens x {calls} calls")
+        return [float(w) / 1e3 for w in words[1:]]
 
     def close(self) -> None:
         if self.proc.poll() is None:
@@ -168,6 +189,7 @@ class GgmlMxfp4:
                 self.proc.kill()
                 self.proc.wait()
         self._err.close()
+        self._dir.cleanup()
 
     def __enter__(self) -> GgmlMxfp4:
         return self
@@ -180,24 +202,36 @@ class GgmlMxfp4:
             self.proc.kill()
 
 
+def uniform_routes(calls: int, tokens: int, n_experts: int, top_k: int, seed: int = 0):
+    """ids [calls, tokens, top_k]: each token's top_k distinct experts uniformly at random; weights 1/top_k."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    ids = np.argsort(rng.random((calls, tokens, n_experts)), axis=2)[:, :, :top_k]
+    return ids.astype(np.int32), np.full(ids.shape, 1.0 / top_k, dtype=np.float32)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--tokens", default="1,2,4,8,16,32,64")
     ap.add_argument("--calls", type=int, default=5)
-    ap.add_argument("--experts", type=int, default=8)
+    ap.add_argument("--experts", type=int, default=256)
+    ap.add_argument("--top-k", type=int, default=6)
     ap.add_argument("--plain", action="store_true", help="weights in plain CPU memory, not repacked")
     ap.add_argument("--llama-cpp-build", default=os.environ.get(ENV_BUILD))
     ap.add_argument("--llama-cpp-src", default=os.environ.get(ENV_SRC))
     args = ap.parse_args()
     tokens = [int(t) for t in args.tokens.split(",")]
-    with GgmlMxfp4(args.threads, max(tokens), args.experts, args.llama_cpp_build, args.llama_cpp_src,
+    with GgmlMxfp4(args.threads, args.experts, args.top_k, args.llama_cpp_build, args.llama_cpp_src,
                    args.plain) as g:
         print(g.variant)
         print("\n".join(g.notes))
-        print("tokens | ms per expert")
+        print("tokens | median ms per call")
         for T in tokens:
-            print(f"{T:>6} | {g.time(T, args.calls) * 1e3:.3f}")
+            ids, w = uniform_routes(args.calls + 1, T, args.experts, args.top_k, seed=T)
+            times = sorted(g.run(ids, w, warmup=1))
+            print(f"{T:>6} | {times[len(times) // 2] * 1e3:.3f}")
 
 
 if __name__ == "__main__":

@@ -196,7 +196,7 @@ def modeled(ckpt: Path, plan_options: dict, prompt: int, generate: int, kernels:
     from ostinato.compiler.compile import CompileOptions, compile_plan
     build = compile_plan(CompileOptions(model=ckpt, output=Path("unused.yaml"), build_kernels=False, **plan_options))
     world = build_world(build=build, kernels=kernels)
-    cost, k = world.build.cost, world.build.config.num_experts_per_tok
+    cost, k = world.cost, world.build.config.num_experts_per_tok
     systems = {LLAMA: LayerPlacement(cost, 0, world.kernel("ggml")),
                OURS: Ostinato(cost, world.hot, world.build.threshold, world.build.buckets)}
     out = {}
@@ -205,7 +205,7 @@ def modeled(ckpt: Path, plan_options: dict, prompt: int, generate: int, kernels:
         first = policy.prefill(trace.counts(prompt), prompt).seconds
         steps, _ = policy.decode(trace.ids(generate))
         out[name] = {"prompt_tok_s": prompt / first, "decode_tok_s": generate / float(steps.sum()),
-                     "ggml_kernel": name == LLAMA and world.kernel("ggml") is not None}
+                     "ggml_kernel": name == LLAMA and world.kernels is not None and "ggml" in world.kernels.systems}
     return out
 
 

@@ -19,7 +19,15 @@ import sys
 import time
 from pathlib import Path
 
-from ostinato.bench.simulator.bench import DOC_SESSIONS, doc_with, run_modeled
+from ostinato.bench.simulator.bench import (
+    DOC_SESSIONS,
+    EDGE_BEGIN,
+    EDGE_END,
+    HEADLINE_BEGIN,
+    HEADLINE_END,
+    doc_with,
+    run_modeled,
+)
 from ostinato.bench.simulator.kernels import KERNELS_FILE
 from ostinato.bench.simulator.world import build_world
 from ostinato.plans import plans_dir
@@ -38,7 +46,7 @@ def main(argv=None) -> int:
     p.add_argument("--per-workload", type=int, default=DOC_SESSIONS,
                    help="sessions per workload in the modeled tables (6)")
     p.add_argument("--sweep-sessions", type=int, default=2, help="sessions per workload in the coverage sweep (2)")
-    p.add_argument("--coverages", default="0.5,0.7,0.84,0.95")
+    p.add_argument("--coverages", default="0.5,0.6,0.7,0.8,0.84,0.9,0.95")
     p.add_argument("--kernels", default=str(KERNELS_FILE),
                    help="each system's measured CPU kernel times (default: the shipped side-by-side run), or "
                         "'none' to price every system at Ostinato's kernel speed")
@@ -73,7 +81,11 @@ def main(argv=None) -> int:
                          tuple(float(c) for c in a.coverages.split(",")), max_generated=64, seed=a.seed)
     print(report)
     if a.doc:
-        a.doc.write_text(doc_with(a.doc.read_text(), report))
+        edge = (a.out / "edge_vs_coverage.md").read_text().strip()
+        a.doc.write_text(doc_with(doc_with(a.doc.read_text(), report), edge, EDGE_BEGIN, EDGE_END))
+        readme = a.doc.resolve().parents[1] / "README.md"
+        head = (a.out / "headline.md").read_text().strip()
+        readme.write_text(doc_with(readme.read_text(), head, HEADLINE_BEGIN, HEADLINE_END))
         plot = a.doc.resolve().parent / PLOT
         shutil.copyfile(a.out / "modeled_wait_vs_coverage.png", plot)
         print(f"(rewrote the modeled tables in {a.doc} and its plot {plot})")

@@ -125,9 +125,12 @@ def read_profile(b: Build) -> None:
 
 def read_hardware(b: Build) -> None:
     b.hardware = load_hardware(b.options.hardware)
-    if b.hardware.host.expert_read_bandwidth is None or b.hardware.host.expert_flops is None:
-        b.notes.append("the hardware spec's CPU expert rates are not calibrated: the cost model uses its host "
-                       "bandwidth and matmul_flops (measure them on the host with ostinato-calibrate)")
+    host = b.hardware.host
+    if host.expert_read_bandwidth is None or host.expert_flops is None:
+        how = (f"the per-core rates of its expert_kernel ({host.expert_kernel.source}) times its {host.cores} cores"
+               if host.expert_kernel is not None else "its host bandwidth and matmul_flops")
+        b.notes.append(f"the hardware spec's CPU expert rates are not calibrated: the cost model uses {how} "
+                       f"(measure them on the host with ostinato-calibrate)")
 
 
 def dense_format(o: CompileOptions, hw: HardwareSpec) -> str:

@@ -6,8 +6,13 @@ The one model of the hardware in the project (the session simulator uses it too)
   1 - (1 - q_e)^n and the expected distinct experts touched is the sum of those;
 - an expert computed on a device costs max(its weight bytes / memory bandwidth, its routes'
   FLOPs / matmul rate): streaming the weights once bounds short batches, compute bounds long ones;
+- an expert computed on the host costs what compiler/host_kernel.py's rule says: the kernel's measured
+  per-core rate at the layer's tokens per expert times the host's cores, capped by the host's expert
+  read bandwidth (the spec's host.expert_kernel; a calibrated host, or a spec without it, falls back
+  to the same max() of bytes and FLOPs at the host's rates);
 - split-route prefill: GPU (dense part + hot routes) and CPU (cold routes, + activations over the
-  link both ways) run concurrently; the layer takes the longer of the two;
+  link both ways, + the per-layer task hand-off host.task_handoff_s) run concurrently; the layer takes
+  the longer of the two;
 - upload-once prefill: the distinct cold experts cross the link once, double-buffered against the
   GPU's compute of the layer: the layer takes the longer of upload and compute;
 - decode (one token): the same split as prefill with n = 1, plus the attention's KV reads and one
@@ -40,6 +45,8 @@ from ostinato.buckets import bucket_pieces, largest_bucket_for
 from ostinato.checkpoint.config import ModelConfig
 from ostinato.hardware import HardwareSpec
 
+from .host_kernel import KernelRates, kernel_time, rates_of_spec
+
 EXPERT_FLOPS_PER_TOKEN_FACTOR = 2 * 3   # 3 matmuls (gate, up, down), 2 FLOP per multiply-add
 # aten ops the runtime dispatches per layer-forward (attention with compressor and indexer, mHC,
 # routing, shared expert, the executor's bookkeeping); about the same for 1 or 128 tokens (180-230 on
@@ -69,13 +76,19 @@ def host_expert_rates(host) -> tuple[float, float]:
     return (host.expert_read_bandwidth or host.bandwidth, host.expert_flops or host.matmul_flops)
 
 
+def is_calibrated(host) -> bool:
+    return host.expert_read_bandwidth is not None and host.expert_flops is not None
+
+
 class CostModel:
     def __init__(self, cfg: ModelConfig, hw: HardwareSpec, layers: list[LayerCostInputs], expert_bytes: int,
                  head_bytes: int, context: int, prefill_chunk: int = 4096):
         self.cfg, self.hw, self.layers = cfg, hw, layers
         self.expert_bytes, self.head_bytes, self.context = expert_bytes, head_bytes, context
         self.prefill_chunk = prefill_chunk
-        self.host_slowdown = None     # tokens per expert -> another kernel's time over ours (with_host_kernel)
+        # the CPU expert kernel's per-core rates (host_kernel.py); None: the max() of bytes and FLOPs at the
+        # host's rates (a calibrated host measured them itself; a spec without expert_kernel estimates them)
+        self.host_kernel: KernelRates | None = None if is_calibrated(hw.host) else rates_of_spec(hw.host)
         self.eager_ops_per_layer = EAGER_OPS_PER_LAYER
         k = cfg.num_experts_per_tok
         self.expert_flops = EXPERT_FLOPS_PER_TOKEN_FACTOR * cfg.hidden_size * cfg.moe_intermediate_size
@@ -124,26 +137,28 @@ class CostModel:
         return self._experts_time(distinct, routes, g.bandwidth, g.matmul_flops)
 
     def host_experts_time(self, distinct: float, routes: float) -> float:
-        """The host's expert kernel over `distinct` experts and their `routes` (another system's kernel:
-        times its measured slowdown at routes / distinct tokens per expert)."""
-        t = self._experts_time(distinct, routes, *host_expert_rates(self.hw.host))
-        if self.host_slowdown is not None and distinct > 0:
-            t *= self.host_slowdown(routes / distinct)
-        return t
+        """The host's expert kernel over `distinct` experts and their `routes` (host_kernel.py's rule with
+        this model's kernel rates; another system's with with_host_kernel)."""
+        if self.host_kernel is not None:
+            return kernel_time(self.host_kernel, self.hw.host, distinct, routes, self.expert_bytes)
+        return self._experts_time(distinct, routes, *host_expert_rates(self.hw.host))
 
     def cpu_experts_time(self, n: int, distinct: float, routes: float) -> float:
-        """Routes computed by the host's expert kernels, plus n tokens' activations over the link both ways."""
+        """Routes computed by the host's expert kernels, plus the layer's hand-off to the host task and n
+        tokens' activations over the link both ways."""
         if routes <= 0:
             return 0.0
         link = self.hw.link
         act = n * self.cfg.hidden_size * 4
-        return (self.host_experts_time(distinct, routes)
+        return (self.host_experts_time(distinct, routes) + self.hw.host.task_handoff_s
                 + 2 * link.latency_s + act / link.d2h_bandwidth + act / link.h2d_bandwidth)
 
-    def upload_time(self, experts: float, extra_bytes: int = 0) -> float:
-        """`experts` expert weights (plus extra_bytes) crossing the link host -> device once."""
+    def upload_time(self, experts: float, extra_bytes: int = 0, links: int = 1) -> float:
+        """`experts` expert weights (plus extra_bytes) crossing host -> device once, spread over `links` GPUs'
+        links at once (a tensor-parallel system's shards), as fast as the host memory feeds them."""
         size = experts * self.expert_bytes + extra_bytes
-        return size / self.hw.link.h2d_bandwidth + (self.hw.link.latency_s if size > 0 else 0.0)
+        bandwidth = min(links * self.hw.link.h2d_bandwidth, self.hw.host.bandwidth)
+        return size / bandwidth + (self.hw.link.latency_s if size > 0 else 0.0)
 
     def pipelined(self, per: list[tuple[float, float]]) -> float:
         """Layers of (upload, compute), double-buffered: layer l+1's upload overlaps layer l's compute;
@@ -161,10 +176,10 @@ class CostModel:
         chunks = max(1, -(-n // self.prefill_chunk))
         return chunks * len(self.layers) * self.eager_ops_per_layer * self.hw.host.op_dispatch_s
 
-    def with_host_kernel(self, slowdown) -> CostModel:
-        """The same model for a system whose CPU expert kernel takes slowdown(tokens per expert) times ours."""
+    def with_host_kernel(self, rates: KernelRates | None) -> CostModel:
+        """The same model for a system whose CPU expert kernel runs at `rates` (host_kernel.py's rule)."""
         other = copy.copy(self)
-        other.host_slowdown = slowdown
+        other.host_kernel = rates
         return other
 
     def with_eager_ops(self, ops_per_layer: int) -> CostModel:

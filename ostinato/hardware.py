@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from .isa import ISAS
 from .plans import plans_dir
@@ -36,6 +36,22 @@ class GpuSpec(Record):
     launch_overhead_s: Seconds          # fixed cost per decode graph replay / kernel batch
 
 
+class ExpertKernelSpec(Record):
+    """Ostinato's CPU expert kernel measured per core in whole-layer calls (bench/kernel_side_by_side.py),
+    scaled to the host by compiler/host_kernel.py's rule: cores x per_core, capped by the expert read."""
+    tokens_per_expert: list[Rate] = Field(min_length=1)   # ascending
+    per_core: list[Rate] = Field(min_length=1)            # bytes/s of expert weights per core at each
+    source: str                                           # where and how it was measured
+
+    @model_validator(mode="after")
+    def _one_rate_per_count(self):
+        t = self.tokens_per_expert
+        if len(t) != len(self.per_core) or t != sorted(set(t)):
+            raise ValueError(f"field 'host.expert_kernel': tokens_per_expert must ascend and have one per_core rate "
+                             f"each (got {len(t)} token counts, {len(self.per_core)} rates)")
+        return self
+
+
 class HostSpec(Record):
     cores: Count
     usable_bytes: Bytes = Field(gt=0)
@@ -43,6 +59,10 @@ class HostSpec(Record):
     matmul_flops: Rate                  # FLOP/s of the CPU expert kernels, all cores
     isa: Isa
     op_dispatch_s: Seconds              # host seconds per framework op dispatched eagerly (Python + PyTorch)
+    # Per layer whose cold routes run on the CPU: the GPU stream reaching the host task (a host callback
+    # or a stream sync) plus the expert thread pool's wake-up and barrier; measured or cited per preset.
+    task_handoff_s: Seconds
+    expert_kernel: ExpertKernelSpec | None = None  # absent: the kernel priced at bandwidth / matmul_flops
     # What the CPU expert kernel itself reaches on this host, measured by ostinato-calibrate (absent:
     # the cost model falls back to bandwidth / matmul_flops, and the plan says it is uncalibrated):
     expert_read_bandwidth: Rate | None = None  # bytes/s of packed experts read, 1 token per expert, all cores

@@ -14,7 +14,7 @@ TWO_GPUS = {  # small enough that the tiny model's four layers split across both
     "gpus": {"name": "small", "count": 2, "usable_bytes": 64_000_000, "bandwidth": 1.0e11, "matmul_flops": 1.0e12,
              "launch_overhead_s": 1.0e-5},
     "host": {"cores": 2, "usable_bytes": 8_000_000_000, "bandwidth": 4.0e10, "matmul_flops": 1.0e11, "isa": "avx2",
-             "op_dispatch_s": 1.0e-5},
+             "op_dispatch_s": 1.0e-5, "task_handoff_s": 0.0},
     "link": {"h2d_bandwidth": 1.0e10, "d2h_bandwidth": 1.0e10, "latency_s": 1.0e-6}}
 
 

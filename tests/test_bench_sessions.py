@@ -44,11 +44,21 @@ def test_another_workload_file_is_replayed(tmp_path, capsys):
 @pytest.mark.slow
 def test_the_documented_tables_are_the_tools_output():
     """docs/benchmarks.md's modeled tables, regenerated from the committed plan inputs, workload and seed."""
-    from ostinato.bench.simulator.bench import DOC_BEGIN, DOC_END, DOC_SESSIONS, modeled_tables
+    from ostinato.bench.simulator.bench import (
+        DOC_BEGIN,
+        DOC_END,
+        DOC_SESSIONS,
+        HEADLINE_BEGIN,
+        HEADLINE_END,
+        modeled_tables,
+    )
     from ostinato.bench.simulator.world import build_world
 
     doc = (Path(__file__).resolve().parents[1] / bench_sessions.DOC).read_text()
     block = doc[doc.index(DOC_BEGIN) + len(DOC_BEGIN):doc.index(DOC_END)].strip()
-    tables, _ = modeled_tables(build_world(), read_sessions(bench_sessions.SHIPPED), DOC_SESSIONS, seed=0)
+    tables, head, _ = modeled_tables(build_world(), read_sessions(bench_sessions.SHIPPED), DOC_SESSIONS, seed=0)
     assert block == tables, ("docs/benchmarks.md's modeled tables are stale: run "
                              "python -m ostinato.bench.sessions --skip-measured --doc")
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    shown = readme[readme.index(HEADLINE_BEGIN) + len(HEADLINE_BEGIN):readme.index(HEADLINE_END)].strip()
+    assert shown == head, "README.md's headline is stale: run python -m ostinato.bench.sessions --skip-measured --doc"

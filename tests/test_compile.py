@@ -33,7 +33,7 @@ def in_repo(monkeypatch):
 
 
 def _flash_options(**kw):
-    base = dict(model=FLASH, output=Path("unused.yaml"), hardware="rtx4090d-x4", profile="synthetic:1.0")
+    base = dict(model=FLASH, output=Path("unused.yaml"), hardware="rtx4090d-x4", profile="synthetic:0.9")
     base.update(kw)
     return CompileOptions(**base)
 
@@ -43,7 +43,7 @@ def test_committed_flash_plan_regenerates_byte_identically(tmp_path, monkeypatch
     shutil.copytree(REPO / FLASH, tmp_path / FLASH)
     monkeypatch.chdir(tmp_path / "plans")
     assert compile_cli.main(["models/deepseek-v4-flash", Path(FLASH_PLAN).name, "--hardware", "rtx4090d-x4",
-                             "--profile", "synthetic:1.0"]) == 0
+                             "--profile", "synthetic:0.9"]) == 0
     assert (tmp_path / FLASH_PLAN).read_bytes() == (REPO / FLASH_PLAN).read_bytes(), \
         f"{FLASH_PLAN} is stale: regenerate it with ostinato-compile (see docs/commands.md)"
 
@@ -101,7 +101,6 @@ def test_flash_plan_content(in_repo):
         assert row.mode == ("bucket" if bucketed else "upload" if t is not None and row.tokens > t else "split")
         assert (row.bucket_ms is not None) == bucketed and (not bucketed or row.bucket_ms < row.split_ms)
         assert (row.split_ms <= row.upload_ms) == (t is None or row.tokens <= t)
-    assert any(r.mode == "bucket" for r in plan.predictions.prefill)  # the 8-token row
 
 
 def test_compile_is_deterministic(in_repo):

@@ -5,12 +5,14 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from ostinato.bench.simulator.ktransformers import KTransformers, frequency_placed
+from ostinato.bench.simulator.kernels import load_kernel_table
+from ostinato.bench.simulator.ktransformers import KTransformers, frequency_placed, uniform_placed
 from ostinato.bench.simulator.llamacpp import CpuExperts, LayerPlacement, LruCache, layers_that_fit
 from ostinato.bench.simulator.ostinato_policy import Ostinato
-from ostinato.bench.simulator.replay import simulate, summarize
+from ostinato.bench.simulator.replay import chunks, simulate, summarize
 from ostinato.bench.simulator.trace import TraceSampler, at_coverage, counts_of
 from ostinato.compiler.cost_model import CostModel, LayerCostInputs
+from ostinato.compiler.host_kernel import KernelRates
 from ostinato.hardware import parse_hardware
 from ostinato.workload import SessionShape, Turn
 
@@ -22,7 +24,7 @@ HW = parse_hardware({
     "gpus": {"name": "g", "count": 1, "usable_bytes": 10 ** 6, "bandwidth": 1e6,
              "matmul_flops": 1e15, "launch_overhead_s": 0.0},
     "host": {"cores": 1, "usable_bytes": 10 ** 9, "bandwidth": 1e5, "matmul_flops": 1e15, "isa": "avx2",
-             "op_dispatch_s": 0.0},
+             "op_dispatch_s": 0.0, "task_handoff_s": 0.0},
     "link": {"h2d_bandwidth": 1e4, "d2h_bandwidth": 1e4, "latency_s": 0.0}}, "hand")
 ACT = 4 / 1e4          # one token's activation (hidden 1, fp32) over the link, one way
 
@@ -48,6 +50,9 @@ class Fixed:
 
     def ids(self, n):
         return self.i[:n]
+
+    def fork(self, stream):
+        return self
 
 
 def routing(layers, experts, per_layer):
@@ -142,7 +147,6 @@ def test_ktransformers_gpu_experts_are_each_layers_most_frequent():
     c = cost(hot=())                                           # Ostinato's hot set plays no part here
     kt = KTransformers(c, threshold=4, gpu_experts=frequency_placed(np.array([[0.4, 0.3, 0.2, 0.1]]), 1))
     f = kt.prefill(routing(1, 4, [{0: 2, 1: 2}]), 4)           # e0 on the GPU (1 ms) | e1 on the host
-    assert kt.name == "KTransformers-like + GPU experts"
     assert f.mode == "cpu" and f.seconds == pytest.approx(10 * MS + 2 * 4 * ACT)
 
 
@@ -244,22 +248,81 @@ def test_summary_skips_the_first_turn_and_rates_decode_over_all_turns():
     assert s.decode_tokens_per_s == pytest.approx(1 / MS)
 
 
-def test_a_baselines_kernel_is_priced_by_its_measured_slowdown(tmp_path):
-    from ostinato.bench.simulator.kernels import load_kernel_speeds
+def test_kernel_rates_interpolate_in_log_tokens_and_clamp_at_the_ends():
+    k = KernelRates("k", (1.0, 4.0, 16.0), (3e9, 2e9, 1e9))
+    assert k.per_core_at(1) == 3e9 and k.per_core_at(16) == pytest.approx(1e9)
+    assert k.per_core_at(2) == pytest.approx(2.5e9)             # halfway in log(tokens) from 1 to 4
+    assert k.per_core_at(0.5) == 3e9                               # the first value below the first point
+    assert k.per_core_at(64) == pytest.approx(1e9 * 16 / 64)        # past the last: its FLOP rate held
+    # cores x per-core, capped by the read bandwidth; reserved cores do not compute
+    assert k.rate(1, cores=4, read_bandwidth=1e12) == pytest.approx(12e9)
+    assert k.rate(1, cores=4, read_bandwidth=5e9) == pytest.approx(5e9)
+    kt = KernelRates("kt", (1.0,), (3e9,), reserved_cores=1)
+    assert kt.rate(1, cores=4, read_bandwidth=1e12) == pytest.approx(9e9)
+    with pytest.raises(ValueError, match="ascending"):
+        KernelRates("bad", (4.0, 1.0), (1e9, 1e9))
 
+
+def test_a_baselines_kernel_is_priced_by_its_per_core_rate_scaled_to_the_host(tmp_path):
+    """HW's host: 1 core, 1e5 B/s read (so an expert costs 10 ms at the spec's rates). A measured kernel
+    reading 4e4 B/s per core takes 1000 / 4e4 = 25 ms per expert: capped by the 0.8 x 1e5 expert read,
+    more cores do not help past 2."""
     table = tmp_path / "k.yaml"
-    table.write_text("source: hand\ntokens: [1, 4, 16]\nms:\n  ostinato: [1.0, 2.0, 4.0]\n  other: [3.0, 4.0, 4.0]\n")
-    speeds = load_kernel_speeds(table)
-    assert speeds.slowdown("other", 1) == 3.0 and speeds.slowdown("other", 16) == 1.0
-    assert speeds.slowdown("other", 2) == pytest.approx(2.5)    # halfway in log(tokens) from 1 to 4: 3 -> 2
-    assert speeds.slowdown("other", 0.5) == 3.0 and speeds.slowdown("other", 64) == 1.0  # end values beyond
-    assert speeds.slowdown("ostinato", 7) == 1.0
+    table.write_text("source: hand\ncores: 2\nread_bandwidth: 1.0e+5\ntokens_per_expert: [1.0, 4.0]\n"
+                     "systems:\n  ostinato: {per_core: [5.0e+4, 5.0e+4]}\n"
+                     "  other: {per_core: [4.0e+4, 1.0e+4], reserved_cores: 0}\n")
+    speeds = load_kernel_table(table)
     c = cost()
     kt = KTransformers(c, threshold=4, kernel=speeds.of("other"))
     f = kt.prefill(routing(1, 4, [{2: 1}]), 1)                  # one route to one cold expert: 1 token per expert
-    assert f.seconds == pytest.approx(3 * 10 * MS + 2 * ACT)   # 3x the host kernel time; the link is the link's
+    assert f.seconds == pytest.approx(EXPERT / 4e4 + 2 * ACT)
+    f = kt.prefill(routing(1, 4, [{2: 4}]), 4)                  # 4 tokens on one expert: 1e4 B/s per core
+    assert f.seconds == pytest.approx(EXPERT / 1e4 + 2 * 4 * ACT)
+    many = HW.replace(host=HW.host.replace(cores=8))
+    wide = KTransformers(CostModel(c.cfg, many, c.layers, EXPERT, 0, 0), threshold=4, kernel=speeds.of("other"))
+    assert wide.prefill(routing(1, 4, [{2: 1}]), 1).seconds == pytest.approx(EXPERT / (0.8 * 1e5) + 2 * ACT)
     with pytest.raises(KeyError, match="'ggml' has no kernel measurement"):
         speeds.of("ggml")
-    table.write_text("tokens: [1, 4]\nms:\n  other: [1.0, 2.0]\n")
+    head = "cores: 2\nread_bandwidth: 1.0\ntokens_per_expert: [1, 4]\nsystems:\n"
+    table.write_text(head + "  other: {per_core: [1, 2]}\n")
     with pytest.raises(ValueError, match="an 'ostinato' row"):
-        load_kernel_speeds(table)
+        load_kernel_table(table)
+    table.write_text(head + "  ostinato: {per_core: [1]}\n")
+    with pytest.raises(ValueError, match="not a kernel table"):
+        load_kernel_table(table)
+
+
+def test_the_layers_hand_off_is_paid_once_per_layer_with_cold_routes():
+    c = CostModel(cost().cfg, HW.replace(host=HW.host.replace(task_handoff_s=3 * MS)), cost().layers, EXPERT, 0, 0)
+    pol = Ostinato(c, c.layers[0].hot[None], threshold=None)
+    assert pol.prefill(routing(1, 4, [{0: 1}]), 1).seconds == pytest.approx(1 * MS)          # hot only: none
+    assert pol.prefill(routing(1, 4, [{2: 1, 3: 1}]), 2).seconds == pytest.approx(20 * MS + 3 * MS + 2 * 2 * ACT)
+
+
+def test_a_server_without_prefix_cache_prefills_the_whole_context_every_turn():
+    """Turn 1 of a prefix-less system prefills turn 0's 2 + 1 tokens again with its 1 new one: 4 tokens
+    (routed by the forked sampler), where a prefix-caching system prefills 1."""
+    c = cost()
+    cached = KTransformers(c, threshold=100)
+    again = KTransformers(c, threshold=100, reuses_prefix=False, name="no radix")
+    sampler = Fixed({2: routing(1, 4, [{2: 2}]), 1: routing(1, 4, [{2: 1}]), 4: routing(1, 4, [{2: 4}])},
+                    np.array([[[0]]] * 4))
+    runs = simulate([SessionShape("s", (Turn(2, 1), Turn(1, 1)))], [cached, again], sampler)
+    assert runs["KTransformers"][0].turns[1].prefill.seconds == pytest.approx(10 * MS + 2 * ACT)
+    assert runs["no radix"][0].turns[1].prefill.seconds == pytest.approx(10 * MS + 2 * 4 * ACT)
+
+
+def test_long_prefills_run_chunk_by_chunk():
+    c = cost()
+    pol = Ostinato(c, c.layers[0].hot[None], threshold=None)
+    sampler = Fixed({2: routing(1, 4, [{2: 2}]), 1: routing(1, 4, [{3: 1}])}, np.array([[[0]]] * 4))
+    run = simulate([SessionShape("s", (Turn(5, 1),))], [pol], sampler, chunk=2)["Ostinato"][0]
+    assert chunks(5, 2) == [2, 2, 1]
+    assert run.turns[0].prefill.seconds == pytest.approx(2 * (10 * MS + 2 * 2 * ACT) + 10 * MS + 2 * ACT)
+
+
+def test_ktransformers_uniform_strategy_is_blind_to_routing():
+    gpu = uniform_placed((2, 8), 2)
+    assert gpu.sum(axis=1).tolist() == [2, 2] and gpu[0].tolist() == gpu[1].tolist()
+    assert gpu[0].tolist() == [True, False, False, False, True, False, False, False]
+    assert not uniform_placed((1, 8), 0).any()

@@ -2,7 +2,7 @@
 
 Every variant is the Ostinato policy on the same plan, hardware and routing traces, so a row's ratio to
 the full system is that mechanism's share of the wait. The last replaces its CPU expert kernel by
-kt-kernel's measured speed (kernels.py), when a measurement is given.
+kt-kernel's measured rates (kernels.py), when a measurement is given.
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ FULL = "Ostinato (all mechanisms)"
 
 
 def ablations(cost, hot: np.ndarray, threshold: int | None, buckets: list[int], kt_kernel=None) -> list[Policy]:
-    """The full policy first, then one variant per mechanism removed (`kt_kernel`: kt-kernel's slowdown)."""
+    """The full policy first, then one variant per mechanism removed (`kt_kernel`: kt-kernel's KernelRates)."""
     none = np.zeros_like(hot)
     kt = [] if kt_kernel is None else [Ostinato(cost.with_host_kernel(kt_kernel), hot, threshold, buckets,
-                                                name="- its CPU kernel (kt-kernel's measured speed instead)")]
+                                                name="- its CPU kernel (kt-kernel's measured rates instead)")]
     return [
         Ostinato(cost, hot, threshold, buckets, name=FULL),
         Ostinato(cost, none, threshold, buckets, name="- resident hot set (every routed expert cold)"),

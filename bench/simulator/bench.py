@@ -18,6 +18,12 @@ WORKLOADS = {"coding": "mini-swe-agent/", "customer service": "tau2-bench/"}
 # them; tests/test_bench_sessions.py regenerates them from the committed inputs and fails on a difference).
 DOC_BEGIN = "<!-- modeled tables: written by python -m ostinato.bench.sessions --doc; do not edit -->"
 DOC_END = "<!-- end of the modeled tables -->"
+# The edge-vs-coverage table (from the coverage sweep, like the plot) has a block of its own.
+# README.md's headline: Ostinato against the best baseline per workload and configuration.
+HEADLINE_BEGIN = "<!-- headline: written by python -m ostinato.bench.sessions --doc; do not edit -->"
+HEADLINE_END = "<!-- end of the headline -->"
+EDGE_BEGIN = "<!-- edge vs coverage: written by python -m ostinato.bench.sessions --doc; do not edit -->"
+EDGE_END = "<!-- end of the edge vs coverage table -->"
 DOC_SESSIONS = 6  # sessions per workload the doc's tables replay (the default of --per-workload)
 PAPER_COVERAGE = 0.84
 
@@ -51,38 +57,78 @@ def by_workload(sessions: list[SessionShape], limit: int | None) -> dict[str, li
     return groups
 
 
+CONFIG_TITLES = {"best": "baselines at their best", "documented": "baselines as documented"}
+
+
 def modeled_tables(world: World, sessions: list[SessionShape], limit: int | None, seed: int = 0
-                   ) -> tuple[str, tuple[str, dict]]:
-    """The systems' table and the ablation table per workload (markdown), and one session's runs for the
-    timeline plot. Deterministic from the seed: docs/benchmarks.md embeds this text (doc_with)."""
+                   ) -> tuple[str, str, tuple[str, dict]]:
+    """Per workload the systems' tables (baselines at their best, then as documented) and the ablation
+    table (markdown); the headline (Ostinato against the best baseline of each configuration, for
+    README.md); one session's runs for the timeline plot. Deterministic from the seed: docs/benchmarks.md
+    and README.md embed this text (doc_with)."""
     k = world.build.config.num_experts_per_tok
-    text, timeline = [], None
+    text, lines, timeline = [], [], None
     for w, ss in by_workload(sessions, limit).items():
-        runs = simulate(ss, world.policies(), TraceSampler(world.shares, k, seed))
-        text.append(table(f"{w}: {len(ss)} sessions, {world.build.hardware.name}, DeepSeek-V4-Flash sizes", runs))
-        timeline = timeline or (ss[0].name, runs)
+        for config, title in CONFIG_TITLES.items():
+            runs = simulate(ss, world.policies(config), TraceSampler(world.shares, k, seed))
+            text.append(table(f"{w}: {len(ss)} sessions, {world.build.hardware.name}, {title}", runs))
+            lines.append(headline_row(w, title, runs))
+            timeline = timeline or (ss[0].name, runs)
     for w, ss in by_workload(sessions, limit).items():
         runs = simulate(ss, world.ablations(), TraceSampler(world.shares, k, seed))
         text.append(table(f"ablation, {w}: {len(ss)} sessions, Ostinato with one mechanism removed", runs))
-    return "\n\n".join(text), timeline
+    head = ["| workload | baselines | best baseline (least median wait) | median wait s: Ostinato / it | "
+            "p90 wait s: Ostinato / it | decode tok/s: Ostinato / it | median session s: Ostinato / it |",
+            "|---|---|---|---|---|---|---|"] + lines
+    return "\n\n".join(text), "\n".join(head), timeline
 
 
-def doc_with(doc: str, tables: str) -> str:
-    """The document's text with its block between DOC_BEGIN and DOC_END replaced by `tables`."""
-    start, end = doc.find(DOC_BEGIN), doc.find(DOC_END)
-    if start < 0 or end < start:
-        raise ValueError(f"the document has no '{DOC_BEGIN}' ... '{DOC_END}' block")
-    return doc[:start + len(DOC_BEGIN)] + "\n\n" + tables + "\n\n" + doc[end:]
+def headline_row(workload: str, title: str, runs: dict) -> str:
+    """One headline line: Ostinato (the first system) against the baseline with the least median wait."""
+    sums = {n: summarize(r) for n, r in runs.items()}
+    ours, *others = sums
+    best = min(others, key=lambda n: sums[n].median_wait_s)
+    o, b = sums[ours], sums[best]
+
+    def pair(x: float, y: float, f: str) -> str:
+        return f"{x:{f}} / {y:{f}} ({x / y:.2f}x)"
+    return (f"| {workload} | {title.removeprefix('baselines ')} | {best} | "
+            f"{pair(o.median_wait_s, b.median_wait_s, '.3f')} | {pair(o.p90_wait_s, b.p90_wait_s, '.3f')} | "
+            f"{pair(o.decode_tokens_per_s, b.decode_tokens_per_s, '.1f')} | "
+            f"{pair(o.median_session_s, b.median_session_s, '.0f')} |")
+
+
+def edge_table(sweep: dict) -> str:
+    """The best baseline's median wait over Ostinato's at each hot-set coverage of the sweep."""
+    rows = ["| hot-set coverage of routes | Ostinato median wait s | best baseline | its median wait s | "
+            "edge (its wait / Ostinato's) |", "|---|---|---|---|---|"]
+    names = [n for n in sweep if not n.startswith("_")]
+    ours, others = names[0], names[1:]
+    for i, cov in enumerate(sweep["_coverages"]):
+        best = min(others, key=lambda n: sweep[n][i])
+        rows.append(f"| {cov:.0%} | {sweep[ours][i]:.3f} | {best} | {sweep[best][i]:.3f} | "
+                    f"{sweep[best][i] / sweep[ours][i]:.2f}x |")
+    return "\n".join(rows)
+
+
+def doc_with(doc: str, tables: str, begin: str = DOC_BEGIN, end: str = DOC_END) -> str:
+    """The document's text with its block between `begin` and `end` replaced by `tables`."""
+    i, j = doc.find(begin), doc.find(end)
+    if i < 0 or j < i:
+        raise ValueError(f"the document has no '{begin}' ... '{end}' block")
+    return doc[:i + len(begin)] + "\n\n" + tables + "\n\n" + doc[j:]
 
 
 def run_modeled(world: World, sessions: list[SessionShape], out: Path, limit: int | None, sweep_sessions: int,
                 coverages: tuple[float, ...], max_generated: int | None, seed: int = 0) -> str:
     out.mkdir(parents=True, exist_ok=True)
-    report, timeline = modeled_tables(world, sessions, limit, seed)
+    report, head, timeline = modeled_tables(world, sessions, limit, seed)
     sweep = coverage_sweep(world, by_workload(sessions, sweep_sessions), coverages, max_generated, seed)
     plot_sweep(sweep, out / "modeled_wait_vs_coverage.png", world.build.hardware.name)
     plot_timeline(*timeline, out / "modeled_session_timeline.png")
     (out / "modeled.md").write_text(report + "\n")
+    (out / "edge_vs_coverage.md").write_text(edge_table(sweep) + "\n")
+    (out / "headline.md").write_text(head + "\n")
     return report
 
 

@@ -1,11 +1,18 @@
 """KTransformers-like (kt-kernel + its SGLang fork, as docs/baselines.md summarises its docs): attention, the
-shared expert and the dense parts on the GPU, every routed expert on the CPU (`--kt-num-gpu-experts`
-0 here; N > 0 keeps N chosen experts per layer on the GPU); prefills above
-`--kt-gpu-prefill-token-threshold` switch to layerwise GPU prefill, streaming the whole layer's experts
-to one GPU buffer (modeled double-buffered like every upload here). Decode: routed experts on the CPU.
+shared expert and the dense parts on the GPUs, routed experts on the CPU except `--kt-num-gpu-experts N`
+per layer kept on the GPUs; prefills above `--kt-gpu-prefill-token-threshold` switch to layerwise GPU
+prefill, streaming the layer's experts to the GPUs (tensor parallel: every GPU takes its shard over its
+own link at once, as fast as host memory feeds them; modeled double-buffered like every upload here).
+Decode: the CPU experts run inside the captured graph.
 Like Ostinato it runs PyTorch: prefill eagerly (op dispatch counted at an unfused PyTorch forward's
 UNFUSED_EAGER_OPS_PER_LAYER), decode as captured CUDA graphs.
-Not modeled: expert deferral (an approximation Ostinato does not make)."""
+
+Two configurations (World.policies): as its DeepSeek-V4-Flash tutorial runs it (`--disable-radix-cache`,
+so every turn prefills the whole context again; GPU experts by the default `uniform` strategy; prefill
+threshold 4096) and at its best (prefix cache on, GPU experts by the `frequency` strategy from the same
+routing profile Ostinato plans with, the threshold where its layerwise prefill starts to win).
+Not modeled: expert deferral (an approximation Ostinato does not make), dynamic expert update, and
+tensor parallelism's per-layer all-reduce (which would only slow it)."""
 
 from __future__ import annotations
 
@@ -15,11 +22,12 @@ from ostinato.compiler.cost_model import UNFUSED_EAGER_OPS_PER_LAYER, CostModel
 
 from .policy import Forward, Policy, split_pass, static_decode, upload_pass
 
+DOCUMENTED_THRESHOLD = 4096   # --kt-gpu-prefill-token-threshold in its DeepSeek-V4-Flash tutorial (PUBLISHED.md)
+
 
 def frequency_placed(shares: np.ndarray, per_layer: int) -> np.ndarray:
-    """[L, E] bool: each layer's `per_layer` most-routed experts by the profile's shares [L, E] (what
-    `--kt-num-gpu-experts N` keeps on the GPU: N per layer, chosen by activation frequency; ties to the
-    lower id)."""
+    """[L, E] bool: each layer's `per_layer` most-routed experts by the profile's shares [L, E] (the
+    `frequency` strategy: N per layer chosen by activation frequency; ties to the lower id)."""
     L, E = shares.shape
     top = np.argsort(-shares, axis=1, kind="stable")[:, :min(per_layer, E)]  # [L, N]
     gpu = np.zeros((L, E), dtype=bool)
@@ -27,24 +35,66 @@ def frequency_placed(shares: np.ndarray, per_layer: int) -> np.ndarray:
     return gpu
 
 
-class KTransformers(Policy):
-    name = "KTransformers-like"
+def uniform_placed(shape: tuple[int, int], per_layer: int) -> np.ndarray:
+    """[L, E] bool: `per_layer` experts per layer spread evenly over the ids, blind to routing (the
+    `uniform` strategy, which needs no activation statistics)."""
+    L, E = shape
+    gpu = np.zeros((L, E), dtype=bool)
+    n = min(per_layer, E)
+    gpu[:, (np.arange(n) * E) // max(n, 1)] = n > 0
+    return gpu
 
-    def __init__(self, cost: CostModel, threshold: int, gpu_experts: np.ndarray | None = None, kernel=None):
-        """`gpu_experts` [L, E] bool: the experts it keeps on the GPUs (frequency_placed; None: none);
-        `kernel`: kt-kernel's slowdown against Ostinato's CPU kernel (kernels.py; None: the same speed)."""
+
+class KTransformers(Policy):
+    name = "KTransformers"
+
+    def __init__(self, cost: CostModel, threshold: int, gpu_experts: np.ndarray | None = None, kernel=None,
+                 reuses_prefix: bool = True, name: str | None = None):
+        """`gpu_experts` [L, E] bool: the experts it keeps on the GPUs (None: none); `kernel`: kt-kernel's
+        measured rates (compiler/host_kernel.py's KernelRates; None: the cost model's own)."""
         cost = cost.with_eager_ops(UNFUSED_EAGER_OPS_PER_LAYER)  # its forward is not ours
         super().__init__(cost.with_host_kernel(kernel) if kernel is not None else cost)
-        if gpu_experts is not None:
-            self.name = "KTransformers-like + GPU experts"
         E = cost.layers[0].hot.size
         self.threshold = threshold
         self.gpu = gpu_experts if gpu_experts is not None else np.zeros((self.L, E), dtype=bool)
+        self.reuses_prefix = reuses_prefix
+        self.links = cost.hw.gpus.count
+        self.name = name or self.name
 
     def prefill(self, counts: np.ndarray, n: int) -> Forward:
         if n > self.threshold:
-            return upload_pass(self.cost, counts, n, np.broadcast_to(~self.gpu, counts.shape), "layerwise")
+            return upload_pass(self.cost, counts, n, np.broadcast_to(~self.gpu, counts.shape), "layerwise",
+                               links=self.links)
         return split_pass(self.cost, counts, n, self.gpu, "cpu")
 
     def decode(self, ids: np.ndarray) -> tuple[np.ndarray, Forward]:
         return static_decode(self.cost, self.gpu, ids)
+
+
+def with_gpu_set(cost: CostModel, gpu: np.ndarray) -> CostModel:
+    """The cost model with `gpu` [L, E] as each layer's GPU-resident set (for expected-value timings)."""
+    from dataclasses import replace
+    other = cost.with_eager_ops(cost.eager_ops_per_layer)   # a copy
+    other.layers = [replace(l, hot=gpu[i]) for i, l in enumerate(cost.layers)]
+    return other
+
+
+def layerwise_prefill(cost: CostModel, gpu: np.ndarray, n: int) -> float:
+    """Expected seconds of KTransformers' layerwise prefill of n tokens: every non-GPU expert of a layer
+    streamed over all the GPUs' links, double-buffered against the layer's compute."""
+    links, k = cost.hw.gpus.count, cost.cfg.num_experts_per_tok
+    per = []
+    for l in range(len(cost.layers)):
+        touched = cost.distinct(l, n, True) + cost.distinct(l, n, False)
+        per.append((cost.upload_time(float((~gpu[l]).sum()), links=links),
+                    cost.attention_time(l, n) + cost.gpu_experts_time(touched, n * k)))
+    return float(cost.forward_time(cost.pipelined(per), n, decode=False, eager=True))
+
+
+def best_threshold(cost: CostModel, gpu: np.ndarray, kernel=None, largest: int = 1 << 16) -> int:
+    """The prefill threshold set well: the smallest size (powers of two and their midpoints) from which its
+    layerwise prefill is expected to beat its CPU path, by this cost model with kt-kernel's rates."""
+    c = with_gpu_set(cost.with_eager_ops(UNFUSED_EAGER_OPS_PER_LAYER), gpu)
+    c = c.with_host_kernel(kernel) if kernel is not None else c
+    sizes = sorted({m for p in range(7, largest.bit_length()) for m in (1 << p, 3 << (p - 1))})
+    return next((n for n in sizes if layerwise_prefill(c, gpu, n) < c.split_prefill(n)), largest)

@@ -37,7 +37,7 @@ class LayerPlacement(Policy):
     name = "llama.cpp layers"
 
     def __init__(self, cost: CostModel, gpu_layers: int, kernel=None):
-        """`kernel`: ggml's CPU expert slowdown against Ostinato's (kernels.py; None: the same speed)."""
+        """`kernel`: ggml's measured kernel rates (KernelRates, kernels.py; None: the cost model's own)."""
         super().__init__(cost.with_host_kernel(kernel) if kernel is not None else cost)
         self.gpu_layers = gpu_layers
 
@@ -73,7 +73,7 @@ class CpuExperts(Policy):
     name = "llama.cpp CPU experts"
 
     def __init__(self, cost: CostModel, kernel=None, n_cpu_moe: int | None = None):
-        """`kernel`: ggml's CPU expert slowdown against Ostinato's (kernels.py; None: the same speed);
+        """`kernel`: ggml's measured kernel rates (KernelRates, kernels.py; None: the cost model's own);
         `n_cpu_moe`: `--n-cpu-moe N`, the leading layers whose experts stay on the host (None: all)."""
         super().__init__(cost.with_host_kernel(kernel) if kernel is not None else cost)
         self.n_cpu_moe = self.L if n_cpu_moe is None else max(0, min(n_cpu_moe, self.L))

@@ -30,6 +30,7 @@ class Forward:
 class Policy:
     """A system's rule for where each route runs. Subclasses cite the documented rule they follow."""
     name = "policy"
+    reuses_prefix = True   # False: the server keeps no prefix cache, so every turn prefills the whole context
 
     def __init__(self, cost: CostModel):
         self.cost = cost
@@ -62,14 +63,15 @@ def split_pass(cost: CostModel, counts: np.ndarray, n: int, gpu: np.ndarray, mod
 
 
 def upload_pass(cost: CostModel, counts: np.ndarray, n: int, upload: np.ndarray, mode: str,
-                eager: bool = True) -> Forward:
-    """Each layer's `upload[l]` experts cross the link once, double-buffered against the previous
-    layer's compute, and every route runs on the GPU (cost.upload_prefill with explicit counts)."""
+                eager: bool = True, links: int = 1) -> Forward:
+    """Each layer's `upload[l]` experts cross the link once (over `links` GPUs' links at once),
+    double-buffered against the previous layer's compute, and every route runs on the GPU
+    (cost.upload_prefill with explicit counts)."""
     per, g_sum, u_sum = [], 0.0, 0.0
     k = cost.cfg.num_experts_per_tok
     for l in range(counts.shape[0]):
         g = cost.gpu_experts_time(float((counts[l] > 0).sum()), float(n * k))
-        u = cost.upload_time(float(upload[l].sum()))
+        u = cost.upload_time(float(upload[l].sum()), links=links)
         per.append((u, cost.attention_time(l, n) + g))
         g_sum, u_sum = g_sum + g, u_sum + u
     return Forward(float(cost.forward_time(cost.pipelined(per), n, False, eager)), g_sum, 0.0, u_sum, mode,

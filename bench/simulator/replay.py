@@ -3,6 +3,10 @@
 Turn t (workload README): prefill `appended` tokens on top of the cached context, then decode
 `generated` tokens. The wait after a tool output is that prefill plus the first decode step. All
 policies see the same sampled routing of every pass (lockstep), so their differences are theirs.
+A system without a prefix cache (Policy.reuses_prefix False) prefills the whole context every turn:
+its extra tokens are routed by a second sampler, so the shared trace does not depend on which
+systems run. Prefills longer than the prefill chunk run as one forward per chunk (the engines' chunked
+prefill), each with its own routing.
 """
 
 from __future__ import annotations
@@ -40,22 +44,46 @@ class SessionTime:
         return sum(t.seconds for t in self.turns)
 
 
-def simulate(sessions: list[SessionShape], policies: list[Policy], sampler: TraceSampler
-             ) -> dict[str, list[SessionTime]]:
+def chunks(n: int, chunk: int) -> list[int]:
+    """A prefill of n tokens as the engines run it: forwards of `chunk` tokens, the last one shorter."""
+    return [chunk] * (n // chunk) + ([n % chunk] if n % chunk else [])
+
+
+def chunked_prefill(p: Policy, passes: list[tuple[np.ndarray, int]]) -> Forward:
+    """One prefill as forwards over its chunks' routing counts, summed."""
+    fs = [p.prefill(counts, n) for counts, n in passes]
+    if len(fs) == 1:
+        return fs[0]
+    return Forward(sum(f.seconds for f in fs), sum(f.gpu_experts_s for f in fs), sum(f.cpu_experts_s for f in fs),
+                   sum(f.upload_s for f in fs), fs[-1].mode, sum(f.uploaded for f in fs))
+
+
+def simulate(sessions: list[SessionShape], policies: list[Policy], sampler: TraceSampler,
+             chunk: int | None = None) -> dict[str, list[SessionTime]]:
+    """`chunk`: the prefill chunk (default: the first policy's cost model's)."""
+    chunk = chunk or policies[0].cost.prefill_chunk
     out: dict[str, list[SessionTime]] = {p.name: [] for p in policies}
     empty = Forward(0.0)
+    again = sampler.fork(1)   # routing of the context that prefix-less systems prefill again
     for s in sessions:
         for p in policies:
             p.reset()
         turns: dict[str, list[TurnTime]] = {p.name: [] for p in policies}
+        context = 0
         for turn in s.turns:
-            counts = sampler.counts(turn.appended) if turn.appended else None
+            new = [(sampler.counts(c), c) for c in chunks(turn.appended, chunk)]
             ids = sampler.ids(turn.generated) if turn.generated else None
+            whole = None
             for p in policies:
-                pre = p.prefill(counts, turn.appended) if counts is not None else empty
+                passes = new
+                if not p.reuses_prefix and context:
+                    whole = whole or [(again.counts(c), c) for c in chunks(context + turn.appended, chunk)]
+                    passes = whole
+                pre = chunked_prefill(p, passes) if passes else empty
                 steps, dec = p.decode(ids) if ids is not None else (np.zeros(0), empty)
                 wait = pre.seconds + (steps[0] if steps.size else 0.0)
                 turns[p.name].append(TurnTime(turn.appended, turn.generated, pre, dec, wait))
+            context += turn.appended + turn.generated
         for p in policies:
             out[p.name].append(SessionTime(s.name, tuple(turns[p.name])))
     return out

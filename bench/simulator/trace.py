@@ -15,7 +15,8 @@ EXACT_MAX = 256   # batches up to this many tokens are drawn token by token; lon
 
 
 class TraceSampler:
-    def __init__(self, shares: np.ndarray, top_k: int, seed: int = 0):
+    def __init__(self, shares: np.ndarray, top_k: int, seed: int | tuple = 0):
+        self.seed = seed
         self.shares = shares / shares.sum(axis=1, keepdims=True)       # [L, E]
         self.cdf = np.cumsum(self.shares, axis=1)                        # [L, E]
         self.cdf[:, -1] = 1.0
@@ -24,6 +25,10 @@ class TraceSampler:
         # per-route marginal of the without-replacement draw, for long batches (see counts())
         q = np.minimum(1.0, top_k * self.shares)
         self.route_p = q / q.sum(axis=1, keepdims=True)
+
+    def fork(self, stream: int) -> TraceSampler:
+        """A sampler of the same routing law on its own random stream (seeded from this one's seed)."""
+        return TraceSampler(self.shares, self.k, seed=(self.seed, stream))
 
     @property
     def shape(self) -> tuple[int, int]:

@@ -1,5 +1,13 @@
 """The simulated system: the compile pipeline's cost model and plan for a model, a hardware spec and a
-profile, and each policy built from them (so every policy sees the same hardware and sizes)."""
+profile, and each policy built from them (so every policy sees the same hardware and sizes).
+
+Every system's CPU expert kernel, Ostinato's included, is priced by its measured per-core rates scaled to
+the host by one rule (compiler/host_kernel.py) when a kernel table is given; without one, every system
+gets the cost model's own kernel (equal kernels).
+
+Baselines come twice: as their DeepSeek-V4 documentation runs them ("documented") and with every
+documented knob set well ("best"); docs/baselines.md says which knobs.
+"""
 
 from __future__ import annotations
 
@@ -9,16 +17,21 @@ from pathlib import Path
 import numpy as np
 
 from ostinato.compiler.compile import Build, CompileOptions, compile_plan
+from ostinato.compiler.cost_model import CostModel
 
 from .ablation import ablations
-from .kernels import KERNELS_FILE, KernelSpeeds, load_kernel_speeds
-from .ktransformers import KTransformers, frequency_placed
+from .kernels import KERNELS_FILE, OURS, KernelTable, load_kernel_table
+from .ktransformers import DOCUMENTED_THRESHOLD, KTransformers, best_threshold, frequency_placed, uniform_placed
 from .llamacpp import CpuExperts, LayerPlacement, LruCache, layers_that_fit
 from .ostinato_policy import Ostinato
 from .policy import Policy
 
 V4_FLASH = Path(__file__).resolve().parents[2] / "plans" / "models" / "deepseek-v4-flash"
-KT_PREFILL_THRESHOLD = 1024   # --kt-gpu-prefill-token-threshold as set here (a user setting; see docs/baselines.md)
+# The synthetic profile's Zipf exponent: 0.9 puts 37.0 / 47.7 / 59.3 / 71.9% of a layer's routes on its best
+# 8 / 16 / 32 / 64 experts, against 35.6 / 46.5 / 58.5 / 71.2% published for V4-Flash (plans/published/
+# routing-*.yaml); the least-squares exponent over those four points, a shape of routing, not of a speed.
+PROFILE = "synthetic:0.9"
+CONFIGS = ("best", "documented")
 
 
 @dataclass(frozen=True)
@@ -27,38 +40,54 @@ class World:
     hot: np.ndarray          # [L, E] bool: the plan's hot set
     shares: np.ndarray       # [L, E] the profile's route shares (the plan's objective phases)
     gpu_layers: int          # llama.cpp layer placement: leading layers that fit whole
-    kernels: KernelSpeeds | None = None  # each system's CPU expert kernel vs Ostinato's (None: all the same)
+    kernels: KernelTable | None = None  # each system's measured CPU kernel rates (None: all the cost model's own)
 
     def kernel(self, system: str):
-        """`system`'s kernel slowdown against Ostinato's, or None where it was not measured (priced as ours)."""
-        return self.kernels.of(system) if self.kernels is not None and system in self.kernels.ms else None
+        """`system`'s measured KernelRates; Ostinato's where it was not measured; None without a table."""
+        if self.kernels is None:
+            return None
+        return self.kernels.systems.get(system, self.kernels.of(OURS))
 
-    def policies(self, kt_threshold: int = KT_PREFILL_THRESHOLD) -> list[Policy]:
-        cost = self.build.cost
-        # KTransformers' GPU experts fill the GPU memory Ostinato's hot set gets: the same count, N per layer
-        kt_gpu = frequency_placed(self.shares, int(self.hot.sum()) // self.hot.shape[0])
-        # llama.cpp --n-cpu-moe N: the same GPU memory as whole layers of experts (the last L - N layers)
-        L, E = self.hot.shape
-        n_cpu_moe = L - int(self.hot.sum()) // E
+    @property
+    def cost(self) -> CostModel:
+        """The plan's cost model, its CPU kernel priced like every other system's (kernel())."""
+        ours = self.kernel(OURS)
+        return self.build.cost.with_host_kernel(ours) if ours is not None else self.build.cost
+
+    def policies(self, config: str = "best") -> list[Policy]:
+        """Ostinato first, then the baselines `config`ured as documented or at their best."""
+        if config not in CONFIGS:
+            raise ValueError(f"config {config!r}: one of {CONFIGS}")
+        cost, (L, E) = self.cost, self.hot.shape
+        # GPU experts fill the GPU memory Ostinato's hot set gets: the same count, N per layer
+        per_layer = int(self.hot.sum()) // L
         kt, ggml = self.kernel("kt-kernel"), self.kernel("ggml")
-        return [Ostinato(cost, self.hot, self.build.threshold, self.build.buckets),
-                KTransformers(cost, kt_threshold, None, kt), KTransformers(cost, kt_threshold, kt_gpu, kt),
-                LayerPlacement(cost, self.gpu_layers, ggml),
-                CpuExperts(cost, ggml), CpuExperts(cost, ggml, n_cpu_moe), LruCache(cost, self.hot)]
-
+        ours = Ostinato(cost, self.hot, self.build.threshold, self.build.buckets)
+        if config == "documented":
+            return [ours,
+                    KTransformers(cost, DOCUMENTED_THRESHOLD, uniform_placed((L, E), per_layer), kt,
+                                  reuses_prefix=False, name="KTransformers (its DSV4 recipe)"),
+                    LayerPlacement(cost, self.gpu_layers, ggml), CpuExperts(cost, ggml), LruCache(cost, self.hot)]
+        kt_gpu = frequency_placed(self.shares, per_layer)
+        # llama.cpp --n-cpu-moe N: the same GPU memory as whole layers of experts (the last L - N layers)
+        n_cpu_moe = L - int(self.hot.sum()) // E
+        return [ours,
+                KTransformers(cost, best_threshold(cost, kt_gpu, kt), kt_gpu, kt,
+                              name="KTransformers + frequency GPU experts"),
+                LayerPlacement(cost, self.gpu_layers, ggml), CpuExperts(cost, ggml, n_cpu_moe),
+                LruCache(cost, self.hot)]
 
     def ablations(self) -> list[Policy]:
-        cost = self.build.cost
-        return ablations(cost, self.hot, self.build.threshold, self.build.buckets, self.kernel("kt-kernel"))
+        return ablations(self.cost, self.hot, self.build.threshold, self.build.buckets, self.kernel("kt-kernel"))
 
 
-def build_world(model: Path = V4_FLASH, hardware: str = "rtx4090d-x4", profile: str = "synthetic:1.0",
+def build_world(model: Path = V4_FLASH, hardware: str = "rtx4090d-x4", profile: str = PROFILE,
                 context: int = 65536, build: Build | None = None, kernels: Path | None = KERNELS_FILE) -> World:
-    """`kernels`: the side-by-side CPU kernel measurement (kernels.py); None: every system at Ostinato's speed."""
+    """`kernels`: the side-by-side CPU kernel table (kernels.py); None: every system at the cost model's kernel."""
     b = build or compile_plan(CompileOptions(model=model, output=Path("unused.yaml"), hardware=hardware,
                                              profile=profile, context=context, build_kernels=False))
     hot = np.stack([l.hot for l in b.cost.layers])
     shares = np.stack([l.share for l in b.cost.layers])
     budgets = [b.hardware.gpus.usable_bytes - sum(f.values()) for f in b.gpu_fixed]
     fit = layers_that_fit([sum(l.values()) for l in b.layer_bytes], b.cost.expert_bytes, hot.shape[1], budgets)
-    return World(b, hot, shares, fit, load_kernel_speeds(kernels) if kernels is not None else None)
+    return World(b, hot, shares, fit, load_kernel_table(kernels) if kernels is not None else None)

@@ -1,0 +1,788 @@
+"""Each system's CPU MXFP4 expert kernel on whole-layer calls of DeepSeek-V4-Flash's routed experts, side by side.
+
+One layer: 256 experts (D=4096, I=2048; 13,369,344 B each in MXFP4), top-6 routing. Every system is driven
+the way its own benchmark drives it, on the same call shapes, with the same expert ids in a round:
+  ostinato   the generated CPU kernel (ostinato.runtime.kernels.cpu_experts, built for this host), bf16
+             activations as the engine hands it, GroupedRoutes built outside the timed call, `--threads`
+             threads;
+  kt-kernel  KTransformers' MXFP4 MoE op (kt_kernel_ext; on AVX2 its AVX2MXFP4_MOE) as kt-kernel's
+             bench_moe drives it: MOEConfig(expert_num=256, num_experts_per_tok=6), max_len 512, the same
+             packed bytes (ue8m0 scales as bf16), forward_task(qlen, k, ids, weights, x, out) submitted and
+             synced per call, bf16 in and out, in a process of its own (below); threads - 1 workers (at least
+             1): its queue thread and the caller's sync busy-wait, so one core is left to them;
+  ggml       llama.cpp's, through bench/ggml_kernel.py: the mul_mat_id graph build_moe_ffn makes, random
+             experts of its own in llama.cpp's weight buffer type (CPU_REPACK on AVX2), float32
+             activations, a persistent ggml threadpool of `--threads` threads, in a process of its own.
+Call shapes: uniform n = 1, 2, ..., 256 tokens, each token's 6 experts drawn uniformly at random (distinct),
+route weights ~ 1/6; grouped n = 512 tokens in m groups of 6 distinct experts (disjoint), n/m tokens per
+group, t = n/m tokens per expert in {16, 32, 64}: long prompts, where kt's batched path is what runs. Per
+shape: the distinct experts per call and tokens per expert t = routes / distinct (means over the calls).
+Rounds alternate the systems (round r: ours, then kt, then ggml, each over every shape: a warm-up call, then
+its share of the timed calls); the table reports the median seconds per call. kt's queue thread busy-waits
+and ggml's threadpool polls after a call, so each runs in a process of its own that is SIGSTOPped while
+the others are timed (SIGCONT before its turn) with 0.1 s of quiet between systems. The machine's
+streaming read bandwidth (a multi-threaded sum over 2 GiB, best of the rounds) is measured in the same run;
+the 1-minute load average before and after goes into the output.
+
+ours and kt compute the same thing on the same bytes: one small call is compared (relative error printed;
+kt is left out of the table if it is above 5e-2). ggml checks one call against its own float reference.
+
+kt-kernel 0.7.2 pins torch==2.9.1: install it with `pip install --no-deps kt-kernel==0.7.2 gguf` (its
+extension does not link torch). ggml needs a llama.cpp build with shared ggml libraries (bench/ggml_kernel.py
+finds it: --llama-cpp-build/--llama-cpp-src, $OSTINATO_LLAMA_CPP_BUILD/SRC, or bench/llama_cpp_build.py's
+cache) and a C compiler. A system that cannot run is left out of the table with the reason printed.
+
+`--out FILE` (default bench/measured/cpu_expert_kernels.yaml) writes the table the session simulator prices
+each system's CPU experts with. Memory: ours 3.4 GB, kt's own copy 3.6 GB (its process briefly holds the
+3.4 GB it copies from too), ggml's 3.4 GB, the 2 GiB bandwidth buffer.
+
+Usage: python -m ostinato.bench.kernel_side_by_side [--threads N] [--rounds R] [--samples S] [--out FILE]
+           [--llama-cpp-build DIR --llama-cpp-src DIR] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+D, I = 4096, 2048
+N_EXPERTS, TOP_K = 256, 6
+EXPERT_BYTES = 13_369_344            # packed MXFP4 bytes of one V4-Flash expert (w1, w3, w2 and their scales)
+UNIFORM_TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+GROUPED_TOKENS = 512
+GROUPED_T = (16, 32, 64)
+MAX_LEN = 512                        # kt's max_len (its chunked_prefill_size): the largest call
+SEED = 0
+QUIET_S = 0.1                        # between systems: spinning threads of the last one go idle
+KT_AGREE = 5e-2                      # ours vs kt on one call: above this, kt is left out
+DEFAULT_OUT = Path(__file__).resolve().parent / "measured" / "cpu_expert_kernels.yaml"
+
+
+# ---- call shapes ----
+
+@dataclass(frozen=True)
+class Shape:
+    """uniform: n tokens, each routed to top_k experts drawn uniformly; grouped: n tokens in `groups`
+    disjoint groups of top_k experts, n / groups tokens each."""
+
+    kind: str
+    n: int
+    groups: int = 0
+
+    @property
+    def name(self) -> str:
+        return f"uniform n={self.n}" if self.kind == "uniform" else f"grouped n={self.n} t={self.n // self.groups}"
+
+    def expected_distinct(self, n_experts: int = N_EXPERTS, top_k: int = TOP_K) -> float:
+        if self.kind == "grouped":
+            return float(self.groups * top_k)
+        return n_experts * (1.0 - (1.0 - top_k / n_experts) ** self.n)
+
+    def draw(self, calls: int, gen: torch.Generator, n_experts: int = N_EXPERTS,
+             top_k: int = TOP_K) -> tuple[torch.Tensor, torch.Tensor]:
+        """ids [calls, n, top_k] int64 (distinct within a token) and route weights [calls, n, top_k] float32
+        (positive, summing to 1 per token: ~ 1/top_k each)."""
+        if self.kind == "uniform":
+            ids = torch.rand(calls, self.n, n_experts, generator=gen).topk(top_k, dim=-1).indices
+        else:
+            if self.groups * top_k > n_experts or self.n % self.groups:
+                raise ValueError(f"{self.name}: {self.groups} disjoint groups of {top_k} need {self.groups * top_k} "
+                                 f"<= {n_experts} experts and {self.groups} dividing {self.n}")
+            ids = torch.empty(calls, self.n, top_k, dtype=torch.int64)
+            for c in range(calls):
+                groups = torch.randperm(n_experts, generator=gen)[:self.groups * top_k].view(self.groups, top_k)
+                ids[c] = groups[torch.randperm(self.n, generator=gen) % self.groups]
+        w = torch.rand(calls, self.n, top_k, generator=gen) + 0.5
+        return ids.contiguous(), (w / w.sum(-1, keepdim=True)).contiguous()
+
+
+def shapes(quick: bool = False) -> list[Shape]:
+    """The call shapes, ascending in tokens per expert."""
+    uniform = (1, 8, 64) if quick else UNIFORM_TOKENS
+    grouped = (64,) if quick else GROUPED_T
+    return ([Shape("uniform", n) for n in uniform]
+            + [Shape("grouped", GROUPED_TOKENS, GROUPED_TOKENS // t) for t in grouped])
+
+
+def route_stats(ids: torch.Tensor) -> tuple[float, float]:
+    """(mean distinct experts per call, mean tokens per expert = routes / distinct) of ids [calls, n, k]."""
+    distinct = [int(c.unique().numel()) for c in ids]
+    routes = ids.shape[1] * ids.shape[2]
+    return sum(distinct) / len(distinct), sum(routes / d for d in distinct) / len(distinct)
+
+
+def timed_calls(shape: Shape, samples: int, rounds: int) -> int:
+    """Timed calls of a shape, all rounds together: `samples` for the cheap shapes, fewer as a call reads
+    more expert bytes and does more work per expert (about distinct x (1 + t / 8) expert-calls), at
+    least two a round."""
+    distinct = shape.expected_distinct()
+    cost = distinct * (1.0 + shape.n * TOP_K / distinct / 8.0)
+    return max(2 * rounds, min(samples, round(samples * 40.0 / cost)))
+
+
+def median(xs: list[float]) -> float:
+    s = sorted(xs)
+    m = len(s) // 2
+    return s[m] if len(s) % 2 else 0.5 * (s[m - 1] + s[m])
+
+
+# ---- the machine ----
+
+def load_average() -> float:
+    """The 1-minute load average."""
+    return float(Path("/proc/loadavg").read_text().split()[0])
+
+
+def busy_processes(interval: float = 1.0, min_share: float = 0.1, skip: set[int] | None = None) -> list[tuple]:
+    """(pid, command, share of one core) of processes that used more than min_share of a core during
+    `interval` seconds (a `top` look at what else runs), this process and `skip` not counted."""
+    tick = os.sysconf("SC_CLK_TCK")
+    skip = (skip or set()) | {os.getpid()}
+
+    def sample() -> dict:
+        got = {}
+        for d in Path("/proc").iterdir():
+            if d.name.isdigit() and int(d.name) not in skip:
+                try:
+                    stat = (d / "stat").read_text()
+                except OSError:
+                    continue
+                rest = stat[stat.rindex(")") + 2:].split()
+                got[int(d.name)] = (stat[stat.index("(") + 1:stat.rindex(")")], int(rest[11]) + int(rest[12]))
+        return got
+    a = sample()
+    time.sleep(interval)
+    b = sample()
+    busy = [(pid, name, (t - a[pid][1]) / tick / interval) for pid, (name, t) in b.items() if pid in a]
+    return sorted([x for x in busy if x[2] > min_share], key=lambda x: -x[2])
+
+
+def cpu_name() -> str:
+    """lscpu's model name (the host's marketing name where lscpu is missing)."""
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
+        for line in out.splitlines():
+            if line.startswith("Model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    from ostinato.host import cpu_model
+    return cpu_model()
+
+
+def read_bandwidth(buf: torch.Tensor, calls: int = 3) -> float:
+    """Bytes/s of a multi-threaded streaming sum over buf (torch's vectorized reduction), best of `calls`."""
+    best = float("inf")
+    for _ in range(calls):
+        t = time.perf_counter()
+        buf.sum()
+        best = min(best, time.perf_counter() - t)
+    return buf.numel() * buf.element_size() / best
+
+
+def random_layer(n_experts: int, dim: int, inter: int, seed: int) -> list:
+    """The layer's packed experts: the same bytes for the same arguments, in any process."""
+    from ostinato.runtime.kernels.testing import random_packed_expert
+
+    g = torch.Generator().manual_seed(seed)
+    return [random_packed_expert(dim, inter, g) for _ in range(n_experts)]
+
+
+def layer_checksum(experts: list) -> int:
+    """A cheap fingerprint of the packed bytes (every 17th expert's tensors), to show two processes hold
+    the same layer."""
+    s = 0
+    for e in experts[::17]:
+        for name in ("w1", "w1_scale", "w3", "w3_scale", "w2", "w2_scale"):
+            s = (s * 1_000_003 + int(getattr(e, name).view(torch.uint8).to(torch.int64).sum())) % (1 << 61)
+    return s
+
+
+# ---- ours ----
+
+class Ours:
+    """The generated kernel, in this process."""
+
+    name = "ostinato"
+
+    def __init__(self, experts: list, threads: int, dim: int = D, inter: int = I, build_root: str | None = None):
+        from ostinato.compiler.codegen.kernels import build_cpu_experts, host_cpu_params
+        from ostinato.runtime.kernels.cpu_experts import CpuExpertKernel
+
+        self.params = host_cpu_params(dim, inter)
+        self.kern = CpuExpertKernel(build_cpu_experts(self.params, root=build_root).path)
+        self.table = self.kern.table(experts)
+        self.n_experts, self.threads, self.dim = len(experts), threads, dim
+        self.pid = None  # in this process: nothing to stop
+
+    def forward(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """One call: x [n, D] bf16, ids/weights [n, k] -> out [n, D] float32."""
+        from ostinato.runtime.kernels.routes import group_routes
+
+        out = torch.zeros(x.shape[0], self.dim)
+        return self.kern(x, group_routes(ids, weights, self.n_experts), self.table, out, self.threads)
+
+    def run(self, ids: torch.Tensor, weights: torch.Tensor, warmup: int) -> list[float]:
+        """Seconds of each call after the first `warmup` (the routes are grouped outside the timing)."""
+        from ostinato.runtime.kernels.routes import group_routes
+
+        n = ids.shape[1]
+        x = torch.randn(n, self.dim, generator=torch.Generator().manual_seed(n)).bfloat16()
+        out = torch.zeros(n, self.dim)
+        secs = []
+        for c in range(ids.shape[0]):
+            routes = group_routes(ids[c], weights[c], self.n_experts)
+            out.zero_()
+            t = time.perf_counter()
+            self.kern(x, routes, self.table, out, self.threads)
+            if c >= warmup:
+                secs.append(time.perf_counter() - t)
+        return secs
+
+    def close(self) -> None:
+        pass
+
+
+# ---- kt-kernel, in a process of its own ----
+
+def _kt_bf16_scale(scale: torch.Tensor) -> torch.Tensor:
+    """ue8m0 byte b -> bf16 bits b << 7 (exact), as kt's MXFP4 loader hands it scales."""
+    return (scale.view(torch.uint8).to(torch.int32) << 7).to(torch.int16).view(torch.bfloat16).contiguous()
+
+
+class KtMoe:
+    """kt-kernel's MXFP4 MoE op through its extension (the KTMoEWrapper front end wants pinned memory and
+    a safetensors checkpoint): MOEConfig(expert_num, num_experts_per_tok, hidden, intermediate), per-expert
+    pointers to the packed bytes, ue8m0 scales as bf16, SwiGLU limit 10, load_weights_task, then
+    forward_task(qlen, k, ids, weights, x, out) submitted and synced per call as kt's bench_moe does."""
+
+    def __init__(self, experts: list, top_k: int, workers: int, max_len: int, dim: int, inter: int):
+        import kt_kernel  # picks the extension for this CPU
+        import kt_kernel_ext
+        from kt_kernel_ext import moe
+
+        self.variant = kt_kernel.__cpu_variant__
+        backend = getattr(moe, "AMXFP4_KGroup_MOE", None) or getattr(moe, "AVX2MXFP4_MOE", None)  # its own order
+        if backend is None:
+            raise RuntimeError("no MXFP4 backend compiled into kt_kernel_ext")
+        self.backend = backend.__name__
+        pool = kt_kernel_ext.WorkerPoolConfig()
+        pool.subpool_count, pool.subpool_numa_map, pool.subpool_thread_count = 1, [0], [workers]
+        self.cpu = kt_kernel_ext.CPUInfer(pool)
+        self.mask = torch.zeros(len(experts), dtype=torch.bool)  # no GPU experts
+        cfg = moe.MOEConfig(len(experts), top_k, dim, inter, self.mask.data_ptr())
+        cfg.layer_idx, cfg.pool, cfg.max_len, cfg.swiglu_limit = 0, self.cpu.backend_, max_len, 10.0
+        scales = [[_kt_bf16_scale(getattr(e, n)) for e in experts] for n in ("w1_scale", "w3_scale", "w2_scale")]
+        cfg.gate_projs, cfg.up_projs, cfg.down_projs = ([[getattr(e, n).data_ptr() for e in experts]]
+                                                        for n in ("w1", "w3", "w2"))
+        cfg.gate_scales, cfg.up_scales, cfg.down_scales = ([[t.data_ptr() for t in s]] for s in scales)
+        cfg.quant_config.bits, cfg.quant_config.group_size, cfg.quant_config.zero_point = 4, 32, False
+        self.moe = backend(cfg)
+        p2l = torch.arange(len(experts), dtype=torch.int64)
+        self.cpu.submit(self.moe.load_weights_task(p2l.data_ptr()))
+        self.cpu.sync()
+        self.top_k, self.dim, self.max_len = top_k, dim, max_len
+        # kt copies the weights into its own buffers: the caller may free `experts` and `scales` now
+
+    def forward(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        n = x.shape[0]
+        x, ids, weights = x.bfloat16().contiguous(), ids.to(torch.int64).contiguous(), weights.float().contiguous()
+        out = torch.zeros(n, self.dim, dtype=torch.bfloat16)
+        bsz = torch.tensor([n], dtype=torch.int32)
+        self.cpu.submit(self.moe.forward_task(bsz.data_ptr(), self.top_k, ids.data_ptr(), weights.data_ptr(),
+                                              x.data_ptr(), out.data_ptr(), False))
+        self.cpu.sync()
+        return out
+
+    def run(self, ids: torch.Tensor, weights: torch.Tensor, warmup: int) -> list[float]:
+        n = ids.shape[1]
+        if n > self.max_len:
+            raise ValueError(f"{n} tokens > kt's max_len {self.max_len}")
+        x = torch.randn(n, self.dim, generator=torch.Generator().manual_seed(n)).bfloat16()
+        out = torch.zeros(n, self.dim, dtype=torch.bfloat16)
+        bsz = torch.tensor([n], dtype=torch.int32)
+        ids, weights = ids.to(torch.int64).contiguous(), weights.float().contiguous()
+        secs = []
+        for c in range(ids.shape[0]):
+            task = self.moe.forward_task(bsz.data_ptr(), self.top_k, ids[c].data_ptr(), weights[c].data_ptr(),
+                                         x.data_ptr(), out.data_ptr(), False)
+            t = time.perf_counter()
+            self.cpu.submit(task)
+            self.cpu.sync()
+            if c >= warmup:
+                secs.append(time.perf_counter() - t)
+        return secs
+
+
+def _release_freed_memory() -> None:
+    """Hand the heap's freed pages back to the system (glibc keeps them after big frees)."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
+
+
+def kt_serve(args) -> int:
+    """The kt process: build the layer (the same bytes as the parent's), load it into kt, answer requests
+    on stdin, one a line: `run PATH` (torch.save'd {ids, weights, warmup}: answer `ok s_1 ... s_C`),
+    `forward PATH OUT` (torch.save'd {x, ids, weights}; kt's output saved to OUT: answer `ok`). Protocol
+    lines go to the original stdout; whatever kt prints goes to stderr."""
+    proto = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)  # kt's C++ printf lines must not reach the protocol
+    torch.set_num_threads(1)
+
+    def say(line: str) -> None:
+        proto.write(line + "\n")
+        proto.flush()
+    try:
+        # The caller's sync and kt's queue thread busy-wait: keep them (and this thread) on the cores kt's
+        # workers are not bound to (kt binds worker i to the i-th core of the NUMA node; threads it starts
+        # from here inherit this mask).
+        cores = sorted(os.sched_getaffinity(0))
+        if args.workers < len(cores):
+            os.sched_setaffinity(0, cores[args.workers:])
+        experts = random_layer(args.experts, args.dim, args.inter, args.seed)
+        checksum = layer_checksum(experts)
+        kt = KtMoe(experts, args.top_k, args.workers, args.max_len, args.dim, args.inter)
+        del experts  # kt holds its own copy
+        _release_freed_memory()
+        import importlib.metadata
+        version = importlib.metadata.version("kt-kernel")
+        say(f"ready variant={kt.variant} backend={kt.backend} version={version} checksum={checksum}")
+    except Exception as e:  # not installed, no MXFP4 backend, ...
+        say(f"error {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+        return 1
+    for line in sys.stdin:
+        words = line.split()
+        try:
+            if words[:1] == ["run"]:
+                req = torch.load(words[1])
+                secs = kt.run(req["ids"], req["weights"], req["warmup"])
+                say("ok " + " ".join(f"{s:.9f}" for s in secs))
+            elif words[:1] == ["forward"]:
+                req = torch.load(words[1])
+                torch.save(kt.forward(req["x"], req["ids"], req["weights"]), words[2])
+                say("ok")
+            else:
+                say(f"error unknown request {line.strip()!r}")
+        except Exception as e:
+            say(f"error {type(e).__name__}: {e}")
+    return 0
+
+
+class KtProcess:
+    """kt-kernel in a child process (kt_serve), stopped (SIGSTOP) between its turns."""
+
+    name = "kt-kernel"
+
+    def __init__(self, workers: int, n_experts: int = N_EXPERTS, top_k: int = TOP_K, dim: int = D, inter: int = I,
+                 seed: int = SEED, max_len: int = MAX_LEN):
+        self.workers, self.top_k = workers, top_k
+        self._dir = tempfile.TemporaryDirectory(prefix="kt_serve-")
+        self._err = tempfile.TemporaryFile(mode="w+")
+        cmd = [sys.executable, "-m", "ostinato.bench.kernel_side_by_side", "--kt-serve", "--workers", str(workers),
+               "--experts", str(n_experts), "--top-k", str(top_k), "--dim", str(dim), "--inter", str(inter),
+               "--seed", str(seed), "--max-len", str(max_len)]
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._err, text=True,
+                                     bufsize=1)
+        self.pid = self.proc.pid
+        self.stopped = False
+        words = self._answer("starting")
+        if words[0] != "ready":
+            raise RuntimeError(" ".join(words[1:]))
+        self.info = dict(w.split("=", 1) for w in words[1:])
+        self.checksum = int(self.info["checksum"])
+
+    def _answer(self, what: str) -> list[str]:
+        line = self.proc.stdout.readline()
+        if not line:
+            self.proc.wait(timeout=30)
+            self._err.seek(0)
+            tail = " | ".join(self._err.read().strip().splitlines()[-3:])
+            raise RuntimeError(f"the kt process exited while {what} (exit {self.proc.returncode}): {tail}")
+        words = line.split()
+        if words[0] == "error":
+            raise RuntimeError(f"the kt process, {what}: {' '.join(words[1:])}")
+        return words
+
+    def stop(self) -> None:
+        if not self.stopped and self.proc.poll() is None:
+            os.kill(self.pid, signal.SIGSTOP)
+            self.stopped = True
+
+    def cont(self) -> None:
+        if self.stopped and self.proc.poll() is None:
+            os.kill(self.pid, signal.SIGCONT)
+        self.stopped = False
+
+    def run(self, ids: torch.Tensor, weights: torch.Tensor, warmup: int) -> list[float]:
+        path = Path(self._dir.name) / "run.pt"
+        torch.save({"ids": ids, "weights": weights, "warmup": warmup}, path)
+        self.proc.stdin.write(f"run {path}\n")
+        self.proc.stdin.flush()
+        return [float(s) for s in self._answer(f"timing {ids.shape[1]} tokens")[1:]]
+
+    def forward(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        path, out = Path(self._dir.name) / "fwd.pt", Path(self._dir.name) / "out.pt"
+        torch.save({"x": x, "ids": ids, "weights": weights}, path)
+        self.proc.stdin.write(f"forward {path} {out}\n")
+        self.proc.stdin.flush()
+        self._answer("computing one call")
+        return torch.load(out)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.cont()
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._err.close()
+        self._dir.cleanup()
+
+    def __del__(self) -> None:
+        if getattr(self, "proc", None) is not None and self.proc.poll() is None:
+            self.cont()
+            self.proc.kill()
+
+
+# ---- ggml, in a process of its own ----
+
+class Ggml:
+    """bench/ggml_kernel.py's GgmlMxfp4, stopped (SIGSTOP) between its turns (its threadpool polls)."""
+
+    name = "ggml"
+
+    def __init__(self, threads: int, build: str | None, src: str | None):
+        from .ggml_kernel import GgmlMxfp4
+
+        self.g = GgmlMxfp4(threads, N_EXPERTS, TOP_K, build, src)
+        self.pid, self.stopped = self.g.pid, False
+
+    def stop(self) -> None:
+        if not self.stopped and self.g.proc.poll() is None:
+            os.kill(self.pid, signal.SIGSTOP)
+            self.stopped = True
+
+    def cont(self) -> None:
+        if self.stopped and self.g.proc.poll() is None:
+            os.kill(self.pid, signal.SIGCONT)
+        self.stopped = False
+
+    def run(self, ids: torch.Tensor, weights: torch.Tensor, warmup: int) -> list[float]:
+        return self.g.run(ids.numpy(), weights.numpy(), warmup)
+
+    def close(self) -> None:
+        self.cont()
+        self.g.close()
+
+
+# ---- the table ----
+
+def sig4(v: float) -> float:
+    """v rounded to 4 significant digits."""
+    return float(f"{v:.4g}")
+
+
+def per_core(distinct: float, seconds: float, threads: int, expert_bytes: int = EXPERT_BYTES) -> float:
+    """Bytes/s of expert weights per computing thread."""
+    return distinct * expert_bytes / (seconds * threads)
+
+
+def table_data(meta: dict, shape_names: list[str], tpe: list[float], distinct: list[float], systems: dict) -> dict:
+    """The YAML table (bench/measured/cpu_expert_kernels.yaml) as a dict. meta: source, cpu, isa, cores,
+    read_bandwidth; systems: name -> {threads, reserved_cores, seconds (median per shape), driven}; shapes
+    sorted here by tokens per expert."""
+    order = sorted(range(len(shape_names)), key=lambda i: (tpe[i], distinct[i]))
+    data = {"source": meta["source"], "cpu": meta["cpu"], "isa": meta["isa"], "cores": int(meta["cores"]),
+            "read_bandwidth": sig4(meta["read_bandwidth"]), "expert_bytes": int(meta.get("expert_bytes", EXPERT_BYTES)),
+            "layer_experts": int(meta.get("layer_experts", N_EXPERTS)), "top_k": int(meta.get("top_k", TOP_K)),
+            "shapes": [shape_names[i] for i in order], "tokens_per_expert": [sig4(tpe[i]) for i in order],
+            "distinct_experts": [sig4(distinct[i]) for i in order], "systems": {}}
+    for name, s in systems.items():
+        secs = [s["seconds"][i] for i in order]
+        data["systems"][name] = {
+            "threads": int(s["threads"]), "reserved_cores": int(s["reserved_cores"]),
+            "per_core": [sig4(per_core(distinct[i], s["seconds"][i], s["threads"], data["expert_bytes"]))
+                         for i in order],
+            "ms": [sig4(x * 1e3) for x in secs], "driven": s["driven"]}
+    return data
+
+
+HEADER = ("# Each system's CPU MXFP4 expert kernel on whole-layer calls of DeepSeek-V4-Flash's routed experts (256\n"
+          "# experts, top-6), side by side on one machine. Written by python -m ostinato.bench.kernel_side_by_side\n"
+          "# (bench/kernel_side_by_side.py); read by the session simulator (bench/simulator/) to price each\n"
+          "# system's CPU experts. per_core: expert-weight bytes/s per computing thread, distinct experts x\n"
+          "# expert_bytes / (median s x threads); ms: median ms per call; shapes ascend in tokens per expert.\n")
+
+
+def write_table(path: str | Path, data: dict) -> None:
+    """data (table_data) as YAML, written whole (atomic replace)."""
+    import yaml
+
+    path = Path(path)
+    text = HEADER + yaml.safe_dump(data, sort_keys=False, default_flow_style=None, width=4096)
+    tmp = path.with_name(path.name + ".part")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+# ---- the run ----
+
+def pause_all(systems: list) -> None:
+    for s in systems:
+        if s.pid is not None:
+            s.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    from ostinato.host import usable_cores
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--threads", type=int, default=usable_cores(), help="cores to use (default: this process's)")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds alternating the systems (default 3)")
+    ap.add_argument("--samples", type=int, default=30,
+                    help="timed calls per shape for the small shapes, all rounds together; big shapes get fewer, "
+                         "at least two a round (default 30)")
+    ap.add_argument("--out", default=str(DEFAULT_OUT), help="the YAML table (default %(default)s; '' for none)")
+    ap.add_argument("--llama-cpp-build", default=os.environ.get("OSTINATO_LLAMA_CPP_BUILD"),
+                    help="llama.cpp build directory with bin/libggml*.so (default $OSTINATO_LLAMA_CPP_BUILD, else "
+                         "bench/llama_cpp_build.py's cache)")
+    ap.add_argument("--llama-cpp-src", default=os.environ.get("OSTINATO_LLAMA_CPP_SRC"),
+                    help="llama.cpp source directory with ggml/include (default $OSTINATO_LLAMA_CPP_SRC, else "
+                         "the cache)")
+    ap.add_argument("--build-root", default=None, help="kernel build directory (default build/kernels)")
+    ap.add_argument("--quick", action="store_true", help="a smoke run: 5 shapes, 2 rounds, few calls")
+    ap.add_argument("--no-kt", action="store_true", help="leave kt-kernel out")
+    ap.add_argument("--no-ggml", action="store_true", help="leave ggml out")
+    # the kt process (KtProcess starts it)
+    ap.add_argument("--kt-serve", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--workers", type=int, default=1, help=argparse.SUPPRESS)
+    ap.add_argument("--experts", type=int, default=N_EXPERTS, help=argparse.SUPPRESS)
+    ap.add_argument("--top-k", type=int, default=TOP_K, help=argparse.SUPPRESS)
+    ap.add_argument("--dim", type=int, default=D, help=argparse.SUPPRESS)
+    ap.add_argument("--inter", type=int, default=I, help=argparse.SUPPRESS)
+    ap.add_argument("--seed", type=int, default=SEED, help=argparse.SUPPRESS)
+    ap.add_argument("--max-len", type=int, default=MAX_LEN, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.kt_serve:
+        return kt_serve(args)
+    if args.threads < 1 or args.rounds < 1 or args.samples < 1:
+        ap.error("--threads, --rounds and --samples must be >= 1")
+    if args.out:
+        out_dir = Path(args.out).resolve().parent
+        if not out_dir.is_dir():
+            ap.error(f"--out {args.out}: no directory {out_dir}")
+    if args.quick:
+        args.rounds, args.samples = min(args.rounds, 2), min(args.samples, 4)
+    return run(args)
+
+
+@dataclass
+class Measured:
+    systems: list          # those timed to the end, ours first
+    left_out: dict         # name -> why
+    shapes: list
+    secs: dict             # (system name, shape) -> seconds of each timed call
+    drawn: dict            # shape -> the timed calls' ids, one tensor per round
+    bandwidth: float
+    load_after: float
+    warmup: int
+
+
+def setup(args, threads: int, kt_workers: int, started: list) -> tuple[list, dict]:
+    """Start the systems (appended to `started` as they start): ours, kt (checked against ours), ggml."""
+    left_out, systems = {}, []
+    kt = None
+    if not args.no_kt:
+        try:  # started first: it builds the same layer in its own process while this one does
+            kt = KtProcess(kt_workers)
+            started.append(kt)
+        except (RuntimeError, OSError, ValueError) as e:
+            left_out["kt-kernel"] = str(e)
+    t0 = time.perf_counter()
+    experts = random_layer(N_EXPERTS, D, I, SEED)
+    assert experts[0].nbytes == EXPERT_BYTES
+    ours = Ours(experts, threads, build_root=args.build_root)
+    print(f"ours: {ours.kern.info}; {N_EXPERTS} experts x {EXPERT_BYTES:,} B = {N_EXPERTS * EXPERT_BYTES / 1e9:.2f} GB "
+          f"({time.perf_counter() - t0:.0f} s to build)")
+    systems.append(ours)
+
+    if kt is not None:
+        print(f"kt-kernel {kt.info['version']}: {kt.info['variant']} extension, {kt.info['backend']}, "
+              f"{kt_workers} worker{'s' if kt_workers > 1 else ''} + its queue thread")
+        if kt.checksum != layer_checksum(experts):
+            left_out["kt-kernel"] = "its process built different expert bytes (checksum differs)"
+        else:
+            g = torch.Generator().manual_seed(1)
+            ids, w = Shape("uniform", 4).draw(1, g)
+            x = torch.randn(4, D, generator=g).bfloat16()
+            a = ours.forward(x, ids[0], w[0])
+            b = kt.forward(x, ids[0], w[0]).float()
+            rel = float((a - b).abs().max() / a.abs().max())
+            print(f"ours vs kt on one call (4 tokens x top-6, bf16 activations): rel err {rel:.2e} "
+                  f"(max |diff| over max |ours|)")
+            if not rel <= KT_AGREE:
+                left_out["kt-kernel"] = f"its output differs from ours by {rel:.2e} (> {KT_AGREE})"
+        if "kt-kernel" in left_out:
+            kt.close()
+        else:
+            kt.stop()
+            systems.append(kt)
+
+    if not args.no_ggml:
+        try:
+            ggml = Ggml(threads, args.llama_cpp_build, args.llama_cpp_src)
+            started.append(ggml)
+            print(f"ggml: {ggml.g.variant}; " + "; ".join(ggml.g.notes))
+            ggml.stop()
+            systems.append(ggml)
+        except Exception as e:  # not found, failed to compile, failed its check
+            left_out["ggml"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    for name, why in left_out.items():
+        print(f"{name}: LEFT OUT ({why})")
+    return systems, left_out
+
+
+def measure(args, systems: list, left_out: dict) -> Measured:
+    """The rounds: per round the read bandwidth (everything else stopped), then each system in turn over
+    every shape (a warm-up call, then its share of the timed calls), the same ids for all."""
+    rounds, warmup = args.rounds, 1
+    shape_list = shapes(args.quick)
+    per_round = {s: math.ceil(timed_calls(s, args.samples, rounds) / rounds) for s in shape_list}
+    gen = torch.Generator().manual_seed(SEED + 1)
+    secs = {(sy.name, s): [] for sy in systems for s in shape_list}
+    drawn = {s: [] for s in shape_list}
+    bw = 0.0
+    t_run = time.perf_counter()
+    for r in range(rounds):
+        pause_all(systems)
+        time.sleep(QUIET_S)
+        buf = torch.ones(512 * 2**20, dtype=torch.float32)  # 2 GiB, touched; held only while measured
+        bw = max(bw, read_bandwidth(buf))
+        del buf
+        routes = {s: s.draw(warmup + per_round[s], gen) for s in shape_list}
+        for s in shape_list:
+            drawn[s].append(routes[s][0][warmup:])
+        for sy in list(systems):
+            if sy.pid is not None:
+                sy.cont()
+            time.sleep(QUIET_S)
+            try:
+                for s in shape_list:
+                    ids, w = routes[s]
+                    secs[sy.name, s] += sy.run(ids, w, warmup)
+            except (RuntimeError, OSError, ValueError) as e:
+                if sy is systems[0]:
+                    raise
+                left_out[sy.name] = f"failed in round {r + 1}: {e}"
+                print(f"{sy.name}: LEFT OUT ({left_out[sy.name]})")
+                systems.remove(sy)
+                sy.close()
+                continue
+            if sy.pid is not None:
+                sy.stop()
+            time.sleep(QUIET_S)
+        print(f"round {r + 1}/{rounds} done ({time.perf_counter() - t_run:.0f} s)", flush=True)
+    return Measured(systems, left_out, shape_list, secs, drawn, bw, load_average(), warmup)
+
+
+def run(args) -> int:
+    threads, rounds = args.threads, args.rounds
+    torch.set_num_threads(threads)
+    cpu = cpu_name()
+    load_before = load_average()
+    print(f"{cpu}; {threads} threads; load average (1 min) before: {load_before:.2f}")
+    busy = busy_processes()
+    for pid, name, share in busy:
+        print(f"  busy: pid {pid} ({name}) used {share:.0%} of a core in the last second")
+    if not busy:
+        print("  nothing else used more than 10% of a core in the last second")
+
+    kt_workers = max(1, threads - 1)
+    started = []
+    try:
+        systems, left_out = setup(args, threads, kt_workers, started)
+        m = measure(args, systems, left_out)
+    finally:
+        for sy in started:  # continued and ended, whatever happened
+            sy.close()
+    for pid, name, share in busy_processes():
+        print(f"  busy after the run: pid {pid} ({name}) used {share:.0%} of a core in the last second")
+
+    shape_list, systems, secs = m.shapes, m.systems, m.secs
+    stats = [route_stats(torch.cat(m.drawn[s])) for s in shape_list]
+    distinct, tpe = [d for d, _ in stats], [t for _, t in stats]
+    present = [sy.name for sy in systems]
+    med = {(n, s): median(secs[n, s]) for n in present for s in shape_list}
+    threads_of = {"ostinato": threads, "kt-kernel": kt_workers, "ggml": threads}
+    reserved_of = {"ostinato": 0, "kt-kernel": 1 if threads > 1 else 0, "ggml": 0}
+
+    print(f"\nread bandwidth: {m.bandwidth / 1e9:.1f} GB/s ({m.bandwidth / threads / 1e9:.1f} per core); load average "
+          f"(1 min) before/after: {load_before:.2f}/{m.load_after:.2f} (after: includes this run's own threads)")
+    head = f"{'shape':<20} {'t':>6} {'distinct':>8} {'calls':>5}"
+    for n in present:
+        head += f" | {n + ' ms':>12} {'GB/s/core':>9}"
+    head += "".join(f" | {n + '/ours':>14}" for n in present[1:])
+    print(head)
+    for i, s in enumerate(shape_list):
+        line = f"{s.name:<20} {tpe[i]:6.2f} {distinct[i]:8.1f} {len(secs['ostinato', s]):5d}"
+        for n in present:
+            line += f" | {med[n, s] * 1e3:12.2f} {per_core(distinct[i], med[n, s], threads_of[n]) / 1e9:9.2f}"
+        line += "".join(f" | {med[n, s] / med['ostinato', s]:13.2f}x" for n in present[1:])
+        print(line)
+    for name, why in m.left_out.items():
+        print(f"{name}: not in the table ({why})")
+
+    if args.out:
+        from ostinato.compiler.codegen.kernels import host_cpu_params
+
+        isa = host_cpu_params(D, I).isa
+        n_calls = sorted({len(secs["ostinato", s]) for s in shape_list})
+        span = f"{n_calls[0]}" if len(n_calls) == 1 else f"{n_calls[0]}-{n_calls[-1]}"
+        how = (f"per shape {m.warmup} warm-up call a round and {span} timed calls over {rounds} rounds alternating "
+               f"the systems, median")
+        driven = {"ostinato": f"generated kernel ({isa}), bf16 activations, GroupedRoutes built outside the timing, "
+                              f"{threads} OpenMP threads; {how}"}
+        for sy in systems:
+            if sy.name == "kt-kernel":
+                driven[sy.name] = (
+                    f"kt-kernel {sy.info['version']} {sy.info['backend']} ({sy.info['variant']} extension) as "
+                    f"bench_moe drives it: MOEConfig(256, 6), max_len {MAX_LEN}, forward_task submit + sync per "
+                    f"call, bf16 in and out, the same packed bytes; {kt_workers} worker"
+                    f"{'s' if kt_workers > 1 else ''}, its queue thread (busy-waits) on the remaining core; own "
+                    f"process, SIGSTOPped while the others run; {how}")
+            elif sy.name == "ggml":
+                driven[sy.name] = (
+                    f"{sy.g.variant}: build_moe_ffn's mul_mat_id graph (gate, up, clamped SwiGLU, down, weighted sum "
+                    f"of the top-6), float32 activations, a persistent threadpool of {threads} (poll 50); own "
+                    f"process and random experts, SIGSTOPped while the others run; {how}")
+        data = table_data(
+            {"source": f"python -m ostinato.bench.kernel_side_by_side, one run, {cpu}, {time.strftime('%Y-%m-%d')}, "
+                       f"load average {load_before:.2f}/{m.load_after:.2f}",
+             "cpu": cpu, "isa": isa, "cores": threads, "read_bandwidth": m.bandwidth},
+            [s.name for s in shape_list], tpe, distinct,
+            {n: {"threads": threads_of[n], "reserved_cores": reserved_of[n],
+                 "seconds": [med[n, s] for s in shape_list], "driven": driven[n]} for n in present})
+        write_table(args.out, data)
+        print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
