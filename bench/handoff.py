@@ -49,6 +49,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from ostinato.host import cpu_model
+
 SOURCE = Path(__file__).resolve().with_name("handoff_pingpong.c")
 DEFAULT_BUILD = Path(__file__).resolve().parent.parent / "build" / "handoff"
 DEFAULT_OUT = Path(__file__).resolve().parent / "measured" / "handoff.yaml"
@@ -205,15 +207,7 @@ class OtherLoad:
 
 
 def cpu_name() -> str:
-    """lscpu's model name (the brief's source), else /proc/cpuinfo's."""
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
-        for line in out.splitlines():
-            if line.startswith("Model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    from ostinato.host import cpu_model
+    """The CPU's model name, for the measurement's source line."""
     return cpu_model()
 
 

@@ -55,6 +55,8 @@ from pathlib import Path
 
 import torch
 
+from ostinato.host import cpu_model
+
 D, I = 4096, 2048
 N_EXPERTS, TOP_K = 256, 6
 EXPERT_BYTES = 13_369_344            # packed MXFP4 bytes of one V4-Flash expert (w1, w3, w2 and their scales)
@@ -168,15 +170,7 @@ def busy_processes(interval: float = 1.0, min_share: float = 0.1, skip: set[int]
 
 
 def cpu_name() -> str:
-    """lscpu's model name (the host's marketing name where lscpu is missing)."""
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
-        for line in out.splitlines():
-            if line.startswith("Model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    from ostinato.host import cpu_model
+    """The CPU's model name, for the measurement's source line."""
     return cpu_model()
 
 

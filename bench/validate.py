@@ -203,7 +203,9 @@ class Validation:
 
 
 def params_text(r: Row) -> str:
-    return f" ({', '.join(f'{k} {v}' for k, v in r.params.items())})" if r.params else ""
+    def value(v) -> str:
+        return ", ".join(map(str, v)) if isinstance(v, list) else str(v)
+    return f" ({'; '.join(f'{k}: {value(v)}' for k, v in r.params.items())})" if r.params else ""
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -133,6 +133,10 @@ class CostModel:
 
     # ----- explicit counts: the session simulator feeds sampled traces through these -------------
     def gpu_experts_time(self, distinct: float, routes: float) -> float:
+        """Experts computed on a GPU; on a cpu-only spec the "GPU" is the host, whose hot pools run through
+        the same CPU kernel as its cold experts, so they are priced alike."""
+        if self.hw.cpu_only and self.host_kernel is not None:
+            return kernel_time(self.host_kernel, self.hw.host, distinct, routes, self.expert_bytes)
         g = self.hw.gpus
         return self._experts_time(distinct, routes, g.bandwidth, g.matmul_flops)
 

@@ -10,7 +10,7 @@ from ostinato.bench.simulator.bench import by_workload
 from ostinato.plans import plans_dir
 from ostinato.workload import read_sessions
 
-SYSTEMS = ("Ostinato", "KTransformers-like", "KTransformers-like + GPU experts", "llama.cpp layers",
+SYSTEMS = ("Ostinato", "KTransformers (its DSV4 recipe)", "KTransformers + frequency GPU experts", "llama.cpp layers",
            "llama.cpp CPU experts", "llama.cpp LRU cache")
 
 
@@ -28,14 +28,17 @@ def test_another_workload_file_is_replayed(tmp_path, capsys):
     assert bench_sessions.main(["--sessions", str(csv), "--per-workload", "2", "--sweep-sessions", "1",
                                 "--coverages", "0.8", "--skip-measured", "--out", str(tmp_path / "out")]) == 0
     report = (tmp_path / "out" / "modeled.md").read_text()
-    assert "#### my-agents: 2 sessions" in report
+    assert "#### my-agents: 2 sessions, rtx4090d-x4, baselines at their best" in report
+    assert "#### my-agents: 2 sessions, rtx4090d-x4, baselines as documented" in report
+    assert "| hot-set coverage of routes |" in (tmp_path / "out" / "edge_vs_coverage.md").read_text()
+    assert "| my-agents | at their best |" in (tmp_path / "out" / "headline.md").read_text()
     for name in SYSTEMS:
         assert f"| {name} |" in report, name
     assert bench_sessions.main(["--sessions", str(csv), "--per-workload", "1", "--sweep-sessions", "1",
                                 "--coverages", "0.8", "--skip-measured", "--kernels", "none",
                                 "--out", str(tmp_path / "same")]) == 0
     same = (tmp_path / "same" / "modeled.md").read_text()  # every system at Ostinato's kernel speed
-    assert "kt-kernel's measured speed" not in same and "kt-kernel's measured speed" in report
+    assert "kt-kernel's measured rates" not in same and "kt-kernel's measured rates" in report
     with pytest.raises(SystemExit) as e:
         bench_sessions.main(["--sessions", str(tmp_path / "nope.csv"), "--skip-measured"])
     assert e.value.code == 2 and "nope.csv: sessions file not found" in capsys.readouterr().err
