@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from ostinato.bench.published import PUBLISHED_DIR, Bound, Row, box_spec, load_rows
-from ostinato.bench.simulator.bench import DOC_SESSIONS, by_workload, doc_with
+from ostinato.bench.simulator.bench import DOC_SESSIONS, by_workload, config_runs, doc_with
 from ostinato.bench.simulator.kernels import KERNELS_FILE
 from ostinato.bench.simulator.ktransformers import (
     KTransformers,
@@ -34,7 +34,7 @@ from ostinato.bench.simulator.ktransformers import (
     uniform_placed,
 )
 from ostinato.bench.simulator.policy import Policy, static_decode
-from ostinato.bench.simulator.replay import chunked_prefill, chunks, simulate, summarize
+from ostinato.bench.simulator.replay import chunked_prefill, chunks, summarize
 from ostinato.bench.simulator.trace import TraceSampler
 from ostinato.bench.simulator.world import PROFILE, V4_FLASH, World, build_world
 from ostinato.compiler.host_kernel import kernel_time
@@ -52,7 +52,7 @@ class Boxes:
     """One World per (box, config changes), built once; session runs per (world, configuration), once."""
 
     def __init__(self, kernels: Path | None):
-        self.kernels, self._worlds, self._runs = kernels, {}, {}
+        self.kernels, self._worlds = kernels, {}
         self.sessions = read_sessions(SHIPPED)
 
     def world(self, row: Row) -> World:
@@ -71,13 +71,8 @@ class Boxes:
     def runs(self, row: Row, config: str) -> dict[str, dict]:
         """workload -> system -> Summary of the shipped sessions under `config`."""
         world = self.world(row)
-        key = (id(world), config)
-        if key not in self._runs:
-            k = world.build.config.num_experts_per_tok
-            self._runs[key] = {w: {n: summarize(r) for n, r in simulate(ss, world.policies(config),
-                                                                          TraceSampler(world.shares, k, 0)).items()}
-                               for w, ss in by_workload(self.sessions, DOC_SESSIONS).items()}
-        return self._runs[key]
+        return {w: {n: summarize(r) for n, r in config_runs(world, config, ss, 0).items()}
+                for w, ss in by_workload(self.sessions, DOC_SESSIONS).items()}
 
 
 def system_named(world: World, row: Row) -> Policy:
