@@ -345,7 +345,7 @@ class OurPool:
 # ---- (b): kt-kernel ---------------------------------------------------------------------------------------
 
 class KtPool:
-    """kt-kernel's MXFP4 MoE op (as bench/kernel_side_by_side.py's KtMoe builds it) on two tiny experts, 1 worker."""
+    """kt-kernel's MXFP4 MoE op (as bench/kt_process.py's KtMoe builds it) on two tiny experts, 1 worker."""
 
     def __init__(self, workers: int = 1):
         import kt_kernel  # noqa: F401  (picks the extension for this CPU; kt_kernel_ext imports after it)

@@ -12,6 +12,8 @@ import torch
 import yaml
 
 from ostinato.bench import kernel_side_by_side as ks
+from ostinato.bench.expert_layer import SEED, layer_checksum, random_layer
+from ostinato.bench.kt_process import KtProcess
 
 
 def test_shapes_tokens_per_expert_and_distinct():
@@ -132,11 +134,11 @@ def test_kt_process_agrees_with_ours_and_stops_cleanly(tmp_path):
     # loads, and later tests of exact denormal decoding would fail; KtProcess runs it in a child
     if importlib.util.find_spec("kt_kernel") is None:
         pytest.skip("kt-kernel is not installed (pip install --no-deps kt-kernel==0.7.2 gguf)")
-    kt = ks.KtProcess(1, n_experts=E, top_k=K, dim=DIM, inter=INTER, max_len=16)
+    kt = KtProcess(1, n_experts=E, top_k=K, dim=DIM, inter=INTER, max_len=16)
     try:
         assert kt.info["backend"] and kt.info["version"]
-        experts = ks.random_layer(E, DIM, INTER, ks.SEED)
-        assert kt.checksum == ks.layer_checksum(experts)  # the same bytes in both processes
+        experts = random_layer(E, DIM, INTER, SEED)
+        assert kt.checksum == layer_checksum(experts)  # the same bytes in both processes
         ours = ks.Ours(experts, 2, DIM, INTER, build_root=str(tmp_path / "kernels"))
         g = torch.Generator().manual_seed(5)
         ids, w = ks.Shape("uniform", 5).draw(1, g, E, K)
