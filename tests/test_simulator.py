@@ -326,3 +326,14 @@ def test_ktransformers_uniform_strategy_is_blind_to_routing():
     assert gpu.sum(axis=1).tolist() == [2, 2] and gpu[0].tolist() == gpu[1].tolist()
     assert gpu[0].tolist() == [True, False, False, False, True, False, False, False]
     assert not uniform_placed((1, 8), 0).any()
+
+
+def test_a_tensor_parallel_upload_spreads_over_every_link_up_to_the_host_read():
+    """KTransformers' layerwise prefill streams a layer's shards over every GPU's link at once: 4 links of
+    1e4 B/s, but the host reads only 3e4 B/s."""
+    c = cost()
+    four = HW.replace(gpus=HW.gpus.replace(count=4), host=HW.host.replace(bandwidth=3e4))
+    c4 = CostModel(c.cfg, four, c.layers, EXPERT, 0, 0)
+    assert c4.upload_time(1) == pytest.approx(EXPERT / 1e4)
+    assert c4.upload_time(1, links=4) == pytest.approx(EXPERT / 3e4)
+    assert c4.upload_time(1, links=2) == pytest.approx(EXPERT / 2e4)
