@@ -215,9 +215,12 @@ class CostModel:
     def upload_layer(self, layer: int, n: int) -> tuple[float, float]:
         """(upload seconds, GPU compute seconds) of upload-once for n tokens."""
         cold = self.distinct(layer, n, False)
-        distinct_all = self.distinct(layer, n, True) + cold
-        compute = self.attention_time(layer, n) + self.gpu_experts_time(distinct_all, n * self.cfg.num_experts_per_tok)
-        return self.upload_time(cold), compute
+        if self.hw.cpu_only:  # one CPU kernel either way: each part at its own tokens per expert, as split-route
+            experts = (self.gpu_experts_time(self.distinct(layer, n, True), self.routes(layer, n, True))
+                       + self.gpu_experts_time(cold, self.routes(layer, n, False)))
+        else:
+            experts = self.gpu_experts_time(self.distinct(layer, n, True) + cold, n * self.cfg.num_experts_per_tok)
+        return self.upload_time(cold), self.attention_time(layer, n) + experts
 
     # ----- whole forward ------------------------------------------------------------------------
     def overlap(self, a: float, b: float) -> float:
@@ -265,7 +268,10 @@ class CostModel:
         return sum(self.bucket_step(T) for T in bucket_pieces(n, buckets))
 
     def crossover(self, limit: int = 1 << 20) -> int | None:
-        """Largest n for which split-route is still at least as fast as upload-once (None: always)."""
+        """Largest n for which split-route is still at least as fast as upload-once (None: always). On a
+        cpu-only spec always: its "upload" is a copy within host memory before the same CPU kernel runs."""
+        if self.hw.cpu_only:
+            return None
         if self.upload_prefill(limit) >= self.split_prefill(limit):
             return None
         lo, hi = 0, limit  # invariant: split wins at lo (or lo = 0), upload wins at hi
