@@ -241,13 +241,15 @@ def fp8_dense(s: GpuSetup, peak_gbs: float) -> list[Row]:
     in GB/s of FP8 bytes read, a 4096-token prefill through wo_b (4096 x 8192) in TFLOP/s."""
     from ostinato.checkpoint.formats import quantize_fp8
     from ostinato.runtime.kernels.fp8_triton import fp8_linear  # imports Triton: after TRITON_INTERPRET is set
+    from ostinato.runtime.kernels.scale_layout import word_aligned
 
     rows = []
     shapes = ((1, 32768, 1024), (4096, 4096, 8192)) if s.cuda else ((1, 256, 128), (64, 128, 256))
     act = torch.bfloat16 if s.cuda else torch.float16  # Triton's interpreter computes bf16 wrongly
     for T, N, K in shapes:
         q, scale = quantize_fp8(torch.randn(N, K) * 0.02)
-        q, scale, x = q.to(s.device), scale.view(torch.uint8).to(s.device), torch.randn(T, K).to(s.device, act)
+        q, x = q.to(s.device), torch.randn(T, K).to(s.device, act)
+        scale = word_aligned(scale.view(torch.uint8).to(s.device))
         sec = per_call(lambda x=x, q=q, scale=scale: fp8_linear(x, q, scale), s.device, 50 if s.cuda else 1)
         if T == 1:
             gbs = N * K / sec / 1e9

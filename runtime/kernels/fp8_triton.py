@@ -21,6 +21,7 @@ import torch
 import triton
 
 from .fp8_triton_kernel import fp8_linear_kernel
+from .scale_layout import check_word_aligned
 
 SCALE_BLOCK = 128
 BLOCK_T = (16, 64)  # token rows per program: 16 (tl.dot's least) up to 16 tokens, then 64 for prefill's GEMM
@@ -31,16 +32,18 @@ DOT = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}  # activation dtyp
 
 def fp8_linear(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """x [T, K] (float32 / float16 / bfloat16) @ (q [N, K] e4m3 x scale [ceil(N/B), ceil(K/B)] e8m0)^T
-    -> [T, N] in x's dtype, accumulated in float32."""
+    -> [T, N] in x's dtype, accumulated in float32. scale is laid out on words (scale_layout.word_aligned);
+    the kernel walks its rows by its row stride."""
     T, K = x.shape
     N = q.shape[0]
     if q.shape[1] != K or scale.shape != (-(-N // SCALE_BLOCK), -(-K // SCALE_BLOCK)):
         raise ValueError(f"fp8_linear: x {tuple(x.shape)}, q {tuple(q.shape)}, scale {tuple(scale.shape)} do not match")
     if K % SCALE_BLOCK:  # DeepSeek-V4's are all multiples; the kernel walks whole blocks unmasked
         raise ValueError(f"fp8_linear: K={K} is not a multiple of {SCALE_BLOCK}")
+    check_word_aligned(scale, "fp8_linear")  # the kernel reads scales as 4-byte words (scale_layout.py)
     y = torch.empty(T, N, dtype=torch.float32, device=x.device)
     bt = BLOCK_T[0] if T <= BLOCK_T[0] else BLOCK_T[1]
     grid = (triton.cdiv(T, bt), triton.cdiv(N, BLOCK_N))
-    fp8_linear_kernel[grid](x.contiguous(), q.view(torch.uint8), scale.view(torch.uint8), y, T, N, K, scale.shape[1],
+    fp8_linear_kernel[grid](x.contiguous(), q.view(torch.uint8), scale.view(torch.uint8), y, T, N, K, scale.stride(0),
                             BT=bt, BN=BLOCK_N, BK=SCALE_BLOCK, DOT_DTYPE=DOT[x.dtype], num_warps=NUM_WARPS[bt])
     return y.to(x.dtype)

@@ -35,7 +35,7 @@ def _byte(ptr, index, mask):
 
 
 @triton.jit
-def fp8_linear_kernel(x_ptr, q_ptr, s_ptr, y_ptr, T, N, K, KB,
+def fp8_linear_kernel(x_ptr, q_ptr, s_ptr, y_ptr, T, N, K, S_ROW,
                       BT: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DOT_DTYPE: tl.constexpr):
     t = tl.program_id(0) * BT + tl.arange(0, BT)  # [BT] tokens
     n = tl.program_id(1) * BN + tl.arange(0, BN)  # [BN] output rows
@@ -45,7 +45,7 @@ def fp8_linear_kernel(x_ptr, q_ptr, s_ptr, y_ptr, T, N, K, KB,
         k = k0 + tl.arange(0, BK)  # [BK]
         x = tl.load(x_ptr + t[:, None].to(tl.int64) * K + k[None, :], mask=tmask[:, None], other=0.0)
         code = tl.load(q_ptr + n[:, None].to(tl.int64) * K + k[None, :], mask=nmask[:, None], other=0)
-        scale = _e8m0(_byte(s_ptr, (n // BK) * KB + k0 // BK, nmask))  # [BN]: one scale block per row
+        scale = _e8m0(_byte(s_ptr, (n // BK) * S_ROW + k0 // BK, nmask))  # [BN]: one scale block per row
         w = _e4m3(code) * scale[:, None]  # [BN, BK] float32, exact
         if DOT_DTYPE == 2:
             acc += tl.dot(x.to(tl.bfloat16), tl.trans(w.to(tl.bfloat16)))

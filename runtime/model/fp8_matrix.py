@@ -19,11 +19,18 @@ import torch
 
 from ostinato.checkpoint.formats import FP8_BLOCK, dequantize_fp8
 
+from ..kernels.scale_layout import word_aligned
+
 
 @dataclass(frozen=True)
 class Fp8Matrix:
     q: torch.Tensor      # [N, K] float8_e4m3fn
-    scale: torch.Tensor  # [ceil(N/B), ceil(K/B)] uint8 (e8m0 bytes)
+    scale: torch.Tensor  # [ceil(N/B), ceil(K/B)] uint8 (e8m0 bytes), rows on 4-byte words (of_bytes)
+
+    @staticmethod
+    def of_bytes(q: torch.Tensor, scale: torch.Tensor) -> Fp8Matrix:
+        """The matrix with its scales laid out for the GPU kernel's word reads (kernels/scale_layout.py)."""
+        return Fp8Matrix(q, word_aligned(scale))
 
     @property
     def shape(self) -> torch.Size:
@@ -43,10 +50,10 @@ class Fp8Matrix:
         """Rows of each part in order (every part but the last a whole number of blocks)."""
         if any(p.q.shape[0] % FP8_BLOCK for p in parts[:-1]):
             raise ValueError(f"FP8 matrices can be stacked only at {FP8_BLOCK}-row block boundaries")
-        return Fp8Matrix(torch.cat([p.q for p in parts]), torch.cat([p.scale for p in parts]))
+        return Fp8Matrix.of_bytes(torch.cat([p.q for p in parts]), torch.cat([p.scale for p in parts]))
 
     def to(self, device) -> Fp8Matrix:
-        return Fp8Matrix(self.q.to(device), self.scale.to(device))
+        return Fp8Matrix.of_bytes(self.q.to(device), self.scale.to(device))
 
 
 Matrix = torch.Tensor | Fp8Matrix

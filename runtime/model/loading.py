@@ -75,7 +75,7 @@ class Claims:
             return self.get(name, dtype)
         self.claim(name)
         scale = self.ckpt.raw(name[: -len("weight")] + "scale").view(torch.uint8)
-        return Fp8Matrix(self.ckpt.raw(name).to(self.device, copy=True), scale.to(self.device, copy=True))
+        return Fp8Matrix.of_bytes(self.ckpt.raw(name).to(self.device, copy=True), scale.to(self.device, copy=True))
 
     def check(self, skip_roles: tuple[str, ...] = ()) -> None:
         missed = sorted(n for n, s in self.ckpt.specs.items() if n not in self.claimed and s.role not in skip_roles)

@@ -10,6 +10,7 @@ import torch
 from ostinato.bench.gpu_setup import rel_err
 from ostinato.checkpoint.formats import dequantize_fp8, quantize_fp8
 from ostinato.runtime.kernels.fp8_triton import fp8_linear
+from ostinato.runtime.kernels.scale_layout import word_aligned
 
 pytestmark = pytest.mark.gpu
 CUDA = torch.cuda.is_available()
@@ -23,5 +24,5 @@ def test_fp8_linear_matches_the_float32_product(h200, T, N, K):
     q, s = quantize_fp8(torch.randn(N, K, generator=g) * 0.02)
     x = torch.randn(T, K, generator=g)
     dev = h200.device
-    got = fp8_linear(x.to(dev, ACTIVATIONS), q.to(dev), s.view(torch.uint8).to(dev))
+    got = fp8_linear(x.to(dev, ACTIVATIONS), q.to(dev), word_aligned(s.view(torch.uint8).to(dev)))
     assert rel_err(got, x @ dequantize_fp8(q, s).T) <= 1e-2
