@@ -16,6 +16,9 @@ tensor parallelism's per-layer all-reduce (which would only slow it)."""
 
 from __future__ import annotations
 
+import copy
+from dataclasses import replace
+
 import numpy as np
 
 from ostinato.compiler.cost_model import UNFUSED_EAGER_OPS_PER_LAYER, CostModel
@@ -73,9 +76,8 @@ class KTransformers(Policy):
 
 def with_gpu_set(cost: CostModel, gpu: np.ndarray) -> CostModel:
     """The cost model with `gpu` [L, E] as each layer's GPU-resident set (for expected-value timings)."""
-    from dataclasses import replace
-    other = cost.with_eager_ops(cost.eager_ops_per_layer)   # a copy
-    other.layers = [replace(l, hot=gpu[i]) for i, l in enumerate(cost.layers)]
+    other = copy.copy(cost)
+    other.layers = [replace(l, hot=gpu[i]) for i, l in enumerate(cost.layers)]  # shares, so _q, unchanged
     return other
 
 

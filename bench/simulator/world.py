@@ -12,6 +12,7 @@ documented knob set well ("best"); docs/baselines.md says which knobs.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -48,11 +49,18 @@ class World:
             return None
         return self.kernels.systems.get(system, self.kernels.of(OURS))
 
-    @property
+    @cached_property
     def cost(self) -> CostModel:
         """The plan's cost model, its CPU kernel priced like every other system's (kernel())."""
         ours = self.kernel(OURS)
         return self.build.cost.with_host_kernel(ours) if ours is not None else self.build.cost
+
+    @cached_property
+    def kt_at_best(self) -> tuple[np.ndarray, int]:
+        """KTransformers at its best: frequency-placed GPU experts in the GPU memory Ostinato's hot set
+        gets (the same N per layer), and the prefill threshold where its layerwise prefill starts to win."""
+        gpu = frequency_placed(self.shares, int(self.hot.sum()) // self.hot.shape[0])
+        return gpu, best_threshold(self.cost, gpu, self.kernel("kt-kernel"))
 
     def policies(self, config: str = "best") -> list[Policy]:
         """Ostinato first, then the baselines `config`ured as documented or at their best."""
@@ -68,11 +76,11 @@ class World:
                     KTransformers(cost, DOCUMENTED_THRESHOLD, uniform_placed((L, E), per_layer), kt,
                                   reuses_prefix=False, name="KTransformers (its DSV4 recipe)"),
                     LayerPlacement(cost, self.gpu_layers, ggml), CpuExperts(cost, ggml), LruCache(cost, self.hot)]
-        kt_gpu = frequency_placed(self.shares, per_layer)
+        kt_gpu, kt_threshold = self.kt_at_best
         # llama.cpp --n-cpu-moe N: the same GPU memory as whole layers of experts (the last L - N layers)
         n_cpu_moe = L - int(self.hot.sum()) // E
         return [ours,
-                KTransformers(cost, best_threshold(cost, kt_gpu, kt), kt_gpu, kt,
+                KTransformers(cost, kt_threshold, kt_gpu, kt,
                               name="KTransformers + frequency GPU experts"),
                 LayerPlacement(cost, self.gpu_layers, ggml), CpuExperts(cost, ggml, n_cpu_moe),
                 LruCache(cost, self.hot)]
