@@ -5,11 +5,12 @@ import shutil
 import pytest
 import torch
 from conftest import compile_tiny_plan
-from engine_helpers import IDS, _close, _engine
+from engine_helpers import IDS, _close, _engine, _variant, on_gpus
 
 from ostinato.plan import PlanError
 from ostinato.runtime.cli.run import main as run_main
 from ostinato.runtime.engine.loader import load_engine
+from ostinato.runtime.kernels import launch as launch_module
 
 # compiled (the plan, session-wide) and reference (the plain model) are fixtures of tests/conftest.py
 pytestmark = pytest.mark.slow  # compiled kernels, the plain model as reference
@@ -96,13 +97,30 @@ def test_truncate_and_fork_through_the_engine(compiled, tiny_ckpt, reference):
 
 
 def test_triton_hot_backend_under_the_interpreter(compiled, tiny_ckpt, reference, monkeypatch):
+    """Exact in every mode, on the 2-GPU plan mapped to the CPU; every kernel launched through launch()
+    (runtime/kernels/launch.py) with the tensors of one planned GPU only, on both GPUs."""
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    engine = _engine(compiled, tiny_ckpt, "mixed", threshold=4, hot_backend="triton")
+    plan = on_gpus(_variant(compiled[0], "mixed", 4), 2)
+    engine = load_engine(plan, tiny_ckpt, device="cpu", hot_backend="triton")
+    planned = {}  # storage -> the planned GPU of the tensors the plan puts there
+    for lp, le in zip(plan.layers, engine.executor.layers):
+        for pool in (le.hot_pool, *le.staging):
+            planned.update({t.untyped_storage().data_ptr(): lp.gpu for t in vars(pool).values()})
+    launches, real = [], launch_module.launch_device
+
+    def recorded(name, args):
+        launches.append({planned.get(a.untyped_storage().data_ptr()) for a in args if isinstance(a, torch.Tensor)})
+        return real(name, args)
+
+    monkeypatch.setattr(launch_module, "launch_device", recorded)
     ours, ref = engine.new_session(), reference.new_session()
     _close(ours.prefill(IDS[:3]), ref.prefill(IDS[:3]))      # split
     _close(ours.prefill(IDS[3:9]), ref.prefill(IDS[3:9]))    # upload
     _close(ours.decode(int(IDS[9])), ref.decode(int(IDS[9])))  # decode variant
     engine.close()
+    gpus = [g - {None} for g in launches]
+    assert gpus and all(len(g) == 1 for g in gpus), [g for g in gpus if len(g) != 1][:3]
+    assert set().union(*gpus) == {0, 1}
 
 
 def test_a_plan_for_another_checkpoint_is_refused(compiled, small_ckpt):

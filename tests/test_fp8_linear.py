@@ -1,16 +1,24 @@
 """Dense FP8 matmul from the checkpoint's bytes (runtime/kernels/fp8_triton.py), in Triton's interpreter
 (conftest sets TRITON_INTERPRET=1 without a GPU), against the float32 reference on the dequantized
-weights; and the FP8 matrix type's CPU twin, which must compute what a bf16 plan computes."""
+weights; its tiling, which must fill an H200 for a decode token through each of V4-Flash's dense FP8
+matrices; and the FP8 matrix type's CPU twin, which must compute what a bf16 plan computes.
+Legend: T tokens, N output rows, K inputs, KB = K / 128."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from ostinato.checkpoint.config import ModelConfig
 from ostinato.checkpoint.formats import dequantize_fp8, quantize_fp8
-from ostinato.runtime.kernels.fp8_triton import fp8_linear
+from ostinato.checkpoint.tensor_specs import layer_specs
+from ostinato.runtime.kernels import fp8_triton
+from ostinato.runtime.kernels.fp8_triton import TILES, Tiling, fp8_linear, fp8_linear_tiled, sm_count, tiling
 from ostinato.runtime.kernels.scale_layout import is_word_aligned, word_aligned
 from ostinato.runtime.model.fp8_matrix import Fp8Matrix, grouped_linear, linear
+from ostinato.tiny.presets import official_flash_config
+
+H200_SMS = 132
 
 
 def _random_fp8(n: int, k: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
@@ -132,3 +140,100 @@ def test_a_row_view_computes_what_the_whole_matrix_does():
         part = m.rows(a, a + 128)
         got = fp8_linear(x, part.q, part.scale)
         assert (got - whole[:, a:a + 128]).abs().max() <= 1e-5 * whole.abs().max()
+
+
+def flash_dense_shapes() -> dict[str, tuple[int, int]]:
+    """{matrix: (N, K)} of every FP8 matrix of V4-Flash's layers as fp8_linear sees it: wo_a one group at a
+    time (grouped_linear's cut)."""
+    cfg = ModelConfig.from_dict(official_flash_config())
+    shapes = {}
+    for layer in range(cfg.num_hidden_layers):
+        for spec in layer_specs(cfg, layer, with_experts=False):
+            if spec.dtype == "F8_E4M3":
+                name, (n, k) = spec.name.split(".", 2)[2].removesuffix(".weight"), spec.shape
+                shapes[name] = (n // cfg.o_groups, k) if name == "attn.wo_a" else (n, k)
+    return shapes
+
+
+def test_a_decode_token_fills_an_h200_at_every_flash_dense_shape():
+    """At least 2 programs per SM, or every program the shape has (16-row tiles, one K block each); the
+    old fixed 64-row unsplit tiling gave wq_a, wo_a and wkv 16, 16 and 8 programs."""
+    shapes = flash_dense_shapes()
+    assert len(shapes) == 9 and shapes["attn.wkv"] == (512, 4096) and shapes["attn.wo_a"] == (1024, 4096)
+    for name, (n, k) in shapes.items():
+        tile = tiling(1, n, k, H200_SMS)
+        most = -(-n // 16) * (k // 128)
+        assert tile.programs(1, n) >= min(2 * H200_SMS, most), (name, tile, tile.programs(1, n))
+        assert Tiling(tile.BT, tile.BN) in TILES and 1 <= tile.SPLIT_K <= k // 128, (name, tile)
+        if tile.BN > 16:  # narrower rows come first: a split only once rows are at their narrowest
+            assert tile.SPLIT_K == 1, (name, tile)
+
+
+def test_wide_rows_stay_where_they_already_fill_the_gpu_and_prefill_keeps_its_tiling():
+    assert tiling(1, 32768, 1024, H200_SMS) == Tiling(16, 64)  # wq_b: 512 programs of 64 rows
+    assert tiling(16, 8192, 1024, H200_SMS) == Tiling(16, 16)  # indexer wq_b: 128 -> 256 -> 512, no split
+    assert tiling(1, 512, 4096, H200_SMS) == Tiling(16, 16, 9)  # wkv: 32 row tiles x 9 runs of 3-4 blocks
+    for n, k in flash_dense_shapes().values():
+        for T in (17, 4096):
+            assert tiling(T, n, k, H200_SMS) == Tiling(64, 64), (T, n, k)
+
+
+def test_fp8_linear_launches_the_chosen_tiling(monkeypatch):
+    """The launch fp8_linear makes on the CPU is what tiling() picks for an H200 (the interpreter runs the
+    split path an H200 decode token takes): the grid, the tile and the [SPLIT_K, T, N] partials."""
+    launched = []
+    monkeypatch.setattr(fp8_triton, "launch", lambda kernel, grid, *args, **meta: launched.append((grid, args, meta)))
+    q, s = _random_fp8(256, 384, torch.Generator().manual_seed(0))
+    fp8_linear(torch.zeros(1, 384), q, word_aligned(s.view(torch.uint8)))
+    assert sm_count(torch.device("cpu")) == H200_SMS
+    tile = tiling(1, 256, 384, H200_SMS)
+    assert tile == Tiling(16, 16, 3)  # 16 row tiles of 16, K's 3 blocks one to a split
+    (grid, args, meta), = launched
+    assert grid == (1, 16, 3) and args[3].shape == (3, 1, 256) and (meta["BT"], meta["BN"]) == (16, 16)
+
+
+def _bound(x: torch.Tensor, w: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """[T, N] bounds on |kernel - x @ W^T| with x [T, K] and W [N, K] exact (float32): sums of K products in
+    float32 (the kernel's, in any tiling, and the reference's) err by K u32 of the sum of |products| each;
+    float16 adds its rounding of y (u16 |y|) and of weights below its normal range (2^-25 absolute each)."""
+    total = x.double().abs() @ w.double().abs().T  # [T, N]
+    bound = 2 * x.shape[1] * torch.finfo(torch.float32).eps / 2 * total
+    if dtype == torch.float16:
+        bound += torch.finfo(torch.float16).eps / 2 * total + x.double().abs().sum(1, keepdim=True) * 2.0 ** -25
+    return bound
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+@pytest.mark.parametrize("tile", [Tiling(16, 64), Tiling(16, 32), Tiling(16, 16), Tiling(16, 32, 2), Tiling(16, 16, 3)],
+                         ids=lambda t: f"BN={t.BN},SPLIT_K={t.SPLIT_K}")
+@pytest.mark.slow  # Triton's interpreter
+def test_every_decode_tiling_matches_the_reference(tile, dtype):
+    """300 rows (no row tile divides them: masked rows), K = 3 blocks: 2 splits of 1 and 2 blocks, or 3 of
+    one; float32 splits equal the unsplit result up to float32 rounding."""
+    g = torch.Generator().manual_seed(tile.BN + tile.SPLIT_K)
+    q, s = _random_fp8(384, 384, g)
+    q = q[:300]
+    x = torch.randn(3, 384, generator=g).to(dtype)
+    w = dequantize_fp8(q, s)  # [300, 384]
+    ref = x.float() @ w.T
+    got = fp8_linear_tiled(x, q, word_aligned(s.view(torch.uint8)), tile)
+    assert got.dtype == dtype and got.shape == (3, 300)
+    assert ((got.double() - ref.double()).abs() <= _bound(x, w, dtype)).all()
+    if dtype == torch.float32 and tile.SPLIT_K > 1:
+        unsplit = fp8_linear_tiled(x, q, word_aligned(s.view(torch.uint8)), Tiling(tile.BT, tile.BN))
+        total = x.double().abs() @ w.double().abs().T  # [T, N]: each of the 3 block sums is at most this
+        assert ((got - unsplit).abs() <= 2 * 3 * torch.finfo(torch.float32).eps / 2 * total).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+@pytest.mark.slow  # Triton's interpreter
+def test_a_small_gpu_splits_a_small_matrix(dtype):
+    """16 SMs want 32 programs of 256 rows: 16-row tiles and K's 4 blocks in 2 runs."""
+    g = torch.Generator().manual_seed(5)
+    q, s = _random_fp8(256, 512, g)
+    tile = tiling(1, 256, 512, sms=16)
+    assert tile == Tiling(16, 16, 2)
+    x = torch.randn(1, 512, generator=g).to(dtype)
+    w = dequantize_fp8(q, s)
+    got = fp8_linear_tiled(x, q, word_aligned(s.view(torch.uint8)), tile)
+    assert ((got.double() - (x.float() @ w.T).double()).abs() <= _bound(x, w, dtype)).all()

@@ -9,8 +9,9 @@ and with the pinned Triton of the team's GPU machine (build/triton-3.6, tools/se
 The argument types are the ones the engine's launch path passes on a GPU (a stub module records them;
 a bf16 engine's); likewise the FP8 dense kernel, the mHC mixing kernel and the norm and rope kernels.
 What the PTX and ptxas say: no kernel loads a byte, decode streams its weights with 16-byte loads,
-prefill multiplies on tensor cores, no instruction flushes denormals (the decoding relies on them)
-and no kernel spills registers.
+prefill multiplies on tensor cores in its activations' dtype (bf16 MMAs for a bf16 engine, both kernels;
+fp16 and float32 activations, V4-Flash's prefill only: fp16 and tf32 MMAs), no instruction flushes
+denormals (the decoding relies on them) and no kernel spills registers.
 Legend: D = hidden, I = expert intermediate, k = routes per token (decode's MAX_ROUTES).
 """
 
@@ -62,46 +63,64 @@ class _Recorder:
         self.types = ["*" + TRITON_DTYPE[a.dtype] for a in args]
 
 
-def launcher_signatures() -> dict[str, dict[str, list[str]]]:
-    """{variant: {kernel: argument types}} as TritonPoolCompute launches them; dtypes do not depend on shapes."""
+def launcher_signatures(dtype: torch.dtype = torch.bfloat16, limit: float = 10.0) -> dict[str, dict[str, list[str]]]:
+    """{variant: {kernel: argument types}} as TritonPoolCompute launches them for activations of `dtype`
+    and kernels rendered with SwiGLU limit `limit`; dtypes do not depend on shapes."""
     D, I, k = 64, 64, 2
-    stubs = {v: SimpleNamespace(VARIANT=v, D=D, I=I, BLOCK_M=16, BLOCK_N=32, BLOCK_K=32, MAX_ROUTES=k,
+    stubs = {v: SimpleNamespace(VARIANT=v, D=D, I=I, BLOCK_M=16, BLOCK_N=32, BLOCK_K=32, MAX_ROUTES=k, LIMIT=limit,
                                 gate_up_kernel=_Recorder(), down_kernel=_Recorder()) for v in ("prefill", "decode")}
     compute = TritonPoolCompute(stubs["prefill"], stubs["decode"])
-    # a bf16 engine's tensors on the meta device, standing in for CUDA (on the CPU, x is made float32)
+    # an engine's tensors on the meta device, standing in for CUDA (on the CPU, x is made float32)
     pool = HotPool.stack([random_packed_expert(D, I, torch.Generator().manual_seed(0))], "meta")
-    x, out = torch.empty(1, D, dtype=torch.bfloat16, device="meta"), torch.empty(1, D, device="meta")
+    x, out = torch.empty(1, D, dtype=dtype, device="meta"), torch.empty(1, D, device="meta")
     token, slot, weight = torch.zeros(k, dtype=torch.int64), torch.zeros(k, dtype=torch.int64), torch.full((k,), 0.5)
-    compute.prefill(pool, x, token, slot, weight, out)
-    compute.decode(pool, x, slot, token, weight, out)
+    compute.prefill(pool, x, token, slot, weight, out)  # groups its routes on the host
+    # decode's routes stay on the device (a captured step's buffers): launch() refuses mixed devices
+    compute.decode(pool, x, *(t.to("meta") for t in (slot, token, weight)), out)
     return {v: {name: getattr(s, name).types for name in KERNELS} for v, s in stubs.items()}
 
 
-def compile_jobs(signatures: dict, root: Path) -> list[dict]:
-    """One job per (shape, variant, kernel, arch), the kernels rendered with the compiler's own parameters."""
+def compile_jobs(signatures: dict, root: Path, activations: torch.dtype = torch.bfloat16) -> list[dict]:
+    """One job per (shape, variant, kernel, arch), the kernels rendered with the compiler's own parameters;
+    `signatures` as launcher_signatures(activations) gives them."""
     jobs = []
     for shape, cfg in (("tiny", preset_config("tiny")), ("flash", official_flash_config())):
         D, I, k = cfg["hidden_size"], cfg["moe_intermediate_size"], cfg["num_experts_per_tok"]
         for params in triton_expert_params(D, I, k, float(cfg["swiglu_limit"])):
             path = render_triton_experts(params, root).path
             jobs += [{"label": f"{shape} D={D} I={I} {params.variant}", "path": path, "kernel": kernel,
-                      "signature": signatures[params.variant][kernel], "arch": arch}
+                      "signature": signatures[params.variant][kernel], "arch": arch,
+                      "activations": TRITON_DTYPE[activations]}
                      for kernel in KERNELS for arch in ARCHS]
     return jobs
 
 
+def prefill_dtype_jobs(root: Path) -> list[dict]:
+    """V4-Flash's prefill kernels as the launcher runs them for the other activation dtypes it takes (the
+    GPU tests' fp16 and float32; bench/gpu_setup.py's float32): fp16 x and h, float32 x and h."""
+    cfg = official_flash_config()
+    D, I, k = cfg["hidden_size"], cfg["moe_intermediate_size"], cfg["num_experts_per_tok"]
+    params = triton_expert_params(D, I, k, float(cfg["swiglu_limit"]))[0]
+    path = render_triton_experts(params, root).path
+    return [{"label": f"flash D={D} I={I} prefill {TRITON_DTYPE[dtype]} x", "path": path, "kernel": kernel,
+             "signature": launcher_signatures(dtype, params.swiglu_limit)["prefill"][kernel], "arch": arch,
+             "activations": TRITON_DTYPE[dtype]}
+            for dtype in (torch.float16, torch.float32) for kernel in KERNELS for arch in ARCHS]
+
+
 def fp8_jobs() -> list[dict]:
     """The dense FP8 kernel (runtime/kernels/fp8_triton_kernel.py) as fp8_linear launches it: bf16
-    activations, 16 token rows (decode) and 64 (prefill); K and its scale columns multiples of 16."""
+    activations, every tile its tiling picks (decode: 16 token rows by 64, 32 or 16 output rows; prefill:
+    64 by 64; a split of K is a grid axis, the same code); K and its scale columns multiples of 16."""
     from ostinato.runtime.kernels import fp8_triton
 
     signature = ["*bf16", "*u8", "*u8", "*fp32", "i32", "i32", "i32", "i32"] + ["constexpr"] * 4
-    return [{"label": f"fp8 dense {'decode' if bt == 16 else 'prefill'} BT={bt}", "path": str(KERNEL_FP8),
-             "kernel": "fp8_linear_kernel", "signature": signature, "arch": arch, "divisible": [6],
-             "options": {"num_warps": fp8_triton.NUM_WARPS[bt]},
-             "constexprs": {"BT": bt, "BN": fp8_triton.BLOCK_N, "BK": fp8_triton.SCALE_BLOCK,
+    return [{"label": f"fp8 dense {'decode' if tile.BT == 16 else 'prefill'} BT={tile.BT} BN={tile.BN}",
+             "path": str(KERNEL_FP8), "kernel": "fp8_linear_kernel", "signature": signature, "arch": arch,
+             "divisible": [6], "options": {"num_warps": tile.num_warps},
+             "constexprs": {"BT": tile.BT, "BN": tile.BN, "BK": fp8_triton.SCALE_BLOCK,
                             "DOT_DTYPE": fp8_triton.DOT[torch.bfloat16]}}
-            for bt in fp8_triton.BLOCK_T for arch in ARCHS]
+            for tile in fp8_triton.TILES for arch in ARCHS]
 
 
 def hc_mix_jobs(root: Path) -> list[dict]:
@@ -181,6 +200,25 @@ def prefill_mma_problems(jobs: list[dict], results: list[dict]) -> list[str]:
             if "prefill" in j["label"] and not r["error"] and not r["mma"]]
 
 
+# PTX operand type of prefill's MMAs for each activation dtype: float32 takes the plan's tf32x3 (tf32 MMAs)
+MMA_OPERAND = {"bf16": "bf16", "fp16": "f16", "fp32": "tf32"}
+
+
+def prefill_mma_dtype_problems(jobs: list[dict], results: list[dict]) -> list[str]:
+    """Both prefill kernels' MMAs multiply the activations' dtype, e.g. wgmma...f32.bf16.bf16 for a bf16
+    engine: a tf32 MMA there (a float32 h in the down kernel) is what the cost model does not price
+    (tf32x3: 3 tf32 MMAs at half bf16's rate, about 6x the time)."""
+    bad = []
+    for j, r in zip(jobs, results, strict=True):
+        if "prefill" not in j["label"] or "activations" not in j or r["error"]:  # the expert kernels' jobs
+            continue
+        want = MMA_OPERAND[j["activations"]]
+        wrong = {op: n for op, n in r["mma"].items() if not re.search(rf"\.f32\.{want}\.{want}(\.f32)?$", op)}
+        if wrong:
+            bad.append(f"{_name(j, r)}: {want} operands expected, got {wrong}")
+    return bad
+
+
 def ftz_problems(jobs: list[dict], results: list[dict]) -> list[str]:
     """The decoded e2m1 value 0.5 is a denormal until it is scaled (templates/triton): nothing may flush it."""
     return [f"{_name(j, r)}: {r['ftz']}" for j, r in zip(jobs, results, strict=True)
@@ -195,7 +233,8 @@ def spill_problems(jobs: list[dict], results: list[dict]) -> list[str]:
 @pytest.fixture(scope="module")
 def jobs(kernel_dir):
     root = kernel_dir  # rendered into the session's kernel folder (tests/conftest.py)
-    return compile_jobs(launcher_signatures(), root) + fp8_jobs() + hc_mix_jobs(root) + dense_ops_jobs(root)
+    return (compile_jobs(launcher_signatures(), root) + prefill_dtype_jobs(root) + fp8_jobs() + hc_mix_jobs(root)
+            + dense_ops_jobs(root))
 
 
 @pytest.fixture(scope="module", params=["venv", "pinned"])
@@ -210,17 +249,28 @@ def compiled(request, jobs, tmp_path_factory):
     return jobs, results
 
 
-def test_launcher_passes_the_planned_types():
-    sig = launcher_signatures()
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
+def test_launcher_passes_the_planned_types(dtype):
+    """Prefill's h [R, I] is in x's dtype (the down kernel's dot operand: bf16/fp16 MMAs for 16-bit x);
+    decode's h stays float32 (its GEMV runs float32 on the CUDA cores whatever x is)."""
+    sig, x = launcher_signatures(dtype), TRITON_DTYPE[dtype]
     pool = ["*u8"] * 4  # w1, s1, w3, s3 (down: w2, s2): MXFP4 bytes and e8m0 scales, as stored
-    assert sig["prefill"] == {"gate_up_kernel": ["*bf16", *pool, "*fp32", "*i64", "*i32", "*i32", "*i32"],
-                              "down_kernel": ["*fp32", *pool[:2], "*fp32", "*i64", "*fp32", "*i32", "*i32", "*i32"]}
-    assert sig["decode"] == {"gate_up_kernel": ["*bf16", *pool, "*fp32", "*i32", "*i32"],
+    assert sig["prefill"] == {"gate_up_kernel": [f"*{x}", *pool, f"*{x}", "*i64", "*i32", "*i32", "*i32"],
+                              "down_kernel": [f"*{x}", *pool[:2], "*fp32", "*i64", "*fp32", "*i32", "*i32", "*i32"]}
+    assert sig["decode"] == {"gate_up_kernel": [f"*{x}", *pool, "*fp32", "*i32", "*i32"],
                              "down_kernel": ["*fp32", *pool[:2], "*fp32", "*i32", "*i32", "*fp32"]}
 
 
+def test_fp16_h_stays_float32_when_swiglu_could_pass_fp16_max():
+    """|h| < LIMIT^2: a limit with LIMIT^2 > 65504 (fp16's largest) keeps prefill's h float32 for fp16 x."""
+    assert launcher_signatures(torch.float16, 255.0)["prefill"]["down_kernel"][0] == "*fp16"  # 65025
+    assert launcher_signatures(torch.float16, 256.0)["prefill"]["down_kernel"][0] == "*fp32"
+    assert launcher_signatures(torch.bfloat16, 3e38)["prefill"]["down_kernel"][0] == "*bf16"  # float32's range
+
+
 CHECKS = {"compile for the target": compile_problems, "load words, not bytes": load_problems,
-          "prefill on tensor cores": prefill_mma_problems, "no flushed denormals": ftz_problems,
+          "prefill on tensor cores": prefill_mma_problems,
+          "prefill MMAs in the activations' dtype": prefill_mma_dtype_problems, "no flushed denormals": ftz_problems,
           "no register spills": spill_problems}
 
 

@@ -33,10 +33,11 @@ def triton_expert_params(D: int, I: int, top_k: int, swiglu_limit: float) -> tup
     """(prefill, decode) parameters of a model's hot expert kernels, for H200 (132 SMs) and RTX 4090 (128).
 
     Prefill: [64 routes, 32 rows] output tiles, BK 32 (one scale group a step): 64 is wgmma's M on
-    sm_90 (a warpgroup's); the down kernel's tf32x3 dot holds both operands split in two, which at
-    64 x 64 x 64 takes 255 registers and spills on sm_89, at this size at most 168 (ptxas, both Tritons).
-    Float32 operands (h, always) use tf32x3: tensor cores at about 22 bits, where "ieee" would leave
-    the down kernel on the CUDA cores.
+    sm_90 (a warpgroup's). Both dots run in the activations' dtype (bf16 in the engine; the launcher
+    holds h in it too); float32 activations use tf32x3: tensor cores at about 22 bits, where "ieee"
+    would leave them on the CUDA cores. tf32x3 holds both operands split in two, which sized the tile:
+    its down kernel at 64 x 64 x 64 took 255 registers and spilled on sm_89; at this size its kernels
+    take at most 245 (Triton 3.9's float32 gate/up on sm_89), the bf16 ones at most 128 (ptxas).
     Decode (top_k route slots): BN 32 rows per program, so one token makes top_k x I/32 gate/up and
     top_k x D/32 down programs (V4-Flash: 384 and 768, ~3 and ~6 per SM: enough to fill the GPU and keep
     ~48 KB of weights in flight per SM); BK the largest power of two <= 512 dividing D and I: with 512, a thread

@@ -21,6 +21,7 @@ from types import ModuleType
 
 import torch
 
+from .launch import launch
 from .torch_ops import define, loaded, register
 
 _DTYPE_CODE = {torch.float32: 0, torch.bfloat16: 1}  # the host library's dtypes; Triton adds float16
@@ -98,9 +99,9 @@ class DenseOpsKernel:
             if rc:
                 raise ValueError(f"ost_rms_norm rejected x of shape {tuple(x.shape)} {x.dtype}")
         else:
-            self.triton.rms_norm_kernel[(rows,)](x, y, weight if weight is not None else x, C, eps,
-                                                 HAS_WEIGHT=weight is not None, UNWEIGHTED=unweighted,
-                                                 BLOCK_C=_block(C), num_warps=4 if C <= 4096 else 8)
+            launch(self.triton.rms_norm_kernel, (rows,), x, y, weight if weight is not None else x, C, eps,
+                   HAS_WEIGHT=weight is not None, UNWEIGHTED=unweighted, BLOCK_C=_block(C),
+                   num_warps=4 if C <= 4096 else 8)
         return y
 
     def rope_impl(self, x, cos, sin, inverse) -> torch.Tensor:
@@ -117,8 +118,8 @@ class DenseOpsKernel:
             if rc:
                 raise ValueError(f"ost_rope rejected x of shape {tuple(x.shape)} with {2 * R2} rope channels")
         else:
-            self.triton.rope_kernel[(rows,)](x, y, cos, sin, C, 2 * R2, rows // T, INVERSE=inverse,
-                                             BLOCK_C=_block(C), BLOCK_R2=_block(R2))
+            launch(self.triton.rope_kernel, (rows,), x, y, cos, sin, C, 2 * R2, rows // T, INVERSE=inverse,
+                   BLOCK_C=_block(C), BLOCK_R2=_block(R2))
         return y
 
     def head_logits_impl(self, h, w) -> torch.Tensor:
@@ -131,5 +132,5 @@ class DenseOpsKernel:
                 raise ValueError(f"ost_head_logits rejected h {tuple(h.shape)} and a head of {tuple(w.shape)}")
         else:
             bv, bd = HEAD_BLOCK
-            self.triton.head_logits_kernel[(-(-V // bv), T)](h, w, out, V, D, BV=bv, BD=bd)
+            launch(self.triton.head_logits_kernel, (-(-V // bv), T), h, w, out, V, D, BV=bv, BD=bd)
         return out

@@ -39,9 +39,13 @@ def fp8_linear_kernel(x_ptr, q_ptr, s_ptr, y_ptr, T, N, K, S_ROW,
                       BT: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DOT_DTYPE: tl.constexpr):
     t = tl.program_id(0) * BT + tl.arange(0, BT)  # [BT] tokens
     n = tl.program_id(1) * BN + tl.arange(0, BN)  # [BN] output rows
+    split, splits = tl.program_id(2), tl.num_programs(2)  # this program's run of K blocks, of `splits`
     tmask, nmask = t < T, n < N
+    # split s of S sums K blocks floor(s KB / S) .. floor((s+1) KB / S) - 1: whole blocks, runs within one of equal
+    kb = K // BK
+    k_lo, k_hi = (split * kb // splits) * BK, ((split + 1) * kb // splits) * BK
     acc = tl.zeros((BT, BN), tl.float32)
-    for k0 in range(0, K, BK):  # K is a multiple of BK (the launcher checks): no mask along K, so loads vectorize
+    for k0 in range(k_lo, k_hi, BK):  # K is a multiple of BK (the launcher checks): no mask along K, so loads vectorize
         k = k0 + tl.arange(0, BK)  # [BK]
         x = tl.load(x_ptr + t[:, None].to(tl.int64) * K + k[None, :], mask=tmask[:, None], other=0.0)
         code = tl.load(q_ptr + n[:, None].to(tl.int64) * K + k[None, :], mask=nmask[:, None], other=0)
@@ -53,4 +57,5 @@ def fp8_linear_kernel(x_ptr, q_ptr, s_ptr, y_ptr, T, N, K, S_ROW,
             acc += tl.dot(x.to(tl.float16), tl.trans(w.to(tl.float16)))
         else:
             acc += tl.dot(x.to(tl.float32), tl.trans(w), input_precision="ieee")
-    tl.store(y_ptr + t[:, None].to(tl.int64) * N + n[None, :], acc, mask=tmask[:, None] & nmask[None, :])
+    y = y_ptr + split.to(tl.int64) * T * N  # [splits, T, N] partials: this split's [T, N] slice
+    tl.store(y + t[:, None].to(tl.int64) * N + n[None, :], acc, mask=tmask[:, None] & nmask[None, :])

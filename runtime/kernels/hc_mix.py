@@ -17,6 +17,7 @@ from types import ModuleType
 
 import torch
 
+from .launch import launch
 from .torch_ops import define, loaded, register
 
 
@@ -76,5 +77,5 @@ class HcMixKernel:
         elif self.triton is None:
             raise RuntimeError(f"hc_mix on {mix.device}: no Triton kernel was loaded")
         elif mix.shape[0]:
-            self.triton.hc_mix_kernel[(mix.shape[0],)](mix, base, scale, out)
+            launch(self.triton.hc_mix_kernel, (mix.shape[0],), mix, base, scale, out)
         return out

@@ -18,6 +18,7 @@ import torch
 
 from ostinato.checkpoint.reader import PackedExpert
 
+from .launch import launch
 from .routes import GroupedRoutes
 
 
@@ -72,6 +73,14 @@ def route_blocks(routes: GroupedRoutes, block_m: int) -> tuple[torch.Tensor, tor
     return tuple(torch.tensor(v, dtype=torch.int32) for v in (slots, starts, ends))
 
 
+def prefill_h_dtype(mod: ModuleType, x_dtype: torch.dtype) -> torch.dtype:
+    """The prefill intermediate h's dtype: x's when 16-bit, so the down kernel's dot runs on bf16/fp16 tensor
+    cores as gate/up's does; float32 for float32 x (the plan's dot_precision), and for fp16 x when
+    |h| < LIMIT^2 could pass fp16's max."""
+    fits = x_dtype == torch.bfloat16 or (x_dtype == torch.float16 and mod.LIMIT ** 2 <= torch.finfo(x_dtype).max)
+    return x_dtype if fits else torch.float32
+
+
 def prefill_experts(mod: ModuleType, x: torch.Tensor, routes: GroupedRoutes, pool: HotPool,
                     out: torch.Tensor) -> torch.Tensor:
     """out [T, D] float32 += sum over routes of weight * expert(x[token]); routes grouped by pool slot."""
@@ -81,10 +90,11 @@ def prefill_experts(mod: ModuleType, x: torch.Tensor, routes: GroupedRoutes, poo
     if slot.numel() == 0:
         return out
     tok, wgt = routes.token.to(dev), routes.weight.to(dev)
-    h = torch.empty(routes.token.numel(), mod.I, dtype=torch.float32, device=dev)  # [R, I]
-    mod.gate_up_kernel[(slot.numel(), mod.I // mod.BLOCK_N)](x, pool.w1, pool.w1_scale, pool.w3, pool.w3_scale, h, tok,
-                                                            slot, start, end)
-    mod.down_kernel[(slot.numel(), mod.D // mod.BLOCK_N)](h, pool.w2, pool.w2_scale, out, tok, wgt, slot, start, end)
+    h = torch.empty(routes.token.numel(), mod.I, dtype=prefill_h_dtype(mod, x.dtype), device=dev)  # [R, I]
+    launch(mod.gate_up_kernel, (slot.numel(), mod.I // mod.BLOCK_N), x, pool.w1, pool.w1_scale, pool.w3, pool.w3_scale,
+           h, tok, slot, start, end)
+    launch(mod.down_kernel, (slot.numel(), mod.D // mod.BLOCK_N), h, pool.w2, pool.w2_scale, out, tok, wgt, slot, start,
+           end)
     return out
 
 
@@ -96,9 +106,12 @@ def decode_experts(mod: ModuleType, x: torch.Tensor, slot: torch.Tensor, token: 
     expert: that needs host-known counts). out += the valid routes' results."""
     _check(mod, "decode", x, out)
     n = slot.numel()
-    if n % mod.MAX_ROUTES or slot.shape != (n,) or token.shape != (n,) or weight.shape != (n,) or h.shape != (n, mod.I):
-        raise ValueError(f"decode launch needs slot/token/weight [T * {mod.MAX_ROUTES}] and h [n, {mod.I}], got "
-                         f"slot {tuple(slot.shape)}, token {tuple(token.shape)}, h {tuple(h.shape)}")
-    mod.gate_up_kernel[(n, mod.I // mod.BLOCK_N)](x, pool.w1, pool.w1_scale, pool.w3, pool.w3_scale, h, slot, token)
-    mod.down_kernel[(n, mod.D // mod.BLOCK_N)](h, pool.w2, pool.w2_scale, out, slot, token, weight)
+    # h float32 whatever x is: the decode GEMV runs float32 on the CUDA cores (no tensor-core dtype to match)
+    if (n % mod.MAX_ROUTES or slot.shape != (n,) or token.shape != (n,) or weight.shape != (n,)
+            or h.shape != (n, mod.I) or h.dtype != torch.float32):
+        raise ValueError(f"decode launch needs slot/token/weight [T * {mod.MAX_ROUTES}] and h [n, {mod.I}] float32, "
+                         f"got slot {tuple(slot.shape)}, token {tuple(token.shape)}, h {tuple(h.shape)} {h.dtype}")
+    launch(mod.gate_up_kernel, (n, mod.I // mod.BLOCK_N), x, pool.w1, pool.w1_scale, pool.w3, pool.w3_scale, h, slot,
+           token)
+    launch(mod.down_kernel, (n, mod.D // mod.BLOCK_N), h, pool.w2, pool.w2_scale, out, slot, token, weight)
     return out
