@@ -41,15 +41,15 @@ class LruCacheExecutor(PlacementExecutor):
         self._copy_group(le, [expert], _SlotView(pool, slot), None)
         cache[expert] = slot
         if count:
-            self.counters.experts_uploaded += 1
-            self.counters.bytes_uploaded += self.expert_bytes
+            self._counters.experts_uploaded += 1
+            self._counters.bytes_uploaded += self.expert_bytes
 
     def __call__(self, layer: int, x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         le, cache, pool = self.layers[layer], self.cache[layer], self.pools[layer]
         t, k = expert_ids.shape
         token = torch.arange(t, device=expert_ids.device).repeat_interleave(k)  # [R]
         ids, w = expert_ids.reshape(-1), weights.reshape(-1).float()
-        c = self.counters
+        c = self._counters
         c.forwards += 1
         for e in ids.unique().tolist():
             if e in cache:

@@ -164,8 +164,8 @@ def memory(b: Build) -> None:
     expert = model_sizes(cfg).expert_bytes
     b.layer_bytes = [layer_resident_bytes(cfg, l, b.policy) for l in range(cfg.n_layers)]
     G = hw.gpus.count
-    b.gpu_fixed = [gpu_fixed_bytes(cfg, b.policy, hw.gpus.usable_bytes, expert, first=g == 0, last=g == G - 1)
-                   for g in range(G)]
+    b.gpu_fixed = [gpu_fixed_bytes(cfg, b.policy, hw.gpus.usable_bytes, expert, first=g == 0, last=g == G - 1,
+                                   cuda=not hw.cpu_only) for g in range(G)]
 
 
 def placement(b: Build) -> None:

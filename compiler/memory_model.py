@@ -29,6 +29,13 @@ DENSE_FORMATS = {"fp8": 2, "bf16": 2, "float32": 4}
 STATE_BYTES = 4       # fp32 compressor state (kv and gate logits of the incomplete windows)
 ACT_BYTES = 4         # fp32 activations in the workspace bound (conservative)
 ATTENTION_QUERY_BLOCK = 512   # prefill attention is computed in query blocks of this many tokens
+# cuBLAS keeps a workspace per (handle, stream) it runs on, allocated by PyTorch's caching allocator on
+# the stream's first matmul: 32 MiB on sm_90 and later (PyTorch's default, ":4096:8"; the cuBLAS docs'
+# recommendation for Hopper), 8.1 MiB before; counted at the larger. The engine runs matmuls on two
+# streams per GPU: the default one (dynamic prefill) and its capture stream (every step's warm-up and
+# graphs, engine/streams.py); the cold routes' and upload streams only copy.
+CUBLAS_WORKSPACE_BYTES = 32 * 2**20
+CUBLAS_STREAMS = 2
 
 
 def held_bytes(spec: TensorSpec, dense_format: str) -> int:
@@ -147,11 +154,13 @@ def layer_resident_bytes(cfg: ModelConfig, layer: int, policy: MemoryPolicy) -> 
 
 
 def gpu_fixed_bytes(cfg: ModelConfig, policy: MemoryPolicy, usable: int, expert_bytes: int, first: bool,
-                    last: bool) -> dict[str, int]:
-    """Per-GPU bytes independent of which layers it runs."""
+                    last: bool, cuda: bool = True) -> dict[str, int]:
+    """Per-GPU bytes independent of which layers it runs (`cuda`: a real GPU, with cuBLAS workspaces)."""
     fixed = {"upload_staging": 2 * policy.upload_group * expert_bytes,
              "workspace": workspace_bytes(cfg, policy.prefill_chunk),
              "headroom": int(usable * policy.headroom_fraction)}
+    if cuda:
+        fixed["cublas_workspaces"] = CUBLAS_STREAMS * CUBLAS_WORKSPACE_BYTES
     if policy.max_bucket:
         # the prefill buckets' graphs share one memory pool, sized by the largest step's activations;
         # plus the cold routes' device-side result rows (kernels/cold_task.py ColdStaging) and the

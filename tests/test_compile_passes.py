@@ -86,3 +86,17 @@ def test_the_command_line_checks_the_buckets_shape_with_the_schemas_rule():
     with pytest.raises(argparse.ArgumentTypeError) as e:
         _buckets("8,12")
     assert str(e.value) == bucket_rule_error([8, 12], 10 ** 6) == "prefill bucket 12 is not a power of two >= 2"
+
+
+def test_every_gpu_counts_the_cublas_workspaces_of_its_two_matmul_streams(tmp_path, tiny_ckpt):
+    """cuBLAS allocates a workspace per stream it runs on (32 MiB on sm_90): the default stream's and the
+    capture stream's on every GPU; a cpu-only plan has none."""
+    from ostinato.compiler.memory_model import CUBLAS_STREAMS, CUBLAS_WORKSPACE_BYTES
+
+    for model, hardware, want in ((FLASH_CONFIG, "rtx4090d-x4", CUBLAS_STREAMS * CUBLAS_WORKSPACE_BYTES),
+                                  (tiny_ckpt, "cpu-only", None)):
+        plan = compile_plan(CompileOptions(model, tmp_path / f"{hardware}.yaml", hardware, context=512,
+                                           build_kernels=False)).plan
+        gpus = [m for m in plan.memory if m.device.startswith("gpu")]
+        assert gpus and all(m.components.get("cublas_workspaces") == want for m in gpus), hardware
+    assert want is None and CUBLAS_STREAMS * CUBLAS_WORKSPACE_BYTES == 64 * 2**20

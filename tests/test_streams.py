@@ -10,17 +10,21 @@ invisible unless the orderings are checked (tests/stream_order.py):
   (one device on the CPU, so one stream), inside each capture only that stream and the cold routes'
   side streams forked from it and joined back; afterwards the session decodes exactly;
 - the warm-up of a session at max_context - 1 stays within the buffers and the step then decodes
-  that last position exactly.
+  that last position exactly;
+- the engine takes one stream per device and role (capture, cold, copy), distinct from each other and
+  from the default stream, however many layers and steps it has: the twin hands out streams from a
+  wrapping pool of 32, as torch does.
 """
 
 import pytest
 import torch
-from engine_helpers import IDS, _close, pipeline_engine
+from engine_helpers import IDS, _close, _variant, on_gpus, pipeline_engine
 from graph_safety import storage_of
 from stream_order import StreamWork, capture_problems, races
 
 from ostinato.runtime.engine.decode_graphs import WARMUP_RUNS, SegmentGraphs
-from ostinato.runtime.engine.streams import CPU_STREAMS, CpuStreams, TwinStream
+from ostinato.runtime.engine.loader import load_engine
+from ostinato.runtime.engine.streams import CPU_STREAMS, POOL_SIZE, CpuStreams, TwinStream
 from ostinato.runtime.model.static_decode import StaticStep
 
 
@@ -87,12 +91,12 @@ def test_capture_warms_up_on_its_stream_and_joins_what_it_forks(engine, referenc
     graphs = SegmentGraphs(engine.step_runner.step)
     with CPU_STREAMS.recording() as log, StreamWork(CPU_STREAMS):
         graphs.capture()
-    assert not graphs.captured  # nothing to capture on the CPU
+    assert graphs.captured and not graphs.graphs  # ran to its end; nothing to capture on the CPU
     begins = [n for n, e in enumerate(log) if e.op == "capture_begin"]
     assert len(begins) == len(engine.step_runner.step.segments) == 2
     for begin in begins:
         stream = log[begin].stream
-        assert stream != TwinStream(0) and (stream, "new", None) in log[:begin]
+        assert stream != TwinStream(0) and stream == CPU_STREAMS.named("cpu", "capture")
         warm_up = [e for e in log[:begin] if e.op == "run" and e.stream == stream]
         assert warm_up, "no warm-up on the capture stream"
         forks = [e for e in log[begin:] if e.op == "wait_stream" and e.what == stream]
@@ -123,3 +127,42 @@ def test_warm_up_from_a_session_at_max_context_minus_one(engine, reference):
     small = StaticStep(engine.model, WARMUP_RUNS, [lp.gpu for lp in engine.plan.layers])
     with pytest.raises(ValueError, match="beyond max_context"):
         SegmentGraphs(small).capture()
+
+
+def test_the_twin_pool_wraps_and_named_streams_stay_distinct():
+    s = CpuStreams()
+    first = s.new()
+    for _ in range(POOL_SIZE - 1):
+        s.new()
+    assert s.new() == first  # torch.cuda.Stream() after 32 others: the same stream again
+    s = CpuStreams()
+    capture = s.named("cpu", "capture")
+    for _ in range(POOL_SIZE - 1):  # someone else draws the rest of the pool: the next draw is `capture` again
+        s.new()
+    cold, copy = s.named("cpu", "cold"), s.named("cpu", "copy")
+    assert len({capture, cold, copy, s.current()}) == 4
+    assert s.named("cpu", "cold") is cold  # made once
+    with pytest.raises(ValueError, match="role"):
+        s.named("cpu", "side")
+
+
+@pytest.mark.slow  # the compiled plan's engine (C++ kernels)
+def test_one_stream_per_role_for_every_layer_and_step(compiled, tiny_ckpt):
+    """Every layer's cold bridge forks the device's one cold stream, and every step (decode and each bucket,
+    over two planned GPUs) warms up and captures on its one capture stream: each capture on a new stream
+    would keep its own allocator blocks and cuBLAS workspace, and a stream per layer wraps torch's pool."""
+    plan = on_gpus(_variant(compiled[0], "mixed", None), 2)
+    engine = load_engine(plan.replace(policy=plan.policy.replace(prefill_buckets=[2, 4])), tiny_ckpt, device="cpu")
+    try:
+        named = CPU_STREAMS.named_streams("cpu")
+        bridges = [b for b in engine.executor.bridges if b is not None]
+        assert len(bridges) > 1 and {b.side for b in bridges} == {named["cold"]}
+        with CPU_STREAMS.recording() as log:
+            for graphs in engine.step_runner.graphs.values():
+                graphs.capture()
+        assert sorted(engine.step_runner.graphs) == [1, 2, 4]
+        assert {e.stream for e in log if e.op == "capture_begin"} == {named["capture"]}
+        assert not [e for e in log if e.op == "new"]  # nothing made per step or segment
+        assert len({named["capture"], named["cold"], named["copy"], TwinStream(0)}) == 4
+    finally:
+        engine.close()

@@ -13,9 +13,9 @@ class Counters:
     distinct_cold: int = 0       # distinct cold experts touched, summed over layer-forwards
     experts_uploaded: int = 0    # cold experts copied to the device (upload-once mode)
     bytes_uploaded: int = 0
-    hot_s: float = 0.0           # wall time of the hot part
+    hot_s: float = 0.0           # time of the hot part: GPU time on a GPU (CUDA events, span_timer.py), else wall
     cold_s: float = 0.0          # wall time of the CPU cold part (overlaps hot_s in split mode)
-    upload_s: float = 0.0        # wall time of copies into staging buffers
+    upload_s: float = 0.0        # time of copies into staging buffers: GPU time on a GPU, else wall
     decode_step_s: float = 0.0   # wall time of fixed-shape steps: decode and prefill buckets (hot and cold
                                  # parts not separable)
 

@@ -32,6 +32,7 @@ from ..kernels.cpu_experts import CpuExpertKernel, ExpertTable
 from ..kernels.routes import group_flat_routes
 from ..kernels.triton_experts import HotPool
 from .counters import Counters
+from .span_timer import SpanTimer
 from .streams import streams_for
 
 MODES = ("split", "upload", "decode")
@@ -61,12 +62,14 @@ class PlacementExecutor:
         self.cpu_threads, self.upload_group, self.expert_bytes = cpu_threads, upload_group, expert_bytes
         self.dtype, self.top_k = compute_dtype, top_k
         self.mode = "split"
-        self.counters = Counters()
+        self._counters = Counters()
+        self.timer = SpanTimer(self._counters)  # device time of the hot compute and the uploads
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ostinato-cold")
-        self._copy_streams: dict = {}  # one upload stream per GPU, made once (not per layer-forward)
         self._read_done: dict = {}     # id(staging buffer) -> event after the last compute that read it
         # Decode-step buffers, made before any graph capture (pinned memory and streams cannot be made in one).
         self.max_step_tokens = max_step_tokens = max(step_tokens)
+        for le in layers:  # the upload copies' stream, made now rather than inside a forward
+            streams_for(le.device).named(le.device, "copy")
         self.staging = {le.device: ColdStaging(cpu_kernel.D, top_k, list(step_tokens), compute_dtype, le.device)
                         for le in layers if le.cold_table is not None}  # one per device, shared by its layers
         self.bridges = [ColdBridge(cpu_kernel, le.cold_table, le.cold_of, self.staging[le.device], cpu_threads)
@@ -75,6 +78,11 @@ class PlacementExecutor:
         self._route_token = {le.device: torch.arange(max_step_tokens, device=le.device).repeat_interleave(top_k)
                              for le in layers}
         self._hot_of = torch.stack([le.cold_of < 0 for le in layers])  # [L, E] bool on CPU: counts decode steps
+
+    @property
+    def counters(self) -> Counters:
+        """What every forward routed where and how long each part took, with every timed span settled."""
+        return self.timer.settle()
 
     def set_mode(self, mode: str) -> None:
         if mode not in MODES:
@@ -91,7 +99,7 @@ class PlacementExecutor:
         hot = slot >= 0
         cold = ~hot
         cold_ids = ids[cold]
-        c = self.counters
+        c = self._counters
         c.forwards += 1
         c.routes_cold += cold_ids.numel()  # a host read of the mask's count, not another op
         c.routes_hot += ids.numel() - cold_ids.numel()
@@ -129,7 +137,7 @@ class PlacementExecutor:
     def count_decode(self, expert_ids: torch.Tensor, seconds: float) -> None:
         """Host side, after a fixed-shape step: count its routes (expert_ids [L, T, k] or [L, k] on the CPU)
         and check that every cold task succeeded."""
-        c = self.counters
+        c = self._counters
         expert_ids = expert_ids.reshape(expert_ids.shape[0], -1)  # [L, T * k]
         hot = self._hot_of.gather(1, expert_ids)  # [L, k]
         touched = torch.zeros_like(self._hot_of).scatter_(1, expert_ids, True)  # [L, E]
@@ -144,16 +152,14 @@ class PlacementExecutor:
 
     # ----- device side ------------------------------------------------------------------------
     def _hot(self, pool: HotPool, x, token, slot, weight, out) -> None:
-        start = time.perf_counter()
-        self.compute.prefill(pool, x, token, slot, weight, out)
-        self.counters.hot_s += time.perf_counter() - start
+        with self.timer.span("hot_s", out.device):
+            self.compute.prefill(pool, x, token, slot, weight, out)
 
     def _hot_decode(self, le: LayerExperts, x, token, slot, weight, out) -> None:
         """Fixed shapes: all k route slots are launched; cold ones are padding (slot -1, weight masked)."""
-        start = time.perf_counter()
         if le.hot_pool.w1.shape[0]:
-            self.compute.decode(le.hot_pool, x, slot, token, weight, out)
-        self.counters.hot_s += time.perf_counter() - start
+            with self.timer.span("hot_s", out.device):
+                self.compute.decode(le.hot_pool, x, slot, token, weight, out)
 
     def _upload_and_compute(self, le: LayerExperts, x, token, expert, weight, out) -> None:
         """The layer's distinct cold experts in groups through the two staging buffers: group i+1's copy
@@ -164,10 +170,7 @@ class PlacementExecutor:
         if distinct.numel() == 0:
             return
         g, s = self.upload_group, streams_for(le.device)
-        main = s.current(le.device)
-        if le.device not in self._copy_streams:
-            self._copy_streams[le.device] = s.new(le.device)
-        copy = self._copy_streams[le.device]
+        main, copy = s.current(le.device), s.named(le.device, "copy")
         # One host read of the ids for the whole upload: a read per group would hold each group's copy
         # back until the compute queued before it had finished.
         ids = distinct.tolist()
@@ -184,25 +187,22 @@ class PlacementExecutor:
             mine = local[expert] >= 0
             self._hot(pool, x, token[mine], local[expert[mine]], weight[mine], out)
             self._read_done[id(pool)] = s.record(main)
-        self.counters.experts_uploaded += distinct.numel()
-        self.counters.bytes_uploaded += distinct.numel() * self.expert_bytes
+        self._counters.experts_uploaded += distinct.numel()
+        self._counters.bytes_uploaded += distinct.numel() * self.expert_bytes
 
     def _copy_group(self, le: LayerExperts, experts: list[int], pool: HotPool, stream):
         """Copy the cold `experts` into `pool`'s first slots: on `stream` once the pool's last reader is
         done -> an event after the copy; with stream None on the current stream, in order -> None."""
-        start = time.perf_counter()
         s = streams_for(le.device)
         if stream is not None and id(pool) in self._read_done:
             s.wait_event(stream, self._read_done[id(pool)])
-        with s.on(stream) if stream is not None else nullcontext():
+        with s.on(stream) if stream is not None else nullcontext(), self.timer.span("upload_s", le.device):
             for j, e in enumerate(experts):
                 src = le.cold[int(le.cold_of[e])]
                 for name in ("w1", "w1_scale", "w3", "w3_scale", "w2", "w2_scale"):
                     getattr(pool, name)[j].copy_(getattr(src, name).view(getattr(pool, name).dtype),
                                                  non_blocking=stream is not None)
-        event = s.record(stream) if stream is not None else None
-        self.counters.upload_s += time.perf_counter() - start
-        return event
+        return s.record(stream) if stream is not None else None
 
     # ----- CPU side ---------------------------------------------------------------------------
     def _submit_cold(self, le: LayerExperts, x, token, expert, weight):
@@ -214,7 +214,7 @@ class PlacementExecutor:
         out = torch.zeros(x_host.shape[0], x_host.shape[1], dtype=torch.float32)  # [T, D] host
         routes = group_flat_routes(token, le.cold_of[expert], weight, len(le.cold))
         self.cpu_kernel(x_host, routes, le.cold_table, out, self.cpu_threads)
-        self.counters.cold_s += time.perf_counter() - start
+        self._counters.cold_s += time.perf_counter() - start  # the worker thread's own time: the kernel is synchronous
         return out
 
     def close(self) -> None:

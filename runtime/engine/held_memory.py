@@ -27,8 +27,10 @@ import torch
 # plan components that bound memory rather than count it: transient activations (prefill workspace,
 # the decode graphs' pools), the allocator's fragmentation reserve, the session snapshots (held
 # as turns go by, up to policy.snapshots) and the prefill buckets' graph pool (whose I/O buffers and
-# cold-route staging are filed under it but the pool itself is not a tensor)
-BOUNDS = frozenset({"workspace", "cpu_workspace", "decode_graph", "headroom", "kv_snapshots", "prefill_graphs"})
+# cold-route staging are filed under it but the pool itself is not a tensor) and cuBLAS's workspaces
+# (allocated by the library on a stream's first matmul)
+BOUNDS = frozenset({"workspace", "cpu_workspace", "decode_graph", "headroom", "kv_snapshots", "prefill_graphs",
+                    "cublas_workspaces"})
 
 
 @dataclass

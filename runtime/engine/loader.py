@@ -6,7 +6,8 @@
 The plan is checked against the checkpoint first (fingerprints; a mismatch names the field). Each
 layer's hot experts go to its planned device, packed as stored (both hot backends compute from the
 packed pool); its cold experts stay where the checkpoint is, memory-mapped (views of the safetensors
-files, no copies; pinned copies only when a GPU is used) behind the generated CPU kernel. Each
+files, no copies) behind the generated CPU kernel; when a GPU is used they are copied once into one
+pinned arena per NUMA node instead (pinned_arena.py: the uploads DMA from them). Each
 device has two upload staging buffers, shared by its layers. So the runtime holds what the plan's
 memory rows count for experts. With device="cpu" every planned GPU maps to the CPU, which is how
 tests and CI run all of it.
@@ -32,6 +33,7 @@ from ..kernels.dense_ops import DenseOpsKernel
 from ..kernels.hc_mix import HcMixKernel
 from ..kernels.triton_experts import HotPool, load_triton_module
 from ..model.model import Model, load_model
+from . import pinned_arena
 from .cpu_threads import CpuThreads, cpu_threads
 from .executor import LayerExperts, PlacementExecutor
 from .hot_compute import CpuPoolCompute, TorchPoolCompute, TritonPoolCompute
@@ -117,16 +119,31 @@ def model_directory(plan: Plan, model_dir: str | Path | None) -> Path:
     return path
 
 
-def _packed(ckpt: Checkpoint, layer: int, experts: list[int], pin: bool) -> list[PackedExpert]:
+def _packed(ckpt: Checkpoint, layer: int, experts: list[int]) -> list[PackedExpert]:
     """The experts as stored: views of the checkpoint's memory-mapped files (scales viewed as uint8; the
-    stored tensors are contiguous, so `.contiguous()` copies nothing), or pinned host copies (`pin`)."""
+    stored tensors are contiguous, so `.contiguous()` copies nothing)."""
     out = []
     for e in experts:
         p = ckpt.expert_packed(layer, e)
         tensors = [t.view(torch.uint8) if t.dtype == torch.float8_e8m0fnu else t for t in (
             p.w1, p.w1_scale, p.w3, p.w3_scale, p.w2, p.w2_scale)]
-        out.append(PackedExpert(*((t.pin_memory() if pin else t.contiguous()) for t in tensors)))
+        out.append(PackedExpert(*(t.contiguous() for t in tensors)))
     return out
+
+
+def _cold_packed(ckpt: Checkpoint, plan: Plan, devices: list[torch.device],
+                 disable: bool | None) -> list[list[PackedExpert]]:
+    """Each planned layer's cold experts (the ones not hot, by id): views of the checkpoint's mmap; with
+    GPUs, copies in one pinned arena per NUMA node (pinned_arena.py), which the uploads DMA from.
+    A CPU run copies nothing: it holds the experts once, in the page cache."""
+    E = ckpt.config.n_routed_experts
+    layers = [_packed(ckpt, lp.layer, sorted(set(range(E)) - set(lp.hot_experts))) for lp in plan.layers]
+    if not pinned_arena.pinning(devices):
+        return layers
+    total = sum(e.nbytes for experts in layers for e in experts)
+    with tqdm(total=total, desc="pinning cold experts", unit="B", unit_scale=True, unit_divisor=1024,
+              file=sys.stderr, disable=disable) as bar:
+        return pinned_arena.pinned_experts(layers, progress=bar.update)
 
 
 def _staging(n: int, D: int, I: int, device: torch.device) -> HotPool:
@@ -188,8 +205,10 @@ def load_engine(plan: str | Path | Plan, model_dir: str | Path | None = None, de
         else:
             compute = CpuPoolCompute(cpu_kernel, threads.threads)
         E, D, I = cfg.n_routed_experts, cfg.hidden_size, cfg.moe_intermediate_size
+        cold_layers = _cold_packed(ckpt, plan, devices, disable)
         staging = {}  # planned GPU -> its two upload buffers, shared by its layers (the plan counts one pair per
-        for lp in plan.layers:  # GPU; keyed by the plan's index so a CPU run holds what the GPUs would)
+        # GPU; keyed by the plan's index so a CPU run holds what the GPUs would)
+        for lp, cold_packed in zip(plan.layers, cold_layers):
             dev = devices[lp.gpu]
             compute.prepare(dev, dtype)
             if lp.gpu not in staging:
@@ -200,8 +219,7 @@ def load_engine(plan: str | Path | Plan, model_dir: str | Path | None = None, de
             slot_of[hot] = torch.arange(len(hot))
             cold_of = torch.full((E,), -1, dtype=torch.int64)
             cold_of[cold] = torch.arange(len(cold))
-            pool = HotPool.stack(_packed(ckpt, lp.layer, hot, False), dev) if hot else _staging(0, D, I, dev)
-            cold_packed = _packed(ckpt, lp.layer, cold, pin=cuda)
+            pool = HotPool.stack(_packed(ckpt, lp.layer, hot), dev) if hot else _staging(0, D, I, dev)
             layers.append(LayerExperts(dev, slot_of.to(dev), cold_of, pool, cold_packed,
                                        cpu_kernel.table(cold_packed) if cold else None, staging[lp.gpu]))
             bar.update()
@@ -219,5 +237,9 @@ def load_engine(plan: str | Path | Plan, model_dir: str | Path | None = None, de
         _artifact(plan, plan.kernel(KernelName.DENSE_OPS_TRITON))) if cuda else None)
     runner = StepRunner(model, executor, plan.policy.context, decode_graphs, [lp.gpu for lp in plan.layers],
                         plan.policy.prefill_buckets) if static_decode else None
+    if runner is not None and runner.use_graphs:  # now, not on the first request: seconds of capture
+        with tqdm(total=len(runner.steps), desc="capturing CUDA graphs", unit="step", file=sys.stderr,
+                  disable=disable) as bar:
+            runner.capture_graphs(lambda T: bar.update())
     return Engine(plan, model_dir, model, executor, devices, runner, threads)
 

@@ -16,8 +16,10 @@ cache and snapshots either way. Longer prompts run on the dynamic model (split-r
 by the plan's threshold): at those lengths experts and attention, not dispatch, set the time.
 
 On GPUs each segment of each step is captured once as a CUDA graph (decode_graphs.py, all in one
-memory pool: the steps never run at the same time) and replayed; on the CPU the same steps run
-eagerly. Counters get each step's routes afterwards.
+memory pool on one capture stream per device: the steps never run at the same time) and replayed; on
+the CPU the same steps run eagerly. The capture runs when the engine loads (`capture_graphs()`, a
+few seconds for V4-Flash's buckets, said on stderr), not on the first request, whose wait it would
+add to. Counters get each step's routes afterwards.
 """
 
 from __future__ import annotations
@@ -32,6 +34,12 @@ from ..model.session import Session
 from ..model.static_decode.step import StaticStep
 from .decode_graphs import SegmentGraphs, graph_pool
 from .executor import PlacementExecutor
+from .streams import streams_for
+
+
+def on_gpu(step: StaticStep) -> bool:
+    """Whether the step has GPU segments to capture (tests replace it to run the capture path on the CPU)."""
+    return any(s.device.type == "cuda" for s in step.segments)
 
 
 class StepRunner:
@@ -47,9 +55,22 @@ class StepRunner:
         self.buckets = sorted(set(buckets))
         self.executor = executor
         self.owner: Session | None = None
-        self.use_graphs = graphs and any(s.device.type == "cuda" for s in self.step.segments)
+        self.use_graphs = graphs and on_gpu(self.step)
+        for seg in self.step.segments:  # every step's capture stream, made at load
+            streams_for(seg.device).named(seg.device, "capture")
         pool = graph_pool() if self.use_graphs else None
         self.graphs = {T: SegmentGraphs(step, pool) for T, step in self.steps.items()}
+
+    def capture_graphs(self, on_step=lambda T: None) -> None:
+        """Capture every step's graphs (at load: a no-op without GPU segments or with graphs off).
+        Their warm-up runs leave stale state in the buffers, so no session stays bound: the next bind loads
+        its cache. `on_step(T)`: called after each step's capture (a progress bar)."""
+        if not self.use_graphs:
+            return
+        self.release()
+        for T, graphs in self.graphs.items():
+            graphs.capture()
+            on_step(T)
 
     @property
     def largest_bucket(self) -> int:
@@ -60,9 +81,6 @@ class StepRunner:
         if self.owner is session:
             return
         self.release()
-        if self.use_graphs and not self.graphs[1].captured:
-            for graphs in self.graphs.values():  # their runs leave stale state: the load replaces it
-                graphs.capture()
         self.step.load(session.cache)
         self.owner = session
 

@@ -14,6 +14,13 @@ No GPU has run these paths yet; tests check the log for the orderings a GPU need
     done = s.record(side)                     # an event after that work
     s.wait_event(s.current(device), done)     # join
     with s.capture(stream) as graph: ...      # a CUDA graph captured on `stream` (None on the CPU)
+
+The engine's own streams are named, one per device and role (`s.named(device, "capture")`), made
+once and kept: torch.cuda.Stream() hands out streams round-robin from a pool of 32 per device, so a
+stream per layer or per captured step would, past 32, be handed a stream already in use (a layer's
+cold side stream being the capture stream itself: its host task then runs in series with the GPU
+work), and each capture on a new stream keeps its own allocator blocks and cuBLAS workspace. The CPU
+twin hands out its streams from the same kind of pool, so the tests see what a GPU would.
 """
 
 from __future__ import annotations
@@ -25,9 +32,55 @@ from typing import NamedTuple
 
 import torch
 
+POOL_SIZE = 32  # torch.cuda.Stream()'s round-robin pool per device and priority (c10 kStreamsPerPool)
+# role -> what runs on it; the engine takes no other streams
+ROLES = {"capture": "the warm-up and capture of every fixed-shape step's graphs (all steps: one allocator pool, "
+                    "one cuBLAS workspace)",
+         "cold": "the cold routes' copies and host task, forked and joined per layer (layers run one at a time)",
+         "copy": "upload-once copies into the staging buffers"}
 
-class CudaStreams:
+
+class NamedStreams:
+    """One stream per (device, role), made on first use and kept, distinct from each other and from the
+    device's default stream (a pool that wrapped round would hand out a stream already named)."""
+
+    def __init__(self):
+        self._named: dict[tuple[torch.device, str], object] = {}
+
+    def named(self, device, role: str):
+        if role not in ROLES:
+            raise ValueError(f"stream role must be one of {sorted(ROLES)}, got {role!r}")
+        device = self._device(device)
+        named = self._named
+        if (device, role) not in named:
+            held = {self._key(s) for (d, _), s in named.items() if d == device} | {self._key(self.current(device))}
+            for _ in range(POOL_SIZE + 1):
+                stream = self.new(device)
+                if self._key(stream) not in held:
+                    break
+            else:
+                raise RuntimeError(f"no stream on {device} distinct from the {len(held)} already in use")
+            named[(device, role)] = stream
+        return named[(device, role)]
+
+    def named_streams(self, device) -> dict:
+        """role -> stream of those made so far on `device`."""
+        device = self._device(device)
+        return {role: s for (d, role), s in self._named.items() if d == device}
+
+
+
+class CudaStreams(NamedStreams):
     """torch.cuda, one call per operation."""
+
+    @staticmethod
+    def _device(device) -> torch.device:
+        device = torch.device(device)
+        return device if device.index is not None else torch.device("cuda", torch.cuda.current_device())
+
+    @staticmethod
+    def _key(stream) -> int:
+        return stream.cuda_stream
 
     def current(self, device) -> torch.cuda.Stream:
         return torch.cuda.current_stream(device)
@@ -72,15 +125,26 @@ class Entry(NamedTuple):
     what: object  # the other stream, the event, or None
 
 
-class CpuStreams:
+class CpuStreams(NamedStreams):
     """The CPU twin: every CPU device is one device (as its tensors say), work runs when it is issued,
     and ordering operations change nothing but the log (while recording) and which stream is current
-    (one for all threads, unlike CUDA's: only the log depends on it)."""
+    (one for all threads, unlike CUDA's: only the log depends on it). new() hands out streams 1..32
+    round-robin, as torch's pool does."""
 
     def __init__(self):
+        super().__init__()
         self.log: list[Entry] | None = None
         self._current = [TwinStream(0)]  # a stack: on() pushes
-        self._numbers = itertools.count(1)
+        self._numbers = itertools.count(1)   # events
+        self._pool = itertools.count(0)      # streams
+
+    @staticmethod
+    def _device(device) -> torch.device:
+        return torch.device("cpu")
+
+    @staticmethod
+    def _key(stream) -> TwinStream:
+        return stream
 
     @contextmanager
     def recording(self) -> Iterator[list[Entry]]:
@@ -94,7 +158,7 @@ class CpuStreams:
         return self._current[-1]
 
     def new(self, device=None) -> TwinStream:
-        stream = TwinStream(next(self._numbers))
+        stream = TwinStream(1 + next(self._pool) % POOL_SIZE)
         self._note(stream, "new", None)
         return stream
 

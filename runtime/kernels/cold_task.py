@@ -100,7 +100,9 @@ class ColdBridge:
         self.tasks: dict[int, ColdTask] = {}  # T -> its task struct (a captured host node keeps its address)
         self.fn = ctypes.cast(kernel.lib.ost_cold_task_run, ctypes.c_void_p)
         self.streams = streams_for(self.device)
-        self.side = self.streams.new(self.device)  # made here: a capture cannot make streams
+        # the device's one cold stream, shared by its layers (each layer joins it before the next forks it);
+        # made now: a capture cannot make streams
+        self.side = self.streams.named(self.device, "cold")
         self.libcuda = _libcuda() if self.device.type == "cuda" else None
         for T in staging.token_counts:
             self.task(T)
@@ -137,11 +139,15 @@ class ColdBridge:
         return self.staging.rows(T)[4]
 
     def check(self) -> None:
-        """Raise if a host task rejected its input (host side, after the step)."""
+        """Raise if a host task rejected its input (host side, after the step). Every task's status is read
+        and cleared, so a failure is reported once, by the step it happened in, and not again by every
+        later step (a step of another T does not run, so does not overwrite, that task's status)."""
+        failed = {T: task.status for T, task in self.tasks.items() if task.status}
         for task in self.tasks.values():
-            if task.status:
-                raise ValueError("cold expert task failed: "
-                                 f"{HOST_FN_ERRORS.get(task.status) or kernel_error(task.status)}")
+            task.status = 0
+        if failed:
+            raise ValueError("cold expert task failed: " + "; ".join(
+                f"{T}-token step: {HOST_FN_ERRORS.get(code) or kernel_error(code)}" for T, code in failed.items()))
 
     def _run_task(self, task: ColdTask) -> None:
         """The CPU kernel over the staged buffers: a host function on the side stream with a GPU, a call
