@@ -1,16 +1,17 @@
-"""GPU throughput report: the CUDA paths' speeds on one GPU, against the GPU's peak, the hardware spec and
-the cost model. Their pass/fail properties are the checks in tests/gpu (`pytest -m gpu tests/gpu`);
-tools/gpu_check.sh runs both on a lent GPU machine.
+"""GPU throughput report: the CUDA paths' speeds on one GPU, against the GPU's peak, the hardware spec, the
+cost model and the issue's goals. Their pass/fail properties are the checks in tests/gpu (`pytest -m gpu
+tests/gpu`); tools/gpu_check.sh runs both on a lent GPU machine.
 
     python -m ostinato.bench.gpu_report [--cpu] [--only NAME,...] [--peak-gbs 4800] [--host-isa avx2|native]
-                                        [--work DIR]
+                                        [--work DIR] [--table FILE] [--figures FILE] [--limit-s S] [--budget-s S]
 
-One table row per figure, then a last line of ratios:
-  decode    (a) the hot decode kernel at V4-Flash shapes (6 routes, D=4096, I=2048), several launches over
-            distinct experts (no L2 reuse) replayed from one CUDA graph: GB/s of packed weights vs the
-            GPU's peak (--peak-gbs)
-  prefill   (b) the prefill kernel's two launches (graph-replayed) at 16..4096 routes per expert: TFLOP/s,
-            and the cost model's time for the same experts and routes over the measured time
+One table row per figure, then a line of ratios and a line of goals:
+  decode    (a) the hot decode kernel at V4-Flash shapes (6 routes, D=4096, I=2048) on bf16 activations,
+            several launches over distinct experts (no L2 reuse) replayed from one CUDA graph: GB/s of
+            packed weights vs the GPU's peak (--peak-gbs); goal >= 0.7
+  prefill   (b) the prefill kernel's two launches (graph-replayed) at 16..4096 routes per expert on bf16
+            activations (the engine's; float16 under --cpu): TFLOP/s, and the cost model's time for the
+            same experts and routes over the measured time
   upload    (e) pinned host-to-device copies of whole experts (13.4 MB each), as the executor issues them,
             vs the spec's link; then the executor's upload-once path over 3 groups: the share of the
             shorter of (upload, compute) that its double buffering hides
@@ -20,35 +21,54 @@ One table row per figure, then a last line of ratios:
   step      (c) the engine's decode step on the tiny model compiled for one H200 (bf16, at most 6 hot
             experts per layer, so cold routes cross through host nodes): ms/token replayed from its CUDA
             graphs vs run eagerly, steady state (capture and the first tokens excluded)
-  bucket    (i) short prefills of 16, 64 and 120 tokens (after 100) on the same tiny engine with buckets
-            8..64: the bucket steps replayed from their CUDA graphs vs the same steps eagerly vs the
-            dynamic model (median of 5)
-  fp8       (h) the FP8 dense kernel: a decode token through a 32768 x 1024 matrix in GB/s vs peak, a
-            4096-token GEMM in TFLOP/s vs the spec
-A measurement that raises becomes a failed row (exit status 1); the others still run.
+  bucket    (i) short prefills of 16, 64 and 120 tokens (after 100) on the same tiny engine as the plan's
+            bucket steps (buckets 2..128: 120 = 64+32+16+8): replayed from their CUDA graphs vs the same
+            steps eagerly vs the dynamic model (median of 5)
+  fp8       (h) the FP8 dense kernel on bf16 activations: a decode token through each distinct dense FP8
+            matrix shape of V4-Flash (copies cycled in one graph, past L2) in GB/s vs peak (goal >= 0.6),
+            and a 4096-token GEMM through wo_b in TFLOP/s vs the spec
+The goals measured by the checks (graphs equal eager to 1e-5 of the logit scale in float32, allocation =
+plan within 5%) come from the figures file they write (tests/gpu/conftest.py, --figures).
 
-Without CUDA it lists the figures as unmeasured and exits 0. `--cpu` runs every measurement on the CPU
-at the tiny model's shapes (Triton's interpreter, graphs as their eager twin, no pinned memory): the
-figures mean nothing there, but every code path up to the CUDA calls runs (tests/test_gpu_check_plumbing.py).
+Each measurement runs in its own process (--child NAME), under --limit-s seconds and within --budget-s in
+all: a sticky CUDA error (a misaligned address) poisons the process it happens in, so a crash, a hang or
+an error costs only its own measurement, which becomes a FAILED row; the others still run. Every row is
+added to the table file (--table) as it finishes, so a run cut short keeps what it measured. Exit status
+1 when a measurement failed or could not run.
+
+Without CUDA (and without --cpu) it measures nothing, lists what stays unverified and exits 1. `--cpu` runs
+every measurement on the CPU at the tiny model's shapes (Triton's interpreter, graphs as their eager twin,
+no pinned memory): the figures mean nothing there, but every code path up to the CUDA calls runs
+(tests/test_gpu_check_plumbing.py).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import os
+import signal
+import subprocess
 import sys
 import tempfile
 import time
 import traceback
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
 
 from ostinato.bench.gpu_setup import (
+    GRAPH_VS_EAGER,
+    SHORT_PREFILLS,
     GpuSetup,
+    activation_dtype,
     all_hot_bridges,
+    bucket_steps,
     captured,
+    dense_fp8_shapes,
     expert_tensors,
     hot_decode_launches,
     make_setup,
@@ -59,6 +79,10 @@ from ostinato.bench.gpu_setup import (
 
 ROUTES_PER_EXPERT = (16, 64, 256, 1024, 4096)
 UPLOAD_GROUPS = 3
+ROTATE_BYTES = 256 << 20  # the FP8 GEMV cycles copies of its matrix over this many bytes: 5x an H200's L2
+LIMIT_S = 120.0           # one measurement's process on CUDA, start-up included (--cpu: none; the interpreter is slow)
+LEAST_S = 15.0            # a measurement with less time than this left does not start
+FAULT = "OSTINATO_GPU_REPORT_FAULT"  # test hook, see inject_fault
 
 
 @dataclass(frozen=True)
@@ -68,9 +92,38 @@ class Row:
     value: str                # what was measured
     reference: str = ""       # what it is compared with
     ratio: float | None = None
-    ratio_key: str = ""       # its name in the ratio line, saying what over what
-    failed: bool = False      # the measurement raised
-    seconds: float = 0.0      # the measurement's time, on its last row
+    ratio_key: str = ""       # its name in the ratio line, saying what over what ("key:detail" per shape)
+    failed: bool = False      # the measurement raised, crashed, hung or did not run
+    seconds: float = 0.0      # the measurement's process time, on its last row
+    goal: str = ""            # the issue's goal for this ratio, and whether it was met
+    met: bool | None = None
+
+
+@dataclass(frozen=True)
+class Goal:
+    what: str                 # for a goal nothing measured
+    text: str
+    met: Callable[[float], bool]
+
+
+# The issue's goals, by ratio key (its part before ':'); the last three are the checks' figures.
+GOALS = {
+    "decode_bw/peak": Goal("(a) hot decode at HBM bandwidth", ">= 0.7", lambda r: r >= 0.7),
+    "fp8_gemv_bw/peak": Goal("(h) FP8 GEMV at peak bandwidth", ">= 0.6", lambda r: r >= 0.6),
+    "graph/eager_decode": Goal("(c) decode graphs vs eager steps, float32 logits (tests/gpu)",
+                               f"<= {GRAPH_VS_EAGER:g}", lambda r: r <= GRAPH_VS_EAGER),
+    "graph/eager_bucket": Goal("(i) bucket graphs vs eager steps, float32 logits (tests/gpu)",
+                               f"<= {GRAPH_VS_EAGER:g}", lambda r: r <= GRAPH_VS_EAGER),
+    "alloc/plan_gpu0": Goal("allocation vs the plan less headroom (tests/gpu)", "1 +- 0.05",
+                            lambda r: abs(r - 1) <= 0.05),
+}
+
+
+def judged(row: Row) -> Row:
+    goal = GOALS.get(row.ratio_key.split(":")[0])
+    if goal is None or row.ratio is None or row.failed:
+        return row
+    return replace(row, goal=goal.text, met=bool(goal.met(row.ratio)))
 
 
 # ----- timing ---------------------------------------------------------------------------------------
@@ -105,34 +158,33 @@ def wall(fn, device: torch.device, n: int) -> float:
     return (time.perf_counter() - start) / n
 
 
-# ----- the measurements -----------------------------------------------------------------------------
-def hot_decode(s: GpuSetup, peak_gbs: float) -> list[Row]:
+# ----- the measurements: each yields its rows as they are measured ------------------------------------
+def hot_decode(s: GpuSetup, peak_gbs: float) -> Iterator[Row]:
     """(a) Hot decode launches over distinct experts, replayed from one CUDA graph."""
     cfg, n = s.cfg, (10 if s.cuda else 2)
     launches = hot_decode_launches(s, n)
     sec = per_call(captured(launches.run, s.device), s.device, 50 if s.cuda else 1) / n
     gbs = launches.bytes_per_launch / sec / 1e9
-    return [Row("decode", f"(a) hot decode, {cfg.num_experts_per_tok} routes D={cfg.hidden_size} "
-                f"I={cfg.moe_intermediate_size}, graph of {n} launches", f"{sec * 1e6:.1f} us/launch, {gbs:.0f} GB/s",
-                f"peak {peak_gbs:.0f} GB/s", gbs / peak_gbs, "decode_bw/peak")]
+    yield Row("decode", f"(a) hot decode, {cfg.num_experts_per_tok} routes D={cfg.hidden_size} "
+              f"I={cfg.moe_intermediate_size}, graph of {n} launches", f"{sec * 1e6:.1f} us/launch, {gbs:.0f} GB/s",
+              f"peak {peak_gbs:.0f} GB/s", gbs / peak_gbs, "decode_bw/peak")
 
 
-def prefill_rate(s: GpuSetup, peak_gbs: float) -> list[Row]:
+def prefill_rate(s: GpuSetup, peak_gbs: float) -> Iterator[Row]:
     """(b) The prefill kernel at r routes per expert: k experts, r tokens each routed to all of them."""
-    cfg, rows = s.cfg, []
+    cfg, act = s.cfg, str(activation_dtype(s.device)).removeprefix("torch.")
     for r in ROUTES_PER_EXPERT if s.cuda else ROUTES_PER_EXPERT[:1]:
         launches = prefill_launches(s, r)
         sec = per_call(captured(launches.run, s.device), s.device, 20 if s.cuda else 1)
         flops = s.cost.expert_flops * launches.routes
         model = s.cost.gpu_experts_time(cfg.num_experts_per_tok, launches.routes)
-        rows.append(Row("prefill", f"(b) prefill, {r} routes/expert x {cfg.num_experts_per_tok} experts "
-                        f"D={cfg.hidden_size} I={cfg.moe_intermediate_size}",
-                        f"{flops / sec / 1e12:.1f} TFLOP/s, {sec * 1e3:.3f} ms", f"cost model {model * 1e3:.3f} ms",
-                        model / sec, f"prefill{r}/model"))
-    return rows
+        yield Row("prefill", f"(b) prefill, {r} routes/expert x {cfg.num_experts_per_tok} experts "
+                  f"D={cfg.hidden_size} I={cfg.moe_intermediate_size}, {act}",
+                  f"{flops / sec / 1e12:.1f} TFLOP/s, {sec * 1e3:.3f} ms", f"cost model {model * 1e3:.3f} ms",
+                  model / sec, f"prefill{r}/model")
 
 
-def upload(s: GpuSetup, peak_gbs: float) -> list[Row]:
+def upload(s: GpuSetup, peak_gbs: float) -> Iterator[Row]:
     """(e) Pinned expert uploads, then the executor's upload-once path vs upload alone and compute alone."""
     T = 2048 if s.cuda else 16  # on an H200 about as long to compute as to upload (T k / n routes per expert)
     rig = upload_rig(s, UPLOAD_GROUPS, T)
@@ -145,22 +197,21 @@ def upload(s: GpuSetup, peak_gbs: float) -> list[Row]:
 
         n, nbytes = len(rig.experts), rig.experts[0].nbytes
         t_up = per_call(copy_all, s.device, 5 if s.cuda else 1)
+        h2d, link = n * nbytes / t_up / 1e9, s.cost.hw.link.h2d_bandwidth / 1e9
+        yield Row("upload", f"(e) {'pinned ' if s.cuda else ''}H2D, {n} experts of {nbytes / 1e6:.1f} MB",
+                  f"{h2d:.1f} GB/s", f"spec link {link:.0f} GB/s", h2d / link, "h2d/link")
         out = torch.zeros(T, s.cfg.hidden_size, device=s.device)
         t_compute = wall(lambda: rig.on_resident(out), s.device, 3 if s.cuda else 1)
         t_both = wall(rig.upload, s.device, 3 if s.cuda else 1)
     finally:
         rig.close()
-    h2d, link = n * nbytes / t_up / 1e9, s.cost.hw.link.h2d_bandwidth / 1e9
     hidden = (t_up + t_compute - t_both) / min(t_up, t_compute)
-    k = s.cfg.num_experts_per_tok
-    return [Row("upload", f"(e) {'pinned ' if s.cuda else ''}H2D, {n} experts of {nbytes / 1e6:.1f} MB",
-                f"{h2d:.1f} GB/s", f"spec link {link:.0f} GB/s", h2d / link, "h2d/link"),
-            Row("upload", f"(e) upload-once, {UPLOAD_GROUPS} groups of {rig.group}, {T * k // n} routes/expert",
-                f"{t_both * 1e3:.2f} ms", f"alone: upload {t_up * 1e3:.2f}, compute {t_compute * 1e3:.2f} ms",
-                hidden, "overlap")]
+    yield Row("upload", f"(e) upload-once, {UPLOAD_GROUPS} groups of {rig.group}, "
+              f"{T * s.cfg.num_experts_per_tok // n} routes/expert", f"{t_both * 1e3:.2f} ms",
+              f"alone: upload {t_up * 1e3:.2f}, compute {t_compute * 1e3:.2f} ms", hidden, "overlap")
 
 
-def host_node(s: GpuSetup, peak_gbs: float) -> list[Row]:
+def host_node(s: GpuSetup, peak_gbs: float) -> Iterator[Row]:
     """(d) One layer's cold-route bridge with zero cold routes, 32 times in one graph."""
     engine = s.engine(graphs=False)
     try:
@@ -170,12 +221,12 @@ def host_node(s: GpuSetup, peak_gbs: float) -> list[Row]:
         engine.close()
     link, act = s.cost.hw.link, bridges.hidden_size * 4
     model = 2 * link.latency_s + act / link.d2h_bandwidth + act / link.h2d_bandwidth  # as cpu_experts_time's crossing
-    return [Row("hostnode", f"(d) host node per layer, 0 cold routes (tiny, D={bridges.hidden_size}), "
-                f"{bridges.n} per graph", f"{sec * 1e6:.1f} us", f"cost model {model * 1e6:.1f} us", sec / model,
-                "hostnode/model")]
+    yield Row("hostnode", f"(d) host node per layer, 0 cold routes (tiny, D={bridges.hidden_size}), "
+              f"{bridges.n} per graph", f"{sec * 1e6:.1f} us", f"cost model {model * 1e6:.1f} us", sec / model,
+              "hostnode/model")
 
 
-def decode_step(s: GpuSetup, peak_gbs: float) -> list[Row]:
+def decode_step(s: GpuSetup, peak_gbs: float) -> Iterator[Row]:
     """(c) The engine's decode step replayed from its CUDA graphs vs run eagerly."""
     warmup, steps, prompt = (4, 32, 100) if s.cuda else (1, 6, 24)
     engines = [s.engine(graphs=True), s.engine(graphs=False)]
@@ -194,32 +245,33 @@ def decode_step(s: GpuSetup, peak_gbs: float) -> list[Row]:
                 if i >= warmup:
                     times[j] += time.perf_counter() - start
             token = int(logits.argmax())
+        dtype = str(engines[0].model.dtype).removeprefix("torch.")
     finally:
         for e in engines:
             e.close()
     graph_ms, eager_ms = (t / steps * 1e3 for t in times)
-    return [Row("step", f"(c) decode step, tiny bf16, {steps} tokens after {warmup}: graph vs eager",
-                f"{graph_ms:.2f} ms/token", f"eager {eager_ms:.2f} ms/token", eager_ms / graph_ms, "eager/graph")]
+    yield Row("step", f"(c) decode step, tiny {dtype}, {steps} tokens after {warmup}: graph vs eager",
+              f"{graph_ms:.2f} ms/token", f"eager {eager_ms:.2f} ms/token", eager_ms / graph_ms, "eager/graph")
 
 
-def bucket_steps(s: GpuSetup, peak_gbs: float) -> list[Row]:
-    """(i) Short prefills as captured bucket steps vs the same steps eagerly vs the dynamic model."""
-    buckets, prompt, sizes, reps = [8, 16, 32, 64], 100, (16, 64, 120), (5 if s.cuda else 1)
-    plan = s.plan.replace(policy=s.plan.policy.replace(prefill_buckets=buckets))
+def bucket_rate(s: GpuSetup, peak_gbs: float) -> Iterator[Row]:
+    """(i) Short prefills as the plan's bucket steps: replayed from graphs vs run eagerly vs the dynamic model."""
+    prompt, reps, plan = 100, (5 if s.cuda else 1), s.plan
     kinds = {"graph": (plan, True), "eager steps": (plan, False),
              "dynamic": (plan.replace(policy=plan.policy.replace(prefill_buckets=[])), False)}
     engines = {name: s.engine(graphs=g, plan=p) for name, (p, g) in kinds.items()}
-    rows = []
     try:
         vocab = engines["graph"].model.config.vocab_size
-        ids = torch.randint(0, vocab, (prompt + max(sizes),), generator=torch.Generator().manual_seed(1))
-        for n in sizes:
-            median = {}
+        ids = torch.randint(0, vocab, (prompt + max(SHORT_PREFILLS),), generator=torch.Generator().manual_seed(1))
+        for n in SHORT_PREFILLS:
+            median, pieces = {}, []
             for name, engine in engines.items():
                 times = []
                 for r in range(reps + 1):  # the first run binds (and captures, for the graph engine)
                     session = engine.new_session()
                     session.prefill(ids[:prompt], last_only=True)
+                    if name != "dynamic":  # what the engine runs: raises unless these are bucket steps
+                        pieces = bucket_steps(session, plan, n)
                     sync(s.device)
                     start = time.perf_counter()
                     session.prefill(ids[prompt:prompt + n], last_only=True)
@@ -228,49 +280,199 @@ def bucket_steps(s: GpuSetup, peak_gbs: float) -> list[Row]:
                         times.append(time.perf_counter() - start)
                 median[name] = sorted(times)[len(times) // 2] * 1e3
             g, e, d = median["graph"], median["eager steps"], median["dynamic"]
-            rows.append(Row("bucket", f"(i) {n}-token prefill after {prompt}, tiny: bucket graphs vs eager steps",
-                            f"{g:.2f} ms", f"eager steps {e:.2f} ms, dynamic {d:.2f} ms", d / g, f"dynamic/graph{n}"))
+            yield Row("bucket", f"(i) {n}-token prefill after {prompt}, tiny: bucket steps "
+                      f"{'+'.join(map(str, pieces))}, graphs vs eager", f"{g:.2f} ms",
+                      f"eager steps {e:.2f} ms, dynamic {d:.2f} ms", d / g, f"dynamic/graph{n}")
     finally:
         for engine in engines.values():
             engine.close()
-    return rows
 
 
-def fp8_dense(s: GpuSetup, peak_gbs: float) -> list[Row]:
-    """(h) The FP8 dense kernel: a decode token through V4-Flash's largest dense matrix (wq_b, 32768 x 1024)
-    in GB/s of FP8 bytes read, a 4096-token prefill through wo_b (4096 x 8192) in TFLOP/s."""
+def fp8_dense(s: GpuSetup, peak_gbs: float) -> Iterator[Row]:
+    """(h) The FP8 dense kernel on the engine's activations: a GEMV per dense FP8 shape, a 4096-token GEMM.
+    A decode token through every distinct dense FP8 matrix shape (GB/s of weights and scales read, copies
+    cycled past L2 in one graph), then a 4096-token prefill through wo_b (4096 x 8192 on V4-Flash)."""
     from ostinato.checkpoint.formats import quantize_fp8
     from ostinato.runtime.kernels.fp8_triton import fp8_linear  # imports Triton: after TRITON_INTERPRET is set
     from ostinato.runtime.kernels.scale_layout import word_aligned
 
-    rows = []
-    shapes = ((1, 32768, 1024), (4096, 4096, 8192)) if s.cuda else ((1, 256, 128), (64, 128, 256))
-    act = torch.bfloat16 if s.cuda else torch.float16  # Triton's interpreter computes bf16 wrongly
-    for T, N, K in shapes:
-        q, scale = quantize_fp8(torch.randn(N, K) * 0.02)
-        q, x = q.to(s.device), torch.randn(T, K).to(s.device, act)
-        scale = word_aligned(scale.view(torch.uint8).to(s.device))
-        sec = per_call(lambda x=x, q=q, scale=scale: fp8_linear(x, q, scale), s.device, 50 if s.cuda else 1)
-        if T == 1:
-            gbs = N * K / sec / 1e9
-            rows.append(Row("fp8", f"(h) FP8 dense GEMV {N}x{K}, 1 token", f"{sec * 1e6:.1f} us, {gbs:.0f} GB/s",
-                            f"peak {peak_gbs:.0f} GB/s", gbs / peak_gbs, "fp8_gemv_bw/peak"))
-        else:
-            tflops, spec = 2 * T * N * K / sec / 1e12, s.plan.hardware.gpus.matmul_flops / 1e12
-            rows.append(Row("fp8", f"(h) FP8 dense GEMM {T}x{N}x{K}", f"{tflops:.1f} TFLOP/s",
-                            f"spec {spec:.0f} TFLOP/s", tflops / spec, "fp8_gemm_flops/spec"))
-    return rows
+    dev, act, g = s.device, activation_dtype(s.device), torch.Generator().manual_seed(5)
+
+    def weights(N: int, K: int, copies: int):  # each copy's scales laid out on words, as the loader holds them
+        q, scale = quantize_fp8(torch.randn(N, K, generator=g) * 0.02)
+        q, scale = q.to(dev), scale.view(torch.uint8).to(dev)
+        return [(q.clone(), word_aligned(scale.clone())) for _ in range(copies)]
+
+    shapes = dense_fp8_shapes(s.cfg)
+    for (N, K), names in shapes.items():
+        copies = max(2, math.ceil(ROTATE_BYTES / (N * K))) if s.cuda else 2
+        mats, x = weights(N, K, copies), torch.randn(1, K, generator=g).to(dev, act)
+
+        def run(mats=mats, x=x):
+            for q, scale in mats:
+                fp8_linear(x, q, scale)
+
+        sec = per_call(captured(run, dev), dev, 20 if s.cuda else 1) / copies
+        gbs = (N * K + mats[0][1].numel()) / sec / 1e9
+        yield Row("fp8", f"(h) FP8 GEMV {N}x{K} ({', '.join(names)}), 1 token, graph of {copies}",
+                  f"{sec * 1e6:.1f} us, {gbs:.0f} GB/s", f"peak {peak_gbs:.0f} GB/s", gbs / peak_gbs,
+                  f"fp8_gemv_bw/peak:{N}x{K}")
+    (N, K), T = next(shape for shape, names in shapes.items() if "wo_b" in names), (4096 if s.cuda else 64)
+    q, scale = weights(N, K, 1)[0]
+    x = torch.randn(T, K, generator=g).to(dev, act)
+    sec = per_call(lambda: fp8_linear(x, q, scale), dev, 20 if s.cuda else 1)
+    tflops, spec = 2 * T * N * K / sec / 1e12, s.plan.hardware.gpus.matmul_flops / 1e12
+    yield Row("fp8", f"(h) FP8 GEMM {T}x{N}x{K} (wo_b)", f"{tflops:.1f} TFLOP/s", f"spec {spec:.0f} TFLOP/s",
+              tflops / spec, "fp8_gemm_flops/spec")
 
 
 RUNS = {"decode": hot_decode, "prefill": prefill_rate, "upload": upload, "hostnode": host_node, "step": decode_step,
-        "bucket": bucket_steps, "fp8": fp8_dense}
+        "bucket": bucket_rate, "fp8": fp8_dense}
+
+
+# ----- one measurement in this process (--child) -------------------------------------------------------
+def inject_fault(name: str, rows_done: int) -> None:
+    """Test hook (tests/test_gpu_check_plumbing.py): OSTINATO_GPU_REPORT_FAULT=NAME:KIND[:AFTER][,...] makes
+    measurement NAME, once it has given AFTER rows (default 0), end its process at once (exit: as a crash,
+    or a sticky CUDA error's abort, would), raise (raise) or hang (hang)."""
+    for spec in filter(None, os.environ.get(FAULT, "").split(",")):
+        target, kind, *after = spec.split(":")
+        if target == name and rows_done == int(after[0] if after else 0):
+            print(f"[{name}] {FAULT}: {kind}", flush=True)
+            if kind == "exit":
+                os._exit(3)
+            if kind == "hang":
+                time.sleep(3600)
+            raise RuntimeError(f"fault injected by {FAULT}")
+
+
+def child(args: argparse.Namespace) -> int:
+    """Run measurement args.child; each row goes to args.rows as a JSON line as soon as it is measured."""
+    name = args.child
+
+    def emit(row: Row) -> None:
+        with open(args.rows, "a") as f:
+            f.write(json.dumps(asdict(row)) + "\n")
+        print(f"[{name}] {row.what}: {row.value}", flush=True)
+
+    device = torch.device("cpu" if args.cpu else "cuda")
+    try:
+        setup = make_setup(device, Path(args.work), args.host_isa)
+        inject_fault(name, 0)
+        for i, row in enumerate(RUNS[name](setup, args.peak_gbs), 1):
+            emit(row)
+            inject_fault(name, i)
+        sync(device)  # an error of the last kernels surfaces here, inside this measurement
+    except Exception as e:  # noqa: BLE001 - reported as this measurement's failed row
+        traceback.print_exc()
+        emit(Row(name, f"{name}: raised {type(e).__name__}", str(e).splitlines()[0][:100] if str(e) else "",
+                 failed=True))
+        return 1
+    return 0
+
+
+# ----- the parent: each measurement in a child process -------------------------------------------------
+class TableFile:
+    """The table so far in a file, rewritten whenever a row arrives (replaced whole: a reader never sees
+    half of it), so a run cut short keeps every row it finished."""
+
+    def __init__(self, path: Path):
+        self.path, self.rows = path, []
+        path.parent.mkdir(parents=True, exist_ok=True)
+
+    def add(self, rows: list[Row]) -> None:
+        self.rows += [judged(r) for r in rows]
+        self.write()
+
+    def finish_measurement(self, name: str, seconds: float) -> None:
+        """The measurement's time on its last row."""
+        last = max(i for i, r in enumerate(self.rows) if r.name == name)
+        self.rows[last] = replace(self.rows[last], seconds=seconds)
+        self.write()
+
+    def write(self, *lines: str) -> None:
+        tmp = self.path.with_name(f".{self.path.name}.tmp")
+        tmp.write_text("\n".join([table(self.rows), *lines]) + "\n")
+        os.replace(tmp, self.path)
+
+
+def run_child(name: str, args: argparse.Namespace, work: Path, rows_dir: Path, limit: float,
+              out: TableFile) -> None:
+    """Measurement `name` in a child process under `limit` seconds, its rows added to `out` as they come;
+    a crash, a timeout or an exit status but 0 without a failed row of its own becomes a FAILED row."""
+    rows_file = rows_dir / f"{name}.jsonl"
+    cmd = [sys.executable, "-m", "ostinato.bench.gpu_report", "--child", name, "--rows", str(rows_file),
+           "--work", str(work), "--peak-gbs", str(args.peak_gbs), "--host-isa", args.host_isa]
+    start, offset, timed_out = time.monotonic(), 0, False
+    print(f"gpu_report: {name}" + (f" (at most {limit:.0f} s)" if limit < math.inf else ""), flush=True)
+    # in this process group: the device script's `timeout` ends the children with the report
+    proc = subprocess.Popen(cmd + (["--cpu"] if args.cpu else []))
+
+    def new_rows() -> list[Row]:
+        nonlocal offset
+        if not rows_file.exists():
+            return []
+        text = rows_file.read_text()
+        done = text[offset:text.rfind("\n") + 1] if text.rfind("\n") >= offset else ""
+        offset += len(done)
+        return [Row(**json.loads(line)) for line in done.splitlines()]
+
+    while True:
+        try:
+            rc = proc.wait(timeout=0.5)
+        except subprocess.TimeoutExpired:
+            rc = None
+        if rows := new_rows():
+            out.add(rows)
+        if rc is not None:
+            break
+        if time.monotonic() - start > limit:
+            proc.kill()
+            proc.wait()
+            timed_out = True
+            break
+    out.add(new_rows())
+    mine = [r for r in out.rows if r.name == name]
+    if timed_out:
+        why = f"timed out after {limit:.0f} s"
+    elif rc < 0:
+        why = f"killed by signal {signal.Signals(-rc).name}"
+    elif rc:
+        why = f"exit status {rc}"
+    else:
+        why = "" if mine else "gave no rows"
+    if why and not any(r.failed for r in mine):
+        out.add([Row(name, f"{name}: {why}", f"after {len(mine)} rows", failed=True)])
+    if why:
+        print(f"[{name}] FAILED: {why}", flush=True)
+    out.finish_measurement(name, time.monotonic() - start)
+
+
+def figure_rows(path: Path | None) -> list[Row]:
+    """The checks' figures that have a goal (tests/gpu/conftest.py writes them, one JSON object a line)."""
+    if path is None or not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        fig = json.loads(line)
+        key, value = fig["figure"], fig["value"]
+        if goal := GOALS.get(key.split(":")[0]):
+            rows.append(Row("checks", f"{goal.what}: {key}", f"{value:.3g}", "", value, key))
+    return rows
+
+
+def unmeasured_goals(rows: list[Row]) -> list[Row]:
+    keys = {r.ratio_key.split(":")[0] for r in rows if r.met is not None}
+    return [Row("goals", g.what, "not measured", goal=g.text) for k, g in GOALS.items() if k not in keys]
 
 
 # ----- output ---------------------------------------------------------------------------------------
 def table(rows: list[Row]) -> str:
-    head = ("what", "measured", "reference", "ratio", "s")
+    head = ("what", "measured", "reference", "ratio", "goal", "s")
     cells = [(r.what, "FAILED: " + r.value if r.failed else r.value, r.reference,
-              "" if r.ratio is None else f"{r.ratio:.3g}", f"{r.seconds:.1f}" if r.seconds else "") for r in rows]
+              "" if r.ratio is None else f"{r.ratio:.3g}",
+              r.goal + ("" if r.met is None else " pass" if r.met else " MISSED"),
+              f"{r.seconds:.1f}" if r.seconds else "") for r in rows]
     widths = [max(len(c[i]) for c in [head, *cells]) for i in range(len(head))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in [head, *cells]]
     return "\n".join([lines[0], "  ".join("-" * w for w in widths), *lines[1:]])
@@ -280,20 +482,13 @@ def ratio_line(rows: list[Row]) -> str:
     return "ratios: " + (" ".join(f"{r.ratio_key}={r.ratio:.3g}" for r in rows if r.ratio_key) or "none")
 
 
-def measure(name: str, setup: GpuSetup, peak_gbs: float) -> list[Row]:
-    """Run one measurement; its rows are printed at once too, so a run cut short still shows them."""
-    start = time.perf_counter()
-    try:
-        rows = RUNS[name](setup, peak_gbs)
-        sync(setup.device)
-    except Exception as e:  # noqa: BLE001 - one broken measurement must not cost the others
-        traceback.print_exc()
-        rows = [Row(name, f"{name}: raised {type(e).__name__}", str(e).splitlines()[0][:100] if str(e) else "",
-                    failed=True)]
-    rows[-1] = replace(rows[-1], seconds=time.perf_counter() - start)
-    for r in rows:
-        print(f"[{name}] {r.what}: {r.value}", flush=True)
-    return rows
+def goals_line(rows: list[Row]) -> str:
+    judged_rows = [r for r in rows if r.met is not None]
+    missed = [r.ratio_key for r in judged_rows if not r.met]
+    unmeasured = [r.what for r in rows if r.name == "goals"]
+    return (f"goals: {len(judged_rows) - len(missed)} of {len(judged_rows)} met"
+            + (f"; missed: {' '.join(missed)}" if missed else "")
+            + (f"; not measured: {', '.join(unmeasured)}" if unmeasured else ""))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -302,34 +497,62 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", default=",".join(RUNS), help=f"comma-separated subset of {tuple(RUNS)}")
     ap.add_argument("--peak-gbs", type=float, default=4800.0, help="GPU memory bandwidth peak, GB/s (H200: 4800)")
     ap.add_argument("--host-isa", default="avx2", help="the tiny plan's host ISA, or 'native' (this CPU's best)")
-    ap.add_argument("--work", help="folder of the tiny checkpoint, its plan and kernels, reused when there "
+    ap.add_argument("--work", help="folder of the tiny checkpoint, its plans and kernels, reused when there "
                                    "(the checks' OSTINATO_GPU_WORK); default: a temporary one")
+    ap.add_argument("--table", type=Path, default=Path(os.environ.get("OUT", "build/gpu_check")) / "report_table.txt",
+                    help="the table file, rewritten as each row finishes (default $OUT/report_table.txt)")
+    ap.add_argument("--figures", type=Path, default=os.environ.get("OSTINATO_GPU_FIGURES"),
+                    help="the checks' figures (JSON lines; default $OSTINATO_GPU_FIGURES): their goals' rows")
+    ap.add_argument("--limit-s", type=float, help=f"time limit of one measurement's process (default {LIMIT_S:g}; "
+                                                   "--cpu: none)")
+    ap.add_argument("--budget-s", type=float, default=math.inf, help="time for all of them; then none starts")
+    ap.add_argument("--child", choices=tuple(RUNS), help=argparse.SUPPRESS)  # one measurement, in this process
+    ap.add_argument("--rows", help=argparse.SUPPRESS)                        # --child's rows file
     args = ap.parse_args(argv)
     names = [n for n in args.only.split(",") if n]
+    total = len(names)
     if unknown := set(names) - set(RUNS):
         ap.error(f"--only: unknown {sorted(unknown)}; choose from {tuple(RUNS)}")
-    cuda = torch.cuda.is_available() and not args.cpu
-    if not cuda and not args.cpu:
-        print("gpu_report: no CUDA device: these stay UNVERIFIED (--cpu runs their CPU side):")
+    if args.cpu:
+        os.environ["TRITON_INTERPRET"] = "1"  # read when Triton is first imported (later; children inherit it)
+    if args.child:
+        return child(args)
+    if not args.cpu and not torch.cuda.is_available():
+        print("gpu_report: no CUDA device: nothing measured; these stay UNVERIFIED (--cpu runs their CPU side):")
         for name in names:
             print(f"  {name:9s} {RUNS[name].__doc__.splitlines()[0]}")
-        return 0
-    if not cuda:
-        os.environ["TRITON_INTERPRET"] = "1"  # read when Triton is first imported, which is later
-    device = torch.device("cuda" if cuda else "cpu")
-    print(f"device: {torch.cuda.get_device_name(device) if cuda else 'cpu (plumbing only: figures mean nothing)'}"
+        return 1
+    deadline = time.monotonic() + args.budget_s
+    limit = args.limit_s or (math.inf if args.cpu else LIMIT_S)
+    print(f"device: {torch.cuda.get_device_name() if not args.cpu else 'cpu (plumbing only: figures mean nothing)'}"
           f", torch {torch.__version__}")
+    out = TableFile(args.table)
     with tempfile.TemporaryDirectory() as tmp:
-        start = time.perf_counter()
-        setup = make_setup(device, Path(args.work or tmp), args.host_isa)
-        print(f"set-up: tiny checkpoint and its h200-x1 plan ({setup.plan.model.dense_format}) in "
-              f"{time.perf_counter() - start:.1f} s")
-        rows = [row for name in names for row in measure(name, setup, args.peak_gbs)]
-    failed = sum(r.failed for r in rows)
-    print(table(rows))
-    print(f"gpu_report: {len(names) - failed} of {len(names)} measurements ran"
-          + (f", {failed} FAILED" if failed else ""))
-    print(ratio_line(rows))
+        work, start = Path(args.work or tmp), time.perf_counter()
+        try:  # here, not in each child: the first would write the checkpoint and plans while the rest wait
+            setup = make_setup(torch.device("cpu" if args.cpu else "cuda"), work, args.host_isa)
+            print(f"set-up: tiny checkpoint and its h200-x1 plans ({setup.plan.model.dense_format}, "
+                  f"{setup.plan_f32.model.dense_format}) in {time.perf_counter() - start:.1f} s", flush=True)
+        except Exception as e:  # noqa: BLE001 - every measurement fails, each says so
+            traceback.print_exc()
+            out.add([Row(n, f"{n}: set-up raised {type(e).__name__}", str(e)[:100], failed=True) for n in names])
+            names = []
+        for name in names:
+            left = deadline - time.monotonic()
+            if left < LEAST_S:
+                out.add([Row(name, f"{name}: not run", f"out of time ({left:.0f} s left)", failed=True)])
+                continue
+            run_child(name, args, work, Path(tmp), min(limit, left), out)
+    out.add(figure_rows(args.figures))
+    out.add(unmeasured_goals(out.rows))
+    failed = sorted({r.name for r in out.rows if r.failed})
+    summary = (f"gpu_report: {total - len(failed)} of {total} measurements ran"
+               + (f", {len(failed)} FAILED: {' '.join(failed)}" if failed else ""))
+    lines = (summary, ratio_line(out.rows), goals_line(out.rows))
+    out.write(*lines)
+    print(f"gpu_report: the table, also in {out.path}:")
+    print(table(out.rows))
+    print("\n".join(lines))
     return 1 if failed else 0
 
 

@@ -1,6 +1,8 @@
 """What a GPU run's checks (tests/gpu) and its throughput report (gpu_report) share: the tiny model
-compiled for one H200, the expert shapes the kernel runs use, the plan's Triton expert kernels, CUDA
-graph capture, and the kernel launches and upload-once path that the report times and the checks check.
+compiled for one H200 (as planned, and in float32 for the graph-vs-eager comparisons), the expert shapes
+the kernel runs use, the plan's Triton expert kernels, CUDA graph capture, the kernel launches and
+upload-once path that the report times and the checks check, V4-Flash's dense FP8 matrix shapes, and
+the tolerance rule every comparison uses.
 
 On CUDA the kernel runs use V4-Flash's expert shapes; on the CPU (the plumbing runs: the checks with
 OSTINATO_GPU_TESTS_ON_CPU=1, `gpu_report --cpu`) the tiny model's, with Triton in its interpreter and
@@ -10,6 +12,8 @@ each graph replaced by its eager twin: every code path up to the CUDA calls runs
 from __future__ import annotations
 
 import functools
+import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -17,9 +21,11 @@ from pathlib import Path
 import torch
 import yaml
 
+from ostinato.buckets import bucket_pieces
 from ostinato.checkpoint.config import ModelConfig
 from ostinato.checkpoint.reader import PackedExpert
 from ostinato.checkpoint.sizes import model_sizes
+from ostinato.checkpoint.tensor_specs import layer_specs
 from ostinato.compiler.codegen.kernels import render_triton_experts
 from ostinato.compiler.codegen.plan_kernels import triton_expert_params
 from ostinato.compiler.compile import CompileOptions, compile_plan
@@ -33,6 +39,7 @@ from ostinato.runtime.engine.hot_compute import TorchPoolCompute, TritonPoolComp
 from ostinato.runtime.engine.loader import Engine, load_engine
 from ostinato.runtime.engine.streams import streams_for
 from ostinato.runtime.kernels.cold_task import ColdBridge
+from ostinato.runtime.kernels.launch import launch
 from ostinato.runtime.kernels.routes import group_routes
 from ostinato.runtime.kernels.testing import random_packed_expert
 from ostinato.runtime.kernels.triton_experts import (
@@ -40,12 +47,16 @@ from ostinato.runtime.kernels.triton_experts import (
     decode_experts,
     load_triton_module,
     prefill_experts,
+    prefill_h_dtype,
     route_blocks,
 )
 from ostinato.tiny import write_tiny_checkpoint
 
 CONTEXT = 512        # the tiny plan's context: the memory check fills a session to it
 MAX_HOT = 6          # hot experts per layer of the tiny plan's 16: cold routes cross through host nodes
+# Short prefills (after a 100-token prompt) that the bucket check and report run: each must run as the
+# plan's bucket steps (the compiler picks buckets 2..128 for the tiny plan's context: 120 = 64+32+16+8).
+SHORT_PREFILLS = (16, 64, 120)
 
 
 @dataclass(frozen=True)
@@ -54,6 +65,7 @@ class GpuSetup:
     work: Path           # the checkpoint, the plan and its kernels
     ckpt: Path           # the tiny model
     plan: Plan           # the tiny model compiled for h200-x1 (its default: FP8 dense, bf16 compute)
+    plan_f32: Plan       # the same with dense_format float32 (float32 compute): graph vs eager to 1e-5
     cfg: ModelConfig     # the expert shapes of the kernel runs: V4-Flash on CUDA, tiny on the CPU
     cost: CostModel      # the h200-x1 spec's cost model at cfg's shapes
 
@@ -75,25 +87,31 @@ class GpuSetup:
 
 
 def make_setup(device: torch.device, work: Path, host_isa: str = "avx2") -> GpuSetup:
-    """The tiny checkpoint and its plan for one H200, written into `work` or read from there: the device
-    script runs each check file in its own process over one folder, so only the first one writes them.
-    `host_isa`: the plan's CPU kernel variant; avx2 has run, the AVX-512 ones not yet ('native': this
-    machine's best)."""
-    ckpt, plan_file = work / "tiny", work / "plan.yaml"
+    """The tiny checkpoint and its plans for one H200, written into `work` or read from there: the device
+    script runs each check file (and each report measurement) in its own process over one folder, so only
+    the first one writes them. `host_isa`: the plans' CPU kernel variant; avx2 has run, the AVX-512 ones
+    not yet ('native': this machine's best)."""
+    ckpt, plan_file, f32_file = work / "tiny", work / "plan.yaml", work / "plan-float32.yaml"
     work.mkdir(parents=True, exist_ok=True)
-    if plan_file.exists():  # written last, atomically: the checkpoint is complete
-        plan = load_plan(plan_file)
-    else:
+    if not plan_file.exists():  # plan.yaml is written last, atomically: the checkpoint and the float32 plan exist
         write_tiny_checkpoint(ckpt, "tiny", seed=0, progress=False)
         spec = yaml.safe_load((plans_dir() / "hardware" / "h200-x1.yaml").read_text())
         spec["host"]["isa"] = detect_isa() if host_isa == "native" else host_isa
         (work / "h200.yaml").write_text(yaml.safe_dump(spec))
-        plan = compile_plan(CompileOptions(ckpt, plan_file, str(work / "h200.yaml"), context=CONTEXT,
-                                           max_hot_per_layer=MAX_HOT, kernel_dir=work / "kernels")).plan
-        plan.write(plan_file)
+        _compile(work, f32_file, "float32")
+        _compile(work, plan_file, None)
+    elif not f32_file.exists():  # a folder an older setup wrote
+        _compile(work, f32_file, "float32")
     cfg = ModelConfig.from_json(plans_dir() / "models" / "deepseek-v4-flash" if device.type == "cuda" else ckpt)
     cost = CostModel(cfg, load_hardware("h200-x1"), [], model_sizes(cfg).expert_bytes, 0, CONTEXT)
-    return GpuSetup(device, work, ckpt, plan, cfg, cost)
+    return GpuSetup(device, work, ckpt, load_plan(plan_file), load_plan(f32_file), cfg, cost)
+
+
+def _compile(work: Path, plan_file: Path, dense_format: str | None) -> None:
+    """The tiny checkpoint compiled for work/h200.yaml into plan_file (dense_format None: the compiler's)."""
+    compile_plan(CompileOptions(work / "tiny", plan_file, str(work / "h200.yaml"), context=CONTEXT,
+                                max_hot_per_layer=MAX_HOT, kernel_dir=work / "kernels",
+                                dense_format=dense_format)).plan.write(plan_file)
 
 
 @functools.cache  # loaded once per process: Triton compiles each on its first launch
@@ -121,10 +139,41 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def activation_dtype(device: torch.device) -> torch.dtype:
+    """The dense activations' dtype as the engine runs it: bf16 on GPUs (an FP8 plan's compute dtype);
+    float16 on the CPU, where Triton's interpreter computes bf16 wrongly (it multiplies raw uint16)."""
+    return torch.bfloat16 if device.type == "cuda" else torch.float16
+
+
+# ----- how close is equal ------------------------------------------------------------------------------
+UNIT_ROUNDOFF = {torch.float32: 2.0**-24, torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}
+ULPS = 4               # "a few" unit roundoffs per rounding: two results of one rounding differ by up to 2
+GRAPH_VS_EAGER = 1e-5  # the issue's goal: graph replays equal eager steps to 1e-5 of the logit scale, float32
+
+
 def rel_err(ours: torch.Tensor, ref: torch.Tensor) -> float:
     """max |ours - ref| / max |ref|, on the CPU in float32."""
     ours, ref = ours.float().cpu(), ref.float().cpu()
     return ((ours - ref).abs().max() / ref.abs().max().clamp(min=1e-30)).item()
+
+
+def tolerance(dtype: torch.dtype, terms: int = 1, accumulate: torch.dtype = torch.float32) -> float:
+    """The rel_err allowed between two computations of the same values that differ only in rounding: a
+    result rounded to `dtype` on both sides, from sums of `terms` terms accumulated in `accumulate` in
+    another order (atomic adds, split-K, graph vs eager, a reference's matmul). The rule: ULPS unit
+    roundoffs of the result's dtype (float32 2^-24, float16 2^-11, bf16 2^-8), plus ULPS of the
+    accumulator's times sqrt(terms) (a sum's rounding errors in an unknown order add like a random walk;
+    rel_err divides by the largest output). The kernels accumulate in float32, so: float32 over 4096 +
+    2048 terms 1.9e-5; bf16 or float16 results about 4 of their own unit roundoffs (0.016, 0.002)."""
+    return ULPS * (UNIT_ROUNDOFF[dtype] + UNIT_ROUNDOFF[accumulate] * math.sqrt(terms))
+
+
+def logit_tolerance(dtype: torch.dtype) -> float:
+    """The rel_err allowed between graph and eager logits (whole-model steps, of the logit scale): the
+    issue's goal GRAPH_VS_EAGER in float32 (about 168 unit roundoffs: a step's many reductions, each
+    summed by atomics in any order, through every layer), the same number of `dtype`'s unit roundoffs
+    in another dtype (bf16: 0.66, no check at all: hence those comparisons run in float32)."""
+    return GRAPH_VS_EAGER * UNIT_ROUNDOFF[dtype] / UNIT_ROUNDOFF[torch.float32]
 
 
 def random_experts(cfg: ModelConfig, n: int, seed: int) -> list[PackedExpert]:
@@ -189,7 +238,8 @@ def upload_rig(setup: GpuSetup, groups: int, tokens: int) -> UploadRig:
 
 @dataclass(frozen=True)
 class HotDecodeLaunches:
-    """`launches` hot decode launches of one token, each over its own k experts (no L2 reuse between them)."""
+    """`launches` hot decode launches of one token, each over its own k experts (no L2 reuse between them),
+    on activations in the engine's dtype (activation_dtype)."""
     run: Callable[[], None]
     slots: list[torch.Tensor]   # each launch's expert slots [k]: buffers a captured graph reads
     out: torch.Tensor           # [1, D]
@@ -202,7 +252,8 @@ def hot_decode_launches(setup: GpuSetup, launches: int) -> HotDecodeLaunches:
     experts = random_experts(cfg, launches * k, 2)
     pool = HotPool.stack(experts, dev)
     _, dec = setup.expert_kernels(cfg)
-    x, out, h = torch.randn(1, D, device=dev), torch.zeros(1, D, device=dev), torch.empty(k, I, device=dev)
+    x = torch.randn(1, D).to(dev, activation_dtype(dev))
+    out, h = torch.zeros(1, D, device=dev), torch.empty(k, I, device=dev)
     token, weight = torch.zeros(k, dtype=torch.int32, device=dev), torch.rand(k, device=dev)
     slots = [torch.arange(k * j, k * (j + 1), dtype=torch.int32, device=dev) for j in range(launches)]
 
@@ -216,7 +267,8 @@ def hot_decode_launches(setup: GpuSetup, launches: int) -> HotDecodeLaunches:
 @dataclass(frozen=True)
 class PrefillLaunches:
     """The prefill kernel's two launches at r routes per expert: k experts, r tokens each routed to all of
-    them, on device-resident route blocks (a graph cannot hold the launcher's copies)."""
+    them, on device-resident route blocks (a graph cannot hold the launcher's copies), on activations in
+    the engine's dtype (bf16 on GPUs: the tensor-core path the engine runs, not float32's)."""
     run: Callable[[], None]
     launcher: Callable[[], torch.Tensor]  # prefill_experts on the same routes, into a fresh output
     out: torch.Tensor                     # [r, D], run's output
@@ -230,16 +282,16 @@ def prefill_launches(setup: GpuSetup, routes_per_expert: int) -> PrefillLaunches
     pre, _ = setup.expert_kernels(cfg)
     g = torch.Generator().manual_seed(r)
     routes = group_routes(torch.arange(E).repeat(r, 1), torch.rand(r, E, generator=g), E)
-    x, out = torch.randn(r, D, generator=g).to(dev), torch.zeros(r, D, device=dev)
+    x, out = torch.randn(r, D, generator=g).to(dev, activation_dtype(dev)), torch.zeros(r, D, device=dev)
     slot, start, end = (t.to(dev) for t in route_blocks(routes, pre.BLOCK_M))
     token, weight = routes.token.to(dev), routes.weight.to(dev)
-    h = torch.empty(routes.token.numel(), I, device=dev)
+    h = torch.empty(routes.token.numel(), I, dtype=prefill_h_dtype(pre, x.dtype), device=dev)
 
     def run():
-        pre.gate_up_kernel[(slot.numel(), I // pre.BLOCK_N)](x, pool.w1, pool.w1_scale, pool.w3, pool.w3_scale, h,
-                                                             token, slot, start, end)
-        pre.down_kernel[(slot.numel(), D // pre.BLOCK_N)](h, pool.w2, pool.w2_scale, out, token, weight, slot,
-                                                          start, end)
+        launch(pre.gate_up_kernel, (slot.numel(), I // pre.BLOCK_N), x, pool.w1, pool.w1_scale, pool.w3,
+               pool.w3_scale, h, token, slot, start, end)
+        launch(pre.down_kernel, (slot.numel(), D // pre.BLOCK_N), h, pool.w2, pool.w2_scale, out, token, weight,
+               slot, start, end)
 
     def launcher():
         return prefill_experts(pre, x, routes, pool, torch.zeros(r, D, device=dev))
@@ -274,3 +326,25 @@ def all_hot_bridges(engine: Engine, n: int) -> AllHotBridges:
             bridge.finish()
 
     return AllHotBridges(run, bridge, n, D)
+
+
+def dense_fp8_shapes(cfg: ModelConfig) -> dict[tuple[int, int], list[str]]:
+    """Every distinct shape (N, K) of the model's dense FP8 matrices (F8_E4M3 in tensor_specs' layer_specs,
+    over all layers) -> the matrices of that shape, e.g. (32768, 1024): ['wq_b']; largest first."""
+    shapes: dict[tuple[int, int], set[str]] = {}
+    for layer in range(cfg.num_hidden_layers):
+        for spec in layer_specs(cfg, layer, with_experts=False):
+            if spec.dtype == "F8_E4M3":
+                name = re.sub(r"^layers\.\d+\.(attn|ffn)\.", "", spec.name).removesuffix(".weight")
+                shapes.setdefault(spec.shape, set()).add(name)
+    return {shape: sorted(shapes[shape]) for shape in sorted(shapes, key=lambda s: (-s[0] * s[1], s))}
+
+
+def bucket_steps(session, plan: Plan, tokens: int) -> list[int]:
+    """The bucket steps (token counts) a session runs for a `tokens`-token prefill of the last logits;
+    ValueError if the engine would run it otherwise (the plan's largest bucket is smaller): a bucket
+    check or figure must time and compare what the engine runs, not the dynamic model."""
+    if session.prefill_mode(tokens, last_only=True) != "bucket":
+        raise ValueError(f"a {tokens}-token prefill does not run as bucket steps with the plan's buckets "
+                         f"{plan.policy.prefill_buckets}")
+    return bucket_pieces(tokens, plan.policy.prefill_buckets)

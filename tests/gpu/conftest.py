@@ -6,12 +6,15 @@ the tiny model's shapes (Triton's interpreter, graphs as their eager twin), so a
 find a broken check. The skip hook of tests/conftest.py skips `gpu` tests without CUDA whatever the
 variable says; that CPU run leaves it out:
     OSTINATO_GPU_TESTS_ON_CPU=1 pytest --confcutdir tests/gpu -m gpu tests/gpu
-OSTINATO_GPU_WORK names a folder for the tiny checkpoint and its plan that processes share (the device
-script runs each file in its own process); else each process writes its own.
+OSTINATO_GPU_WORK names a folder for the tiny checkpoint and its plans that processes share (the device
+script runs each file in its own process); else each process writes its own. OSTINATO_GPU_FIGURES names a
+file the measured figures are appended to (one JSON object a line), from which gpu_report --figures
+judges the goals the checks measure (graphs vs eager, allocation vs plan).
 """
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -53,3 +56,6 @@ def figure():
 def pytest_terminal_summary(terminalreporter) -> None:
     if FIGURES:
         terminalreporter.write_line("gpu figures: " + " ".join(f"{k}={v:.3g}" for k, v in FIGURES.items()))
+        if path := os.environ.get("OSTINATO_GPU_FIGURES"):
+            with open(path, "a") as f:
+                f.writelines(json.dumps({"figure": k, "value": v}) + "\n" for k, v in FIGURES.items())

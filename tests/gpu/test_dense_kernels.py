@@ -1,13 +1,14 @@
 """The plan's generated dense-path kernels on the GPU against the torch reference: mHC mixing, norms, rope and
 the head's logits, at V4-Flash's widths on CUDA (16,384-channel norms, 64 heads of 512 with 64 rope
-channels, an 8192 x 4096 head slice)."""
+channels, an 8192 x 4096 head slice). Tolerances by gpu_setup.tolerance: the kernels accumulate in float32
+and round once to the output's dtype, as the references do."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from ostinato.bench.gpu_setup import rel_err
+from ostinato.bench.gpu_setup import rel_err, tolerance
 from ostinato.plan import KernelName
 from ostinato.runtime.kernels.dense_ops import DenseOpsKernel
 from ostinato.runtime.kernels.hc_mix import HcMixKernel
@@ -43,12 +44,14 @@ def test_hc_mix_matches_the_float32_reference(h200):
     ref = mix_weights(mix, hw, n, mixk.iters, mixk.eps)
     dev = h200.device
     got = mixk(mix.to(dev), hw.base.to(dev), hw.scale.to(dev))
-    assert max(rel_err(a, b) for a, b in zip(got, ref)) <= 1e-5
+    # each Sinkhorn iteration normalizes over n terms: m x iters float32 roundings in all, in any order
+    assert max(rel_err(a, b) for a, b in zip(got, ref)) <= tolerance(torch.float32, m * mixk.iters)
 
 
 @pytest.mark.parametrize("dtype", INPUT_DTYPES, ids=str)
 def test_norms_and_rope_match_the_reference_in_their_dtype(h200, dense_ops, dtype):
-    """Against a reference in the same dtype on the same device: both round once to it (tol: one bf16 rounding)."""
+    """Against a reference in the same dtype on the same device: both round once to it, after float32 sums
+    over the norm's width (rope: two products)."""
     g, dev = torch.Generator().manual_seed(3), h200.device
     width = h200.cfg.hc_dim  # the mHC residual: hc_mult streams of hidden_size
     angles = torch.rand(T, 32, generator=g) * 1000
@@ -60,8 +63,9 @@ def test_norms_and_rope_match_the_reference_in_their_dtype(h200, dense_ops, dtyp
              "unweighted_rms_norm": (dense_ops.unweighted_rms_norm(x, 1e-6), unweighted_rms_norm(x, 1e-6)),
              "rope": (dense_ops.rope(heads, cos, sin, False), apply_rope(heads, cos, sin)),
              "inverse rope": (dense_ops.rope(heads, cos, sin, True), apply_rope(heads, cos, sin, inverse=True))}
-    errors = {name: rel_err(a, b) for name, (a, b) in pairs.items()}
-    assert max(errors.values()) <= 1e-2, errors
+    terms = {"rms_norm": width, "unweighted_rms_norm": width, "rope": 2, "inverse rope": 2}
+    over = {name: rel_err(a, b) / tolerance(dtype, terms[name]) for name, (a, b) in pairs.items()}
+    assert max(over.values()) <= 1, f"error / tolerance: {over}"
 
 
 def test_head_logits_match_the_float32_product(h200, dense_ops):
@@ -69,4 +73,4 @@ def test_head_logits_match_the_float32_product(h200, dense_ops):
     g, dev = torch.Generator().manual_seed(3), h200.device
     V, D = (8192, 4096) if CUDA else (300, 64)
     h, head = torch.randn(2, D, generator=g).to(dev), (torch.randn(V, D, generator=g) * 0.05).bfloat16().to(dev)
-    assert rel_err(dense_ops.head_logits(h, head), h @ head.float().T) <= 1e-5
+    assert rel_err(dense_ops.head_logits(h, head), h @ head.float().T) <= tolerance(torch.float32, D)

@@ -1,16 +1,28 @@
 """The plan's Triton expert kernels (hot routes) on the GPU: prefill and decode against the float32
 reference at the tiny model's and V4-Flash's shapes; decode launches and the prefill kernel's two launches
-replayed from a CUDA graph against the same launches run eagerly."""
+replayed from a CUDA graph against the same launches run eagerly. Tolerances by gpu_setup.tolerance: the
+kernels' products are exact (x is rounded to its dtype for the reference too, the weights are exact in
+any operand dtype) and accumulate in float32 over D then I terms, with prefill's intermediate h rounded
+once to its dtype (x's when 16-bit; decode's is float32); two runs of the same launches differ only in
+the order of the k routes' float32 atomic adds."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from ostinato.bench.gpu_setup import captured, hot_decode_launches, prefill_launches, random_experts, rel_err
+from ostinato.bench.gpu_setup import (
+    captured,
+    hot_decode_launches,
+    prefill_launches,
+    random_experts,
+    rel_err,
+    tolerance,
+)
 from ostinato.runtime.kernels import triton_experts as tx
 from ostinato.runtime.kernels.reference import dequantize_expert, moe_experts_reference
 from ostinato.runtime.kernels.routes import group_routes
+from ostinato.runtime.kernels.triton_experts import prefill_h_dtype
 
 pytestmark = pytest.mark.gpu
 CUDA = torch.cuda.is_available()
@@ -42,8 +54,8 @@ def test_prefill_and_decode_match_the_float32_reference(h200, shape, dtype):
     for t in range(T):
         tx.decode_experts(dec, x.to(dev), ids[t].int().to(dev), torch.full((k,), t, dtype=torch.int32, device=dev),
                           weights[t].to(dev), pool, decode, h)
-    assert rel_err(prefill, ref) <= 1e-4
-    assert rel_err(decode, ref) <= 1e-4
+    assert rel_err(prefill, ref) <= tolerance(prefill_h_dtype(pre, dtype), D + I)
+    assert rel_err(decode, ref) <= tolerance(torch.float32, D + I)
 
 
 def test_decode_graph_replay_equals_eager_launches(h200):
@@ -57,7 +69,7 @@ def test_decode_graph_replay_equals_eager_launches(h200):
     graph_out = launches.out.clone()
     launches.out.zero_()
     launches.run()
-    assert rel_err(graph_out, launches.out) <= 1e-5
+    assert rel_err(graph_out, launches.out) <= tolerance(torch.float32, h200.cfg.num_experts_per_tok)
 
 
 @pytest.mark.parametrize("routes_per_expert", ROUTES_PER_EXPERT)
@@ -67,4 +79,4 @@ def test_prefill_graph_replay_equals_the_launcher(h200, routes_per_expert):
     replay = captured(launches.run, h200.device)
     launches.out.zero_()
     replay()
-    assert rel_err(launches.out, launches.launcher()) <= 1e-5
+    assert rel_err(launches.out, launches.launcher()) <= tolerance(torch.float32, h200.cfg.num_experts_per_tok)

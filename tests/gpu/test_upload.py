@@ -1,13 +1,14 @@
 """The executor's upload-once path on the GPU: cold experts copied group by group (pinned memory, two staging
 buffers, copies overlapped with the previous group's compute) compute what the same routes give on the
-same experts held resident."""
+same experts held resident: equal up to the output's rounding (bf16) after float32 sums of the k
+routes in another order (gpu_setup.tolerance)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from ostinato.bench.gpu_setup import rel_err, upload_rig
+from ostinato.bench.gpu_setup import rel_err, tolerance, upload_rig
 
 pytestmark = pytest.mark.gpu
 
@@ -20,4 +21,4 @@ def test_upload_once_equals_resident_experts(h200):
         resident = rig.on_resident(torch.zeros(tokens, h200.cfg.hidden_size, device=h200.device))
     finally:
         rig.close()
-    assert rel_err(uploaded, resident.to(uploaded.dtype)) <= 1e-2
+    assert rel_err(uploaded, resident.to(uploaded.dtype)) <= tolerance(uploaded.dtype, h200.cfg.num_experts_per_tok)

@@ -1,0 +1,156 @@
+"""Pre-flight of the device script (tools/gpu_check.sh): what a GPU run needs from the machine, checked in
+seconds before anything is set up, one line each, so a machine that cannot run the checks says why at once
+instead of through the first check that trips on it:
+  compiler    a C++ compiler (CXX, else g++, else c++: compiler/codegen/cxx.py's choice) builds a tiny
+              OpenMP library with the JIT kernels' flags, which then loads and runs its threads
+  cuda        a GPU with a driver: nvidia-smi lists it (torch.cuda where nvidia-smi is missing)
+  memory      free GPU memory of at least --need-gib
+  wheelhouse  (--setup) every runtime dependency of the project is in this Python's environment or has a
+              wheel in the wheelhouse: the machine has no network (tools/setup.sh, tools/gpu_wheelhouse.sh)
+Lines read `preflight: NAME ok|FAILED DETAIL`; exit status 1 when any failed. Standard library only: it runs
+before setup, on the Python that setup builds .venv on (the machine's python3).
+
+    python3 tools/gpu_preflight.py [--setup] [--need-gib 8] [--only NAME,...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import functools
+import importlib.metadata
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+# Twice the largest process's need: the report's upload rig (48 V4-Flash experts resident plus two staging
+# pools, about 1.1 GB) or decode launches (60 experts, 0.8 GB), the CUDA context and Triton's workspace.
+NEED_GIB = 8.0
+CXX_FLAGS = ("-O3", "-std=c++17", "-shared", "-fPIC", "-fopenmp", "-fno-math-errno")  # cxx.py's BASE_FLAGS
+OPENMP_SOURCE = """#include <omp.h>
+extern "C" int threads() {
+    int n = 0;
+#pragma omp parallel reduction(+ : n)
+    n += 1;
+    return n;
+}
+"""
+Result = tuple[bool, str]
+
+
+def compiler() -> Result:
+    cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+    if not cxx:
+        return False, "no C++ compiler: neither $CXX nor g++ nor c++ on PATH (the plan's CPU kernels are g++ -fopenmp)"
+    with tempfile.TemporaryDirectory() as tmp:
+        src, lib = Path(tmp) / "threads.cpp", Path(tmp) / "libthreads.so"
+        src.write_text(OPENMP_SOURCE)
+        r = subprocess.run([cxx, *CXX_FLAGS, str(src), "-o", str(lib)], capture_output=True, text=True, timeout=120)
+        if r.returncode:
+            return False, f"{cxx} {' '.join(CXX_FLAGS)} failed: {(r.stderr.strip().splitlines() or ['?'])[-1]}"
+        threads = ctypes.CDLL(str(lib)).threads()  # loading it resolves the OpenMP runtime, as the kernels' loader does
+    version = subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout.partition("\n")[0]
+    return threads >= 1, f"{version}: an OpenMP library built, loaded and ran on {threads} threads"
+
+
+@functools.cache  # cuda and memory ask once
+def gpus() -> list[tuple[str, str, float]]:
+    """[(name, driver, free GiB)] by nvidia-smi, else by torch.cuda; RuntimeError saying why there is none."""
+    if smi := shutil.which("nvidia-smi"):
+        r = subprocess.run([smi, "--query-gpu=name,driver_version,memory.free", "--format=csv,noheader,nounits"],
+                           capture_output=True, text=True, timeout=60)
+        if r.returncode:
+            raise RuntimeError(f"nvidia-smi failed (no driver?): {(r.stdout + r.stderr).strip()[:200]}")
+        rows = [[c.strip() for c in line.split(",")] for line in r.stdout.strip().splitlines()]
+        return [(name, f"driver {driver}", float(free) / 1024) for name, driver, free in rows]
+    probe = ("import torch\nfor i in range(torch.cuda.device_count()):\n"
+             "    print(torch.cuda.get_device_name(i), '|', 'CUDA', torch.version.cuda, '|',"
+             " torch.cuda.mem_get_info(i)[0] / 2**30)")
+    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    if r.returncode:
+        raise RuntimeError(f"no nvidia-smi, and torch.cuda failed: {(r.stderr.strip().splitlines() or ['?'])[-1]}")
+    return [(name, driver, float(free)) for name, driver, free in (line.split(" | ") for line in r.stdout.splitlines())]
+
+
+def cuda() -> Result:
+    found = gpus()
+    if not found:
+        return False, "no GPU: nvidia-smi / torch.cuda lists none"
+    return True, "; ".join(f"{name}, {driver}" for name, driver, _ in found)
+
+
+def memory(need_gib: float) -> Result:
+    found = gpus()
+    if not found:
+        return False, "no GPU"
+    free = found[0][2]  # the checks run on the first GPU
+    return free >= need_gib, f"GPU 0: {free:.1f} GiB free, {need_gib:g} GiB needed"
+
+
+def requirements(pyproject: Path) -> list[str]:
+    """The project's runtime dependencies' names (and setuptools, which setup installs for the editable install)."""
+    import tomllib  # Python 3.11+: the GPU machine's is 3.12
+
+    deps = tomllib.loads(pyproject.read_text())["project"]["dependencies"]
+    return [re.match(r"[A-Za-z0-9._-]+", d).group(0) for d in deps] + ["setuptools"]
+
+
+def normalized(name: str) -> str:
+    return re.sub(r"[-_.]+", "_", name).lower()
+
+
+def installed(name: str) -> bool:
+    try:
+        importlib.metadata.distribution(name)
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+def wheelhouse(folder: Path, pyproject: Path) -> Result:
+    names = requirements(pyproject)
+    missing = [n for n in names if not installed(n)]
+    if not missing:
+        return True, f"not needed: this Python has all {len(names)} runtime dependencies"
+    wheels = {normalized(w.name.split("-")[0]) for w in folder.glob("*.whl")} if folder.is_dir() else set()
+    lacking = [n for n in missing if normalized(n) not in wheels]
+    if lacking:
+        where = f"{folder} has no wheel of them" if folder.is_dir() else f"no {folder}"
+        return False, (f"{', '.join(lacking)}: not installed, and {where} (no network here: make it with "
+                       f"tools/gpu_wheelhouse.sh and carry it)")
+    return True, f"{folder}: wheels of the {len(missing)} dependencies not installed ({', '.join(missing)})"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--setup", action="store_true", help="setup will run: check its dependencies can be installed")
+    ap.add_argument("--need-gib", type=float, default=NEED_GIB, help="free GPU memory the run needs, GiB")
+    ap.add_argument("--wheelhouse", type=Path, default=REPO / "build" / "wheelhouse")
+    ap.add_argument("--pyproject", type=Path, default=REPO / "pyproject.toml")
+    ap.add_argument("--only", help="comma-separated subset of compiler,cuda,memory,wheelhouse")
+    args = ap.parse_args(argv)
+    checks: dict[str, Callable[[], Result]] = {"compiler": compiler, "cuda": cuda,
+                                               "memory": lambda: memory(args.need_gib)}
+    if args.setup:
+        checks["wheelhouse"] = lambda: wheelhouse(args.wheelhouse, args.pyproject)
+    if args.only:
+        checks = {k: v for k, v in checks.items() if k in args.only.split(",")}
+    failed = 0
+    for name, check in checks.items():
+        try:
+            ok, detail = check()
+        except Exception as e:  # noqa: BLE001 - a check that cannot run has failed, and says why
+            ok, detail = False, f"{type(e).__name__}: {e}"
+        failed += not ok
+        print(f"preflight: {name:<10} {'ok' if ok else 'FAILED':<6} {detail}", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
