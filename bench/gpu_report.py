@@ -30,11 +30,12 @@ One table row per figure, then a line of ratios and a line of goals:
 The goals measured by the checks (graphs equal eager to 1e-5 of the logit scale in float32, allocation =
 plan within 5%) come from the figures file they write (tests/gpu/conftest.py, --figures).
 
-Each measurement runs in its own process (--child NAME), under --limit-s seconds and within --budget-s in
-all: a sticky CUDA error (a misaligned address) poisons the process it happens in, so a crash, a hang or
-an error costs only its own measurement, which becomes a FAILED row; the others still run. Every row is
-added to the table file (--table) as it finishes, so a run cut short keeps what it measured. Exit status
-1 when a measurement failed or could not run.
+Each measurement runs in its own process (--child NAME; bench/gpu_report_process.py), under --limit-s
+seconds and within --budget-s in all: a sticky CUDA error (a misaligned address) poisons the process it
+happens in, so a crash, a hang or an error costs only its own measurement, which becomes a FAILED row; the
+others still run. Every row is added to the table file (--table; bench/gpu_report_table.py) as it
+finishes, so a run cut short keeps what it measured. Exit status 1 when a measurement failed or could not
+run.
 
 Without CUDA (and without --cpu) it measures nothing, lists what stays unverified and exits 1. `--cpu` runs
 every measurement on the CPU at the tiny model's shapes (Triton's interpreter, graphs as their eager twin,
@@ -45,23 +46,28 @@ no pinned memory): the figures mean nothing there, but every code path up to the
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
-import signal
-import subprocess
 import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, replace
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 
+from ostinato.bench.gpu_report_process import child, run_child
+from ostinato.bench.gpu_report_table import (
+    Row,
+    TableFile,
+    figure_rows,
+    goals_line,
+    ratio_line,
+    table,
+    unmeasured_goals,
+)
 from ostinato.bench.gpu_setup import (
-    GRAPH_VS_EAGER,
     SHORT_PREFILLS,
     GpuSetup,
     activation_dtype,
@@ -82,48 +88,6 @@ UPLOAD_GROUPS = 3
 ROTATE_BYTES = 256 << 20  # the FP8 GEMV cycles copies of its matrix over this many bytes: 5x an H200's L2
 LIMIT_S = 120.0           # one measurement's process on CUDA, start-up included (--cpu: none; the interpreter is slow)
 LEAST_S = 15.0            # a measurement with less time than this left does not start
-FAULT = "OSTINATO_GPU_REPORT_FAULT"  # test hook, see inject_fault
-
-
-@dataclass(frozen=True)
-class Row:
-    name: str                 # the measurement it belongs to
-    what: str
-    value: str                # what was measured
-    reference: str = ""       # what it is compared with
-    ratio: float | None = None
-    ratio_key: str = ""       # its name in the ratio line, saying what over what ("key:detail" per shape)
-    failed: bool = False      # the measurement raised, crashed, hung or did not run
-    seconds: float = 0.0      # the measurement's process time, on its last row
-    goal: str = ""            # the issue's goal for this ratio, and whether it was met
-    met: bool | None = None
-
-
-@dataclass(frozen=True)
-class Goal:
-    what: str                 # for a goal nothing measured
-    text: str
-    met: Callable[[float], bool]
-
-
-# The issue's goals, by ratio key (its part before ':'); the last three are the checks' figures.
-GOALS = {
-    "decode_bw/peak": Goal("(a) hot decode at HBM bandwidth", ">= 0.7", lambda r: r >= 0.7),
-    "fp8_gemv_bw/peak": Goal("(h) FP8 GEMV at peak bandwidth", ">= 0.6", lambda r: r >= 0.6),
-    "graph/eager_decode": Goal("(c) decode graphs vs eager steps, float32 logits (tests/gpu)",
-                               f"<= {GRAPH_VS_EAGER:g}", lambda r: r <= GRAPH_VS_EAGER),
-    "graph/eager_bucket": Goal("(i) bucket graphs vs eager steps, float32 logits (tests/gpu)",
-                               f"<= {GRAPH_VS_EAGER:g}", lambda r: r <= GRAPH_VS_EAGER),
-    "alloc/plan_gpu0": Goal("allocation vs the plan less headroom (tests/gpu)", "1 +- 0.05",
-                            lambda r: abs(r - 1) <= 0.05),
-}
-
-
-def judged(row: Row) -> Row:
-    goal = GOALS.get(row.ratio_key.split(":")[0])
-    if goal is None or row.ratio is None or row.failed:
-        return row
-    return replace(row, goal=goal.text, met=bool(goal.met(row.ratio)))
 
 
 # ----- timing ---------------------------------------------------------------------------------------
@@ -330,167 +294,6 @@ RUNS = {"decode": hot_decode, "prefill": prefill_rate, "upload": upload, "hostno
         "bucket": bucket_rate, "fp8": fp8_dense}
 
 
-# ----- one measurement in this process (--child) -------------------------------------------------------
-def inject_fault(name: str, rows_done: int) -> None:
-    """Test hook (tests/test_gpu_check_plumbing.py): OSTINATO_GPU_REPORT_FAULT=NAME:KIND[:AFTER][,...] makes
-    measurement NAME, once it has given AFTER rows (default 0), end its process at once (exit: as a crash,
-    or a sticky CUDA error's abort, would), raise (raise) or hang (hang)."""
-    for spec in filter(None, os.environ.get(FAULT, "").split(",")):
-        target, kind, *after = spec.split(":")
-        if target == name and rows_done == int(after[0] if after else 0):
-            print(f"[{name}] {FAULT}: {kind}", flush=True)
-            if kind == "exit":
-                os._exit(3)
-            if kind == "hang":
-                time.sleep(3600)
-            raise RuntimeError(f"fault injected by {FAULT}")
-
-
-def child(args: argparse.Namespace) -> int:
-    """Run measurement args.child; each row goes to args.rows as a JSON line as soon as it is measured."""
-    name = args.child
-
-    def emit(row: Row) -> None:
-        with open(args.rows, "a") as f:
-            f.write(json.dumps(asdict(row)) + "\n")
-        print(f"[{name}] {row.what}: {row.value}", flush=True)
-
-    device = torch.device("cpu" if args.cpu else "cuda")
-    try:
-        setup = make_setup(device, Path(args.work), args.host_isa)
-        inject_fault(name, 0)
-        for i, row in enumerate(RUNS[name](setup, args.peak_gbs), 1):
-            emit(row)
-            inject_fault(name, i)
-        sync(device)  # an error of the last kernels surfaces here, inside this measurement
-    except Exception as e:  # noqa: BLE001 - reported as this measurement's failed row
-        traceback.print_exc()
-        emit(Row(name, f"{name}: raised {type(e).__name__}", str(e).splitlines()[0][:100] if str(e) else "",
-                 failed=True))
-        return 1
-    return 0
-
-
-# ----- the parent: each measurement in a child process -------------------------------------------------
-class TableFile:
-    """The table so far in a file, rewritten whenever a row arrives (replaced whole: a reader never sees
-    half of it), so a run cut short keeps every row it finished."""
-
-    def __init__(self, path: Path):
-        self.path, self.rows = path, []
-        path.parent.mkdir(parents=True, exist_ok=True)
-
-    def add(self, rows: list[Row]) -> None:
-        self.rows += [judged(r) for r in rows]
-        self.write()
-
-    def finish_measurement(self, name: str, seconds: float) -> None:
-        """The measurement's time on its last row."""
-        last = max(i for i, r in enumerate(self.rows) if r.name == name)
-        self.rows[last] = replace(self.rows[last], seconds=seconds)
-        self.write()
-
-    def write(self, *lines: str) -> None:
-        tmp = self.path.with_name(f".{self.path.name}.tmp")
-        tmp.write_text("\n".join([table(self.rows), *lines]) + "\n")
-        os.replace(tmp, self.path)
-
-
-def run_child(name: str, args: argparse.Namespace, work: Path, rows_dir: Path, limit: float,
-              out: TableFile) -> None:
-    """Measurement `name` in a child process under `limit` seconds, its rows added to `out` as they come;
-    a crash, a timeout or an exit status but 0 without a failed row of its own becomes a FAILED row."""
-    rows_file = rows_dir / f"{name}.jsonl"
-    cmd = [sys.executable, "-m", "ostinato.bench.gpu_report", "--child", name, "--rows", str(rows_file),
-           "--work", str(work), "--peak-gbs", str(args.peak_gbs), "--host-isa", args.host_isa]
-    start, offset, timed_out = time.monotonic(), 0, False
-    print(f"gpu_report: {name}" + (f" (at most {limit:.0f} s)" if limit < math.inf else ""), flush=True)
-    # in this process group: the device script's `timeout` ends the children with the report
-    proc = subprocess.Popen(cmd + (["--cpu"] if args.cpu else []))
-
-    def new_rows() -> list[Row]:
-        nonlocal offset
-        if not rows_file.exists():
-            return []
-        text = rows_file.read_text()
-        done = text[offset:text.rfind("\n") + 1] if text.rfind("\n") >= offset else ""
-        offset += len(done)
-        return [Row(**json.loads(line)) for line in done.splitlines()]
-
-    while True:
-        try:
-            rc = proc.wait(timeout=0.5)
-        except subprocess.TimeoutExpired:
-            rc = None
-        if rows := new_rows():
-            out.add(rows)
-        if rc is not None:
-            break
-        if time.monotonic() - start > limit:
-            proc.kill()
-            proc.wait()
-            timed_out = True
-            break
-    out.add(new_rows())
-    mine = [r for r in out.rows if r.name == name]
-    if timed_out:
-        why = f"timed out after {limit:.0f} s"
-    elif rc < 0:
-        why = f"killed by signal {signal.Signals(-rc).name}"
-    elif rc:
-        why = f"exit status {rc}"
-    else:
-        why = "" if mine else "gave no rows"
-    if why and not any(r.failed for r in mine):
-        out.add([Row(name, f"{name}: {why}", f"after {len(mine)} rows", failed=True)])
-    if why:
-        print(f"[{name}] FAILED: {why}", flush=True)
-    out.finish_measurement(name, time.monotonic() - start)
-
-
-def figure_rows(path: Path | None) -> list[Row]:
-    """The checks' figures that have a goal (tests/gpu/conftest.py writes them, one JSON object a line)."""
-    if path is None or not path.exists():
-        return []
-    rows = []
-    for line in path.read_text().splitlines():
-        fig = json.loads(line)
-        key, value = fig["figure"], fig["value"]
-        if goal := GOALS.get(key.split(":")[0]):
-            rows.append(Row("checks", f"{goal.what}: {key}", f"{value:.3g}", "", value, key))
-    return rows
-
-
-def unmeasured_goals(rows: list[Row]) -> list[Row]:
-    keys = {r.ratio_key.split(":")[0] for r in rows if r.met is not None}
-    return [Row("goals", g.what, "not measured", goal=g.text) for k, g in GOALS.items() if k not in keys]
-
-
-# ----- output ---------------------------------------------------------------------------------------
-def table(rows: list[Row]) -> str:
-    head = ("what", "measured", "reference", "ratio", "goal", "s")
-    cells = [(r.what, "FAILED: " + r.value if r.failed else r.value, r.reference,
-              "" if r.ratio is None else f"{r.ratio:.3g}",
-              r.goal + ("" if r.met is None else " pass" if r.met else " MISSED"),
-              f"{r.seconds:.1f}" if r.seconds else "") for r in rows]
-    widths = [max(len(c[i]) for c in [head, *cells]) for i in range(len(head))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in [head, *cells]]
-    return "\n".join([lines[0], "  ".join("-" * w for w in widths), *lines[1:]])
-
-
-def ratio_line(rows: list[Row]) -> str:
-    return "ratios: " + (" ".join(f"{r.ratio_key}={r.ratio:.3g}" for r in rows if r.ratio_key) or "none")
-
-
-def goals_line(rows: list[Row]) -> str:
-    judged_rows = [r for r in rows if r.met is not None]
-    missed = [r.ratio_key for r in judged_rows if not r.met]
-    unmeasured = [r.what for r in rows if r.name == "goals"]
-    return (f"goals: {len(judged_rows) - len(missed)} of {len(judged_rows)} met"
-            + (f"; missed: {' '.join(missed)}" if missed else "")
-            + (f"; not measured: {', '.join(unmeasured)}" if unmeasured else ""))
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cpu", action="store_true", help="run on the CPU at the tiny model's shapes (plumbing)")
@@ -516,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.cpu:
         os.environ["TRITON_INTERPRET"] = "1"  # read when Triton is first imported (later; children inherit it)
     if args.child:
-        return child(args)
+        return child(args, RUNS)
     if not args.cpu and not torch.cuda.is_available():
         print("gpu_report: no CUDA device: nothing measured; these stay UNVERIFIED (--cpu runs their CPU side):")
         for name in names:
