@@ -22,6 +22,7 @@ from ostinato.checkpoint.config import ModelConfig
 from ostinato.checkpoint.fingerprint import ModelFingerprint, model_fingerprint
 from ostinato.checkpoint.reader import INDEX_NAME, SINGLE_NAME, Checkpoint
 from ostinato.checkpoint.tensor_specs import layer_specs
+from ostinato.checkpoint.weight_fingerprint import WeightFingerprint, weight_fingerprint
 from ostinato.hardware import HardwareSpec, load_hardware
 from ostinato.plan import (
     SCHEMA_VERSION,
@@ -77,6 +78,7 @@ class Build:
     options: CompileOptions
     config: ModelConfig | None = None
     fingerprint: ModelFingerprint | None = None
+    weights: WeightFingerprint | None = None     # None: no weights in the folder (planning only)
     has_weights: bool = False
     profile: RoutingProfile | None = None
     hardware: HardwareSpec | None = None
@@ -105,6 +107,7 @@ def read_model(b: Build) -> None:
         b.config = ModelConfig.from_json(root)
         b.notes.append("no weight index: sizes computed from config.json alone")
     b.fingerprint = model_fingerprint(root)
+    b.weights = weight_fingerprint(root)  # the shards' bytes: a plan runs on exactly these weights
     if not b.has_weights:
         b.notes.append("no weights present: kernel build and weight checks skipped (planning only)")
 
@@ -318,7 +321,10 @@ def plan(b: Build) -> None:
         schema_version=SCHEMA_VERSION,
         notes=list(b.notes),
         provenance=Provenance(compiler_version=__version__, config_sha256=b.fingerprint.config_sha256,
-                              index_sha256=b.fingerprint.index_sha256, profile_sha256=b.profile.sha256(),
+                              index_sha256=b.fingerprint.index_sha256,
+                              weights_sha256=b.weights.combined if b.weights else None,
+                              shard_sha256=dict(b.weights.shards) if b.weights else {},
+                              profile_sha256=b.profile.sha256(),
                               profile_source=b.profile.source, hardware_sha256=hw.sha256,
                               templates=dict(sorted(b.templates.items()))),
         model=ModelSummary(path=relative_to_plan(o.model, o.output), layers=cfg.n_layers,

@@ -1,9 +1,10 @@
-"""plan.yaml: the one contract between the compiler and the runtime (schema version 3).
+"""plan.yaml: the one contract between the compiler and the runtime (schema version 4).
 
 A plan is fully resolved: which GPU runs each layer, which expert ids are resident there, every
 device's bytes by kind, the execution policy, the generated kernels and the cost model's
-predictions, with the hashes of everything it was built from and the hardware spec it was planned
-for. The runtime reads it and decides nothing the plan could have decided.
+predictions, with the hashes of everything it was built from (config, index, each weight shard's
+bytes, profile, hardware, templates) and the hardware spec it was planned for. The runtime reads
+it and decides nothing the plan could have decided.
 
 Paths in a plan (the model directory, each kernel artifact) are relative to the plan file's
 folder, so a plan runs from any working directory; `Plan.resolve` turns them into real paths.
@@ -26,7 +27,7 @@ from .hardware import HardwareSpec
 from .validation import Bytes, Count, Index, Name, Record, SchemaError, Sha256, Share, validate
 from .yaml_files import dump_yaml, read_yaml
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4  # 4: provenance.weights_sha256 and shard_sha256 (the weights themselves)
 
 AttentionKind = Literal["sliding", "csa", "hca"]
 Phase = Literal["decode", "short_prefill", "long_prefill"]
@@ -52,10 +53,19 @@ class Provenance(Record):
     compiler_version: Name
     config_sha256: Sha256
     index_sha256: Sha256 | None          # None: planned from config.json alone
+    weights_sha256: Sha256 | None        # over shard_sha256 (WeightFingerprint.combined); None: no weights there
+    shard_sha256: dict[str, Sha256]      # shard file name -> sha256 of its bytes: a refusal names the shard
     profile_sha256: Sha256
     profile_source: str
     hardware_sha256: Sha256
     templates: dict[str, Sha256] = {}    # template or included header path -> sha256 of its text
+
+    @model_validator(mode="after")
+    def _weights_agree(self) -> Provenance:
+        if (self.weights_sha256 is None) != (not self.shard_sha256):
+            raise ValueError("fields 'provenance.weights_sha256' and 'provenance.shard_sha256' must be both "
+                             "empty (no weights) or both set")
+        return self
 
 
 class ModelSummary(Record):
@@ -148,7 +158,7 @@ class Predictions(Record):
 
 
 class Plan(Record):
-    schema_version: Literal[3]
+    schema_version: Literal[4]
     notes: list[str]                     # what a reader must know (synthetic profile, skipped steps, ...)
     provenance: Provenance
     model: ModelSummary
@@ -264,3 +274,29 @@ def check_fingerprint(plan: Plan, config_sha256: str, index_sha256: str | None) 
         if mine != theirs:
             raise PlanError(f"plan does not match this checkpoint: field '{name}' is {mine} in the plan, "
                             f"{theirs} for the checkpoint (recompile the plan for this model)")
+
+
+def check_weights(plan: Plan, shard_sha256: dict[str, str] | None) -> None:
+    """Refuse a plan compiled for other weights (same config and index, other bytes: a re-quantization,
+    an update, a fine-tune), naming the shard that differs. `shard_sha256`: the checkpoint's
+    (weight_fingerprint.py), None when its weights are not there."""
+    mine, theirs = dict(plan.provenance.shard_sha256), dict(shard_sha256 or {})
+    if mine == theirs:
+        return
+    advice = "the weights changed after the plan was compiled: recompile the plan for these weights"
+    if not mine:
+        raise PlanError("plan does not match this checkpoint: field 'provenance.shard_sha256' is empty (planned "
+                        f"without weights) and the checkpoint has {len(theirs)} weight shard(s): {advice}")
+    if not theirs:
+        raise PlanError("plan does not match this checkpoint: the plan was compiled with its weights "
+                        "(field 'provenance.shard_sha256') and the checkpoint has none (or misses a shard)")
+    for name in sorted(set(mine) | set(theirs)):
+        if mine.get(name) != theirs.get(name):
+            if name not in theirs:
+                raise PlanError(f"plan does not match this checkpoint: shard '{name}' (field "
+                                f"'provenance.shard_sha256') is not among the checkpoint's weight files: {advice}")
+            if name not in mine:
+                raise PlanError(f"plan does not match this checkpoint: shard '{name}' is not in the plan's "
+                                f"field 'provenance.shard_sha256': {advice}")
+            raise PlanError(f"plan does not match this checkpoint: shard '{name}' has sha256 {theirs[name]}, the "
+                            f"plan was compiled for {mine[name]} (field 'provenance.shard_sha256'): {advice}")

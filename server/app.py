@@ -25,7 +25,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from .chat_encoding import ChatOptions, ConversationError, encode, render
+from .chat_encoding import ChatOptions, ConversationError, encode, encode_chat, render_parts
 from .completions import Completions
 from .dsml import BLOCK_START, DSML, SEPARATOR
 from .errors import APIError, http_error
@@ -35,6 +35,7 @@ from .logprobs import chat_entry
 from .metrics import Metrics
 from .prefix_cache import PrefixCache
 from .reply import ReplyBuilder
+from .request_body import DEFAULT_MAX_BODY_BYTES, read_json
 from .sampling import Sampling, constraint_for
 from .stop import stop_sequences
 from .tokens import TokenEndpoints
@@ -106,8 +107,10 @@ def _int(body, key, lo, default):
 
 class Server:
     def __init__(self, engine, tokenizer, model_name: str, api_key: str | None = None, cache_sessions: int = 4,
-                 keep_branches: bool = False, logits_hook=None, max_queue: int = 16, session_store=None):
+                 keep_branches: bool = False, logits_hook=None, max_queue: int = 16, session_store=None,
+                 max_body_bytes: int = DEFAULT_MAX_BODY_BYTES):
         self.engine, self.tok, self.model_name, self.api_key = engine, tokenizer, model_name, api_key
+        self.max_body_bytes = max_body_bytes
         self.context = engine.plan.policy.context
         self.eos = engine.model.config.eos_token_id
         self.metrics = Metrics()
@@ -124,15 +127,10 @@ class Server:
                            "invalid_api_key", "authentication_error")
 
     async def body(self, request: Request) -> dict:
-        """The request's JSON object, after the key check (APIError otherwise)."""
+        """The request's JSON object, after the key check (APIError otherwise: 413 past max_body_bytes,
+        400 for bad JSON or a lone surrogate; request_body.py)."""
         self._auth(request)
-        try:
-            body = json.loads(await request.body())
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise APIError(400, f"the request body is not valid JSON: {e}", None, "invalid_json") from None
-        if not isinstance(body, dict):
-            raise APIError(400, "the request body must be a JSON object", None, "invalid_json")
-        return body
+        return await read_json(request, self.max_body_bytes)
 
     def check_model(self, body: dict) -> None:
         if body.get("model") != self.model_name:
@@ -171,7 +169,7 @@ class Server:
             raise APIError(400, "tools must be a list", "tools")
         try:
             options = ChatOptions(_thinking(body), body.get("reasoning_effort"))
-            ids = encode(self.tok, render(body.get("messages"), tools, options))
+            ids = encode_chat(self.tok, render_parts(body.get("messages"), tools, options))
         except ConversationError as e:
             raise APIError(400, str(e), e.param) from None
         banned, force, parse_tools = _tool_choice(body, tools, self.tok)
@@ -204,11 +202,14 @@ class Server:
     # -- endpoints ------------------------------------------------------------------------------------
     async def accept(self, request: Request, make_job) -> tuple | Response:
         """Check a request and queue its job: (body, job, reply, events), or the error response to send.
-        make_job(body, emit) -> (Job, reply) raises APIError for what it refuses."""
+        make_job(body, emit) -> (Job, reply) raises APIError for what it refuses. It runs in a thread: rendering
+        and tokenizing a long prompt take seconds, and /health and other clients must not wait for them
+        (the tokenizer releases the GIL in encode_batch, chat_encoding.encode)."""
         try:
             body = await self.body(request)
             loop, events = asyncio.get_running_loop(), asyncio.Queue()
-            job, reply = make_job(body, lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev))
+            job, reply = await asyncio.to_thread(
+                make_job, body, lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev))
             self.submit(job)
         except APIError as e:
             self.count_request(error=True)
@@ -333,6 +334,10 @@ class Server:
         return JSONResponse({"status": "ok", "model": self.model_name, "queued": self.worker.jobs.qsize()})
 
     async def metrics_text(self, request: Request):
+        try:
+            self._auth(request)  # behind the key like the API; /health stays open for load balancers
+        except APIError as e:
+            return e.response()
         store = self.cache.store.stats if self.cache.store is not None else None
         return PlainTextResponse(self.metrics.render(self.cache.stats, len(self.cache), store),
                                  media_type="text/plain; version=0.0.4")

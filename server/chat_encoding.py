@@ -23,6 +23,8 @@ tokens. Rendering a conversation with the generation prompt and then the same co
 assistant's reply (and more) appended therefore gives a token prefix: prefix caching always hits.
 The one deliberate exception is DSV4's own rule in thinking mode without tools: an earlier turn's
 reasoning is dropped once a user turn follows, so the cache then hits up to that turn's <｜Assistant｜>.
+System, user and tool text (and the tool definitions' JSON) is data: `encode_chat` keeps control-token
+strings typed there as ordinary text (data_text.py), so a tool output cannot forge a turn or a call.
 The reply's text is re-encoded, so a reply whose generated tokens differ from their re-encoding
 (possible with any BPE) re-prefills from the first differing token.
 """
@@ -32,6 +34,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from .data_text import encode_parts
 from .dsml import DSMLError, render_tool_calls
 
 BOS, EOS = "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"
@@ -88,7 +91,7 @@ def _text(content, param: str, allow_none: bool = False) -> str:
     raise ConversationError(f"{param} must be a string or a list of text parts", param)
 
 
-def _tools_section(tools: list) -> str:
+def _tools_section(tools: list) -> list[tuple[str, bool]]:
     lines = []
     for i, t in enumerate(tools):
         if not isinstance(t, dict) or t.get("type") != "function" or not isinstance(t.get("function"), dict) \
@@ -97,26 +100,32 @@ def _tools_section(tools: list) -> str:
                                     f"tools[{i}]")
         # sort_keys: the same tool gives the same bytes whatever order the client wrote it in
         lines.append(json.dumps(t["function"], ensure_ascii=False, sort_keys=True, separators=(",", ":")))
-    return "\n\n" + TOOLS_HEADER + "\n".join(lines)
+    return [("\n\n" + TOOLS_HEADER, False), ("\n".join(lines), True)]  # the client's definitions are data
 
 
 def render(messages: list, tools: list | None = None, options: ChatOptions = ChatOptions(),
            add_generation_prompt: bool = True) -> str:
     """The prompt text of a conversation; ConversationError (with the offending param) if invalid."""
+    return "".join(text for text, _ in render_parts(messages, tools, options, add_generation_prompt))
+
+
+def render_parts(messages: list, tools: list | None = None, options: ChatOptions = ChatOptions(),
+                 add_generation_prompt: bool = True) -> list[tuple[str, bool]]:
+    """render's text as (text, is_data) parts: system, user and tool text is data (encode_chat)."""
     if not isinstance(messages, list) or not messages:
         raise ConversationError("messages must be a non-empty list", "messages")
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or m.get("role") not in ROLES:
             raise ConversationError(f"messages[{i}].role must be one of {', '.join(ROLES)}", f"messages[{i}].role")
-    out = [BOS]
+    out = [(BOS, False)]
     if options.thinking and options.reasoning_effort in EFFORT:
-        out.append(EFFORT[options.reasoning_effort] + "\n\n")
+        out.append((EFFORT[options.reasoning_effort] + "\n\n", False))
     start = 0
     if messages[0]["role"] == "system":
-        out.append(_text(messages[0].get("content"), "messages[0].content"))
+        out.append((_text(messages[0].get("content"), "messages[0].content"), True))
         start = 1
     if tools:
-        out.append(_tools_section(tools))
+        out += _tools_section(tools)
     last_user = max((i for i, m in enumerate(messages) if m["role"] in ("user", "tool")), default=-1)
     prev, pending_calls, results = None, [], {}
     for i in range(start, len(messages)):
@@ -135,26 +144,29 @@ def render(messages: list, tools: list | None = None, options: ChatOptions = Cha
                 raise ConversationError(f"tool_call_id {cid!r} answered twice", f"{param}.tool_call_id")
             results[cid] = _text(m.get("content"), f"{param}.content")
             if i + 1 == len(messages) or messages[i + 1]["role"] != "tool":  # the run ends: one user turn
-                out.append(USER + "".join(f"<tool_result>{results[c]}</tool_result>"
-                                          for c in pending_calls if c in results))
+                out.append((USER, False))
+                for c in pending_calls:
+                    if c in results:
+                        out += [("<tool_result>", False), (results[c], True), ("</tool_result>", False)]
                 pending_calls, results = [], {}
         elif role == "user":
             if pending_calls:
                 raise ConversationError("the tool calls of the preceding assistant message have no results",
                                         f"{param}.role")
-            out.append(USER + _text(m.get("content"), f"{param}.content"))
+            out += [(USER, False), (_text(m.get("content"), f"{param}.content"), True)]
         else:
             if prev not in ("user", "tool"):
                 raise ConversationError("an assistant message must follow a user or tool message", f"{param}.role")
-            out.append(_assistant(m, param, options, keep_reasoning=bool(tools) or i > last_user))
+            # the model's own earlier turns: its control tokens there are real (it generated them)
+            out.append((_assistant(m, param, options, keep_reasoning=bool(tools) or i > last_user), False))
             calls = m.get("tool_calls") or []
             pending_calls = [c.get("id") for c in calls]
         prev = role
     if prev not in ("user", "tool"):
         raise ConversationError("the last message must be from the user or a tool", f"messages[{len(messages) - 1}]")
     if add_generation_prompt:
-        out.append(ASSISTANT + (THINK if options.thinking else END_THINK))
-    return "".join(out)
+        out.append((ASSISTANT + (THINK if options.thinking else END_THINK), False))
+    return out
 
 
 def _assistant(m: dict, param: str, options: ChatOptions, keep_reasoning: bool) -> str:
@@ -174,5 +186,12 @@ def _assistant(m: dict, param: str, options: ChatOptions, keep_reasoning: bool) 
 
 
 def encode(tokenizer, text: str) -> list[int]:
-    """Token ids of a rendering (a `tokenizers.Tokenizer`); BOS is in the text, so no extra specials."""
-    return tokenizer.encode(text, add_special_tokens=False).ids
+    """Token ids of text whose special-token strings are all meant (a `tokenizers.Tokenizer`; BOS is in the
+    text, so no extra specials). encode_batch releases the GIL, so a thread encoding a long prompt leaves
+    the event loop free."""
+    return tokenizer.encode_batch([text], add_special_tokens=False)[0].ids
+
+
+def encode_chat(tokenizer, parts: list[tuple[str, bool]]) -> list[int]:
+    """Token ids of render_parts' parts: control tokens come from the structure only, never from data."""
+    return encode_parts(tokenizer, parts)

@@ -11,6 +11,9 @@ from ostinato.cli.common import refuse
 from ostinato.plan import PlanError
 from ostinato.runtime.cli.engine_args import add_engine_args, load_engine_from_args
 
+from .listen import PortError, listen
+from .request_body import DEFAULT_MAX_BODY_BYTES
+
 
 def parse_args(argv):
     p = argparse.ArgumentParser(
@@ -29,10 +32,13 @@ def parse_args(argv):
                         "(written when evicted, when idle and at stop)")
     p.add_argument("--session-dir-bytes", type=int, default=8 << 30,
                    help="bound of --session-dir; least recently used files are deleted (8 GiB)")
+    p.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
+                   help="largest request body taken; larger ones are answered 413 before parsing "
+                        f"({DEFAULT_MAX_BODY_BYTES >> 20} MiB)")
     p.add_argument("--session-idle", type=float, default=10.0,
                    help="seconds without a request after which changed sessions are written (10)")
     a = p.parse_args(argv)
-    for name in ("cache_sessions", "max_queue", "session_dir_bytes", "session_idle"):
+    for name in ("cache_sessions", "max_queue", "session_dir_bytes", "session_idle", "max_body_bytes"):
         if getattr(a, name) <= 0:
             p.error(f"--{name.replace('_', '-')} must be positive, got {getattr(a, name)}")
     if not 0 <= a.port <= 65535:
@@ -43,14 +49,20 @@ def parse_args(argv):
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
     try:
+        sock = listen(a.host, a.port)  # first: a busy port must not cost a model load
+    except PortError as e:
+        return refuse("ostinato-serve", e)
+    try:
         engine = load_engine_from_args(a)
     except (PlanError, CheckpointError) as e:
+        sock.close()
         return refuse("ostinato-serve", e)
-    serve(engine, engine.model_dir, a)
+    serve(engine, engine.model_dir, a, sock)
     return 0
 
 
-def serve(engine, model_dir: Path, a) -> None:
+def serve(engine, model_dir: Path, a, sock=None) -> None:
+    """Serve on `sock` (listen.py's, already bound), or bind a.host:a.port now."""
     import uvicorn
     from tokenizers import Tokenizer
 
@@ -65,9 +77,10 @@ def serve(engine, model_dir: Path, a) -> None:
         print(f"session store {a.session_dir}: {len(store)} sessions, {store.bytes} bytes "
               f"(bound {a.session_dir_bytes})", flush=True)
     app = create_app(engine, tok, model_dir.name, api_key=a.api_key, cache_sessions=a.cache_sessions,
-                     max_queue=a.max_queue, session_store=store)
+                     max_queue=a.max_queue, session_store=store, max_body_bytes=a.max_body_bytes)
     print(f"serving model {model_dir.name!r} on http://{a.host}:{a.port}/v1", flush=True)
-    uvicorn.run(app, host=a.host, port=a.port, log_level="warning")
+    server = uvicorn.Server(uvicorn.Config(app, host=a.host, port=a.port, log_level="warning"))
+    server.run(sockets=[sock if sock is not None else listen(a.host, a.port)])
 
 
 if __name__ == "__main__":

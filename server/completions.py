@@ -18,6 +18,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from tokenizers.decoders import DecodeStream
 
+from .chat_encoding import encode
 from .errors import APIError
 from .events import ClientGone, next_event
 from .fields import COMPLETIONS, check_fields, flag
@@ -29,7 +30,7 @@ from .worker import Job
 
 def _prompt_ids(prompt, tok, vocab: int) -> list[int]:
     if isinstance(prompt, str):
-        return tok.encode(prompt, add_special_tokens=False).ids
+        return encode(tok, prompt)  # raw prompt: special tokens written in it are the client's (see tokens.py)
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         return _prompt_ids(prompt[0], tok, vocab)          # a batch of one prompt
     if isinstance(prompt, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in prompt):

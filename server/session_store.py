@@ -14,14 +14,18 @@ that one redundant (deleted), as in memory.
 The index is rebuilt at start from the files' headers (token ids and identity; the tensors are read
 only by a load). Least recently used files (written or loaded; a file's mtime, so the order survives
 a restart) are deleted to keep the folder under max_bytes. A file that is corrupt, truncated, from
-another model, plan or dtype, or otherwise unusable is refused by name: logged with the reason, moved
-to refused/ in the folder (the newest REFUSED_KEPT stay there for a look), and the prompt is
-recomputed. One server per folder: there is no lock, two would delete each other's files.
+another model (config, index or weights: same layout, other bytes is another model), plan or dtype,
+or otherwise unusable is refused by name: logged with the reason, moved to refused/ in the folder
+under a name that starts with a tag of the identity in its header, and the prompt is recomputed.
+refused/ keeps the newest REFUSED_KEPT files of each identity tag, so a later run refusing files of
+another kind (corrupt ones, or another model's) never pushes them out. One server per folder: there
+is no lock, two would delete each other's files.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import time
@@ -33,6 +37,7 @@ import numpy as np
 import torch
 
 from ostinato.checkpoint.fingerprint import model_fingerprint
+from ostinato.checkpoint.weight_fingerprint import weight_fingerprint
 from ostinato.runtime.model.session import Session
 from ostinato.runtime.model.session_file import (
     SessionFileError,
@@ -52,10 +57,18 @@ SUFFIX = ".session.safetensors"
 REFUSED_KEPT = 4
 
 
-def engine_identity(engine) -> dict[str, str]:
-    """What a stored cache was computed with: a file from another checkpoint, plan or dtype is refused."""
-    return {"model": model_fingerprint(engine.model_dir).combined, "plan": engine.plan.sha256,
-            "dtype": str(engine.model.dtype).removeprefix("torch.")}
+def engine_identity(engine) -> dict[str, str | None]:
+    """What a stored cache was computed with: a file from another checkpoint (config and index: "model";
+    the shards' bytes: "weights", None without weights), plan or dtype is refused. The weights'
+    digests were computed when the engine loaded (cached: this costs a stat per shard)."""
+    weights = weight_fingerprint(engine.model_dir)
+    return {"model": model_fingerprint(engine.model_dir).combined, "weights": weights.combined if weights else None,
+            "plan": engine.plan.sha256, "dtype": str(engine.model.dtype).removeprefix("torch.")}
+
+
+def identity_tag(identity: object) -> str:
+    """A short name for an identity (a refused file's name starts with its file's)."""
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:12]
 
 
 def file_name(tokens) -> str:
@@ -204,18 +217,25 @@ class SessionStore:
         (self.dir / name).unlink(missing_ok=True)
 
     def _refuse(self, name: str, reason: str) -> None:
-        """Log why `name` is not used and move it aside (delete it when that fails)."""
+        """Log why `name` is not used and move it aside (delete it when that fails), named by the identity in
+        its header: the same tokens from two models are two files there, and each identity keeps its own
+        newest REFUSED_KEPT."""
         self.files.pop(name, None)
         self.stats.refused += 1
         path, aside = self.dir / name, self.dir / "refused"
         try:
+            tag = identity_tag(read_header(path).get("identity"))
+        except Exception:  # unreadable: its own group
+            tag = "unreadable"
+        try:
             aside.mkdir(exist_ok=True)
-            os.replace(path, aside / name)
-            os.utime(aside / name)
-            kept = sorted(aside.iterdir(), key=lambda p: p.stat().st_mtime_ns)
+            moved = aside / f"{tag}-{name}"
+            os.replace(path, moved)
+            os.utime(moved)
+            kept = sorted(aside.glob(f"{tag}-*"), key=lambda p: p.stat().st_mtime_ns)
             for old in kept[:-REFUSED_KEPT]:
                 old.unlink(missing_ok=True)
-            where = f"moved to {aside / name}"
+            where = f"moved to {moved}"
         except OSError:
             path.unlink(missing_ok=True)
             where = "deleted"

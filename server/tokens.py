@@ -5,9 +5,12 @@
 
 The text is tokenized exactly as prompts are (special tokens written in the text are recognised; no BOS
 is added unless asked), so a prompt built from /tokenize ids equals the one the server would render.
+Both run off the event loop (a few MB of text takes seconds; encode_batch/decode_batch release the GIL).
 """
 
 from __future__ import annotations
+
+import asyncio
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse
@@ -32,7 +35,7 @@ class TokenEndpoints:
                 raise APIError(400, "add_special_tokens must be a boolean", "add_special_tokens")
         except APIError as e:
             return e.response()
-        ids = self.s.tok.encode(text, add_special_tokens=special).ids
+        ids = (await asyncio.to_thread(self.s.tok.encode_batch, [text], add_special_tokens=special))[0].ids
         return JSONResponse({"tokens": ids, "count": len(ids), "max_model_len": self.s.context})
 
     async def detokenize(self, request: Request):
@@ -49,4 +52,5 @@ class TokenEndpoints:
                 raise APIError(400, f"token ids must be in [0, {vocab}); got {bad[:5]}", "tokens")
         except APIError as e:
             return e.response()
-        return JSONResponse({"content": self.s.tok.decode(ids, skip_special_tokens=False)})
+        text = (await asyncio.to_thread(self.s.tok.decode_batch, [ids], skip_special_tokens=False))[0]
+        return JSONResponse({"content": text})

@@ -20,6 +20,7 @@ def test_a_missing_plan_is_refused_by_name(tmp_path, capsys):
     (["p.yaml", "--port", "70000"], "--port must be in 0..65535, got 70000"),
     (["p.yaml", "--max-queue", "0"], "--max-queue must be positive, got 0"),
     (["p.yaml", "--session-idle", "-1"], "--session-idle must be positive, got -1.0"),
+    (["p.yaml", "--max-body-bytes", "0"], "--max-body-bytes must be positive, got 0"),
     ([], "the following arguments are required: plan"),
 ])
 def test_usage_errors_exit_2(argv, says, capsys):
@@ -43,3 +44,21 @@ def test_run_no_longer_takes_server_options(capsys):
     with pytest.raises(SystemExit) as e:
         run_cli.main(["p.yaml", "--api-key", "k"])
     assert e.value.code == 2 and "unrecognized arguments: --api-key" in capsys.readouterr().err
+
+
+def test_a_busy_port_is_refused_by_name_before_the_model_loads(monkeypatch, capsys):
+    import socket
+
+    def load(a):
+        raise AssertionError("the model was loaded before the port was checked")
+    monkeypatch.setattr(serve_cli, "load_engine_from_args", load)
+    with socket.create_server(("127.0.0.1", 0)) as busy:
+        port = busy.getsockname()[1]
+        assert serve_cli.main(["p.yaml", "--port", str(port)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("ostinato-serve: error: cannot listen on") and f"127.0.0.1:{port}" in err
+
+
+def test_max_body_bytes_is_an_option():
+    assert serve_cli.parse_args(["p.yaml"]).max_body_bytes == 4 << 20
+    assert serve_cli.parse_args(["p.yaml", "--max-body-bytes", "1000"]).max_body_bytes == 1000

@@ -50,7 +50,8 @@ def server(tiny_ckpt, tmp_path_factory, kernel_dir):
 
 def metrics(server):
     out = {}
-    for line in httpx.get(server["url"] + "/metrics").text.splitlines():
+    r = httpx.get(server["url"] + "/metrics", headers={"authorization": "Bearer secret"})  # behind the key
+    for line in r.text.splitlines():
         if line and not line.startswith("#"):
             k, v = line.rsplit(" ", 1)
             out[k] = float(v)

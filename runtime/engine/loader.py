@@ -3,7 +3,8 @@
     engine = load_engine("plan.yaml", device="cpu")
     session = engine.new_session()       # prefill picks split-route or upload-once by the plan's threshold
 
-The plan is checked against the checkpoint first (fingerprints; a mismatch names the field). Each
+The plan is checked against the checkpoint first (fingerprints of config, index and each weight shard's
+bytes; a mismatch names the field or the shard). Each
 layer's hot experts go to its planned device, packed as stored (both hot backends compute from the
 packed pool); its cold experts stay where the checkpoint is, memory-mapped (views of the safetensors
 files, no copies) behind the generated CPU kernel; when a GPU is used they are copied once into one
@@ -25,8 +26,9 @@ from tqdm import tqdm
 
 from ostinato.checkpoint.fingerprint import model_fingerprint
 from ostinato.checkpoint.reader import Checkpoint, PackedExpert
+from ostinato.checkpoint.weight_fingerprint import weight_fingerprint
 from ostinato.isa import detect_isa, supports
-from ostinato.plan import KernelEntry, KernelName, Plan, PlanError, check_fingerprint, load_plan
+from ostinato.plan import KernelEntry, KernelName, Plan, PlanError, check_fingerprint, check_weights, load_plan
 
 from ..kernels.cpu_experts import CpuExpertKernel
 from ..kernels.dense_ops import DenseOpsKernel
@@ -178,7 +180,9 @@ def load_engine(plan: str | Path | Plan, model_dir: str | Path | None = None, de
         plan = load_plan(plan)
     model_dir = model_directory(plan, model_dir)
     fp = model_fingerprint(model_dir)
-    check_fingerprint(plan, fp.config_sha256, fp.index_sha256)
+    check_fingerprint(plan, fp.config_sha256, fp.index_sha256)  # cheap: refuses another layout before any hashing
+    weights = weight_fingerprint(model_dir)  # hashed once per shard (cached); a bar when that is long
+    check_weights(plan, weights.shards if weights else None)
     devices = plan_devices(plan, device)
     cuda = devices[0].type == "cuda"
     dtype = compute_dtype(plan, dtype, cuda)

@@ -7,7 +7,7 @@ restarted server continues it exactly (server/session_store.py keeps a folder of
 
 Format: safetensors, so loading executes nothing; every tensor is written from the CPU and goes back
 to its layer's device on load. The header's metadata holds, as JSON, what the file is (FORMAT), who
-computed it (`identity`: model, plan, dtype; anything else refuses it), the token ids (what a scan
+computed it (`identity`: model, weights, plan, dtype; anything else refuses it), the token ids (what a scan
 needs), the layout (which tensors make each layer's state and each snapshot) and a SHA-256 over that
 JSON and every tensor's bytes: safetensors checks the structure, the hash catches flipped bytes, so
 nothing a file claims is reused unless it is exactly what was written. Constant-size state is
@@ -152,13 +152,15 @@ def _header(path: Path) -> tuple[dict, str, str]:
 
 
 def check_identity(meta: dict, identity: dict) -> None:
-    """Refuse a file computed by another model, plan or dtype, naming what differs."""
+    """Refuse a file computed by another model (its config and index, or its weights), plan or dtype, naming
+    what differs."""
     theirs = meta.get("identity")
     if not isinstance(theirs, dict):
         raise SessionFileError("the header has no identity")
     for key in sorted(set(identity) | set(theirs)):
         if theirs.get(key) != identity.get(key):
-            raise SessionFileError(f"computed with another {key}: {theirs.get(key)!r} in the file, "
+            what = "other weights" if key == "weights" else f"another {key}"
+            raise SessionFileError(f"computed with {what}: {theirs.get(key)!r} in the file, "
                                    f"{identity.get(key)!r} here")
 
 
