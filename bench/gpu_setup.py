@@ -126,7 +126,7 @@ def captured(fn, device: torch.device):
     if device.type != "cuda":
         return fn
     s = streams_for(device)
-    stream = s.new(device)
+    stream = s.named(device, "capture")  # the engine's: a new pool stream per capture would wrap the pool
     s.wait_stream(stream, s.current(device))
     with s.capture(stream) as graph:
         fn()

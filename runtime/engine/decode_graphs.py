@@ -28,7 +28,6 @@ from ostinato.buckets import CAPTURE_RUNS
 from ..model.static_decode.step import StaticStep
 from . import watchdog
 from .streams import streams_for
-from .watchdog import wait_done
 
 WARMUP_RUNS = CAPTURE_RUNS - 1  # then the captured run
 
@@ -97,6 +96,6 @@ class SegmentGraphs:
         last = step.segments[-1].device
         if last.type == "cuda":  # the last segment's stream ends after every earlier one (the hand-offs order them)
             s = streams_for(last)
-            wait_done(s.record(s.current(last)), watchdog.STEP_TIMEOUT_S, f"the {step.tokens}-token step")
+            watchdog.wait_done(s.record(s.current(last)), watchdog.STEP_TIMEOUT_S, f"the {step.tokens}-token step")
         step.note_step()
         return step.logits

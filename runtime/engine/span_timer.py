@@ -16,6 +16,8 @@ import torch
 
 from .counters import Counters
 
+MAX_PENDING = 4096  # event pairs held before they are settled unasked (a caller that never reads the counters)
+
 
 def cuda_event(device: torch.device):
     """A timing event recorded now on `device`'s current stream."""
@@ -38,6 +40,8 @@ class SpanTimer:
             yield
             setattr(self.counters, field, getattr(self.counters, field) + time.perf_counter() - start)
             return
+        if len(self.pending) >= MAX_PENDING:  # nobody has read the counters for long: settle (those ended long ago)
+            self.settle()
         start = self.event(device)
         yield
         self.pending.append((field, start, self.event(device)))
