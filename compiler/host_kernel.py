@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 
 # The share of a host's streaming read bandwidth (STREAM-like, the spec's host.bandwidth) that a CPU expert
 # kernel reads at 1 token per expert with every core. Published: kt-kernel's MXFP4 kernel at decode, 182 of
@@ -47,13 +48,18 @@ class KernelRates:
         """per_core interpolated in log(tokens per expert); the first value below the first point, the last
         point's FLOP rate past the last (see the module docstring)."""
         x = math.log(max(tokens_per_expert, 1e-9))
-        xs = [math.log(t) for t in self.tokens]
+        xs = self._log_tokens
         if x <= xs[0]:
             return self.per_core[0]
         for x0, x1, r0, r1 in zip(xs, xs[1:], self.per_core, self.per_core[1:]):
             if x <= x1:
                 return r0 + (r1 - r0) * (x - x0) / (x1 - x0)
         return self.per_core[-1] * self.tokens[-1] / tokens_per_expert
+
+    @cached_property
+    def _log_tokens(self) -> tuple[float, ...]:
+        """log of each measured token count (per_core_at's abscissae; computed once: the rates are frozen)."""
+        return tuple(math.log(t) for t in self.tokens)
 
     def rate(self, tokens_per_expert: float, cores: int, read_bandwidth: float) -> float:
         """Bytes/s of expert weights on a host of `cores` cores that reads experts at `read_bandwidth`."""

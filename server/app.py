@@ -1,5 +1,5 @@
-"""The OpenAI-compatible ASGI app: /v1/chat/completions (SSE or whole), /v1/completions (completions.py),
-/v1/models, /health, /metrics.
+"""The ASGI app: OpenAI's /v1/chat/completions (SSE or whole) and /v1/completions (completions.py),
+Anthropic's /v1/messages and /v1/messages/count_tokens (messages_api.py), /v1/models, /health, /metrics.
 
     app = create_app(engine, tokenizer, "tiny")      # then uvicorn.run(app, host="127.0.0.1")
 
@@ -32,6 +32,7 @@ from .errors import APIError, http_error
 from .events import ClientGone, next_event
 from .fields import CHAT, check_fields, flag
 from .logprobs import chat_entry
+from .messages_api import Messages
 from .metrics import Metrics
 from .prefix_cache import PrefixCache
 from .reply import ReplyBuilder
@@ -39,6 +40,7 @@ from .request_body import DEFAULT_MAX_BODY_BYTES, read_json
 from .sampling import Sampling, constraint_for
 from .stop import stop_sequences
 from .tokens import TokenEndpoints
+from .tool_choice import tool_choice
 from .worker import ENGINE_ERROR, Job, Worker, log
 
 
@@ -59,30 +61,6 @@ def _thinking(body: dict) -> bool:
     if not isinstance(t, bool):
         raise APIError(400, "thinking must be a boolean or {'type': 'enabled'|'disabled'}", "thinking")
     return t
-
-
-REQUIRED = ""  # _tool_choice's `force` for tool_choice "required": a call of any of the tools
-
-
-def _tool_choice(body: dict, tools: list, tok) -> tuple[tuple[int, ...], str | None, bool]:
-    """(banned, force, parse_tools) for the request's tool_choice; force: None, REQUIRED or a tool's name."""
-    tc = body.get("tool_choice")
-    names = [t.get("function", {}).get("name") for t in tools if isinstance(t, dict)]
-    if tc in (None, "auto"):
-        return (), None, bool(tools)
-    if tc == "none":  # tools stay in the prompt (a stable prefix); the model just cannot start a call
-        return (tok.token_to_id(DSML),), None, False
-    if tc == "required" and tools:
-        return (), REQUIRED, True
-    if isinstance(tc, dict) and tc.get("type") == "function" and isinstance(tc.get("function"), dict):
-        name = tc["function"].get("name")
-        if name not in names:
-            raise APIError(400, f"tool_choice names function {name!r}, which is not among the tools "
-                                f"({', '.join(map(str, names)) or 'none given'})", "tool_choice")
-        return (), name, True
-    raise APIError(400, f"tool_choice must be 'auto', 'none', 'required' (with tools) or "
-                        f"{{'type': 'function', 'function': {{'name': ...}}}}; got {json.dumps(tc)[:80]}",
-                   "tool_choice")
 
 
 def structured_outputs(tokenizer, eos: int):
@@ -120,10 +98,17 @@ class Server:
 
     # -- request checking ---------------------------------------------------------------------------
     def _auth(self, request: Request) -> None:
-        given = request.headers.get("authorization", "").encode()
-        # constant time: the comparison must not tell an attacker how much of a guessed key was right
-        if self.api_key and not hmac.compare_digest(given, f"Bearer {self.api_key}".encode()):
-            raise APIError(401, "invalid or missing API key (Authorization: Bearer ...)", None,
+        """The key as OpenAI clients send it (Authorization: Bearer KEY) or Anthropic's (x-api-key: KEY),
+        on every endpoint but /health."""
+        if not self.api_key:
+            return
+        bearer = request.headers.get("authorization", "").encode()
+        key = request.headers.get("x-api-key", "").encode()
+        # constant time, both always compared: the timing must not tell how much of a guessed key was right
+        ok = hmac.compare_digest(bearer, f"Bearer {self.api_key}".encode())
+        ok |= hmac.compare_digest(key, self.api_key.encode())
+        if not ok:
+            raise APIError(401, "invalid or missing API key (Authorization: Bearer KEY, or x-api-key: KEY)", None,
                            "invalid_api_key", "authentication_error")
 
     async def body(self, request: Request) -> dict:
@@ -172,7 +157,7 @@ class Server:
             ids = encode_chat(self.tok, render_parts(body.get("messages"), tools, options))
         except ConversationError as e:
             raise APIError(400, str(e), e.param) from None
-        banned, force, parse_tools = _tool_choice(body, tools, self.tok)
+        banned, force, parse_tools = tool_choice(body.get("tool_choice"), tools, self.tok)
         sampling = Sampling.from_body(body, self.engine.model.config.vocab_size, banned)
         reply = ReplyBuilder(self.tok, self.eos, options.thinking, parse_tools, stop_sequences(body),
                              flag(body, "parallel_tool_calls", True))
@@ -200,11 +185,12 @@ class Server:
             raise APIError(400, str(e), e.param) from None
 
     # -- endpoints ------------------------------------------------------------------------------------
-    async def accept(self, request: Request, make_job) -> tuple | Response:
+    async def accept(self, request: Request, make_job, anthropic: bool = False) -> tuple | Response:
         """Check a request and queue its job: (body, job, reply, events), or the error response to send.
         make_job(body, emit) -> (Job, reply) raises APIError for what it refuses. It runs in a thread: rendering
         and tokenizing a long prompt take seconds, and /health and other clients must not wait for them
-        (the tokenizer releases the GIL in encode_batch, chat_encoding.encode)."""
+        (the tokenizer releases the GIL in encode_batch, chat_encoding.encode). anthropic: errors in the
+        Messages API's shape."""
         try:
             body = await self.body(request)
             loop, events = asyncio.get_running_loop(), asyncio.Queue()
@@ -213,7 +199,7 @@ class Server:
             self.submit(job)
         except APIError as e:
             self.count_request(error=True)
-            return e.response()
+            return e.anthropic_response() if anthropic else e.response()
         self.count_request(error=False)
         return body, job, reply, events
 
@@ -352,6 +338,7 @@ def _unexpected(request, exc) -> JSONResponse:
 def create_app(engine, tokenizer, model_name: str, **kw) -> Starlette:
     server = Server(engine, tokenizer, model_name, **kw)
     tokens = TokenEndpoints(server)
+    messages = Messages(server)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -362,6 +349,8 @@ def create_app(engine, tokenizer, model_name: str, **kw) -> Starlette:
     app = Starlette(lifespan=lifespan, routes=[
         Route("/v1/chat/completions", server.chat, methods=["POST"]),
         Route("/v1/completions", Completions(server).handle, methods=["POST"]),
+        Route("/v1/messages", messages.create, methods=["POST"]),
+        Route("/v1/messages/count_tokens", messages.count_tokens, methods=["POST"]),
         Route("/v1/models", server.models, methods=["GET"]),
         Route("/v1/models/{model_id:path}", server.model, methods=["GET"]),
         Route("/tokenize", tokens.tokenize, methods=["POST"]),

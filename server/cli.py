@@ -13,6 +13,7 @@ from ostinato.runtime.cli.engine_args import add_engine_args, load_engine_from_a
 
 from .listen import PortError, listen
 from .request_body import DEFAULT_MAX_BODY_BYTES
+from .session_lock import SessionDirBusy, SessionDirLock
 
 
 def parse_args(argv):
@@ -29,7 +30,7 @@ def parse_args(argv):
                    help="requests that may wait for the engine; more are answered 503 + Retry-After (16)")
     p.add_argument("--session-dir", type=Path,
                    help="keep cached sessions' KV caches in this folder, so they survive a restart "
-                        "(written when evicted, when idle and at stop)")
+                        "(written when evicted, when idle and at stop); one server per folder (locked)")
     p.add_argument("--session-dir-bytes", type=int, default=8 << 30,
                    help="bound of --session-dir; least recently used files are deleted (8 GiB)")
     p.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
@@ -48,16 +49,19 @@ def parse_args(argv):
 
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
+    sock = lock = None
     try:
-        sock = listen(a.host, a.port)  # first: a busy port must not cost a model load
-    except PortError as e:
-        return refuse("ostinato-serve", e)
-    try:
+        # first: a busy port or session folder must not cost a model load
+        sock = listen(a.host, a.port)
+        lock = SessionDirLock.take(a.session_dir) if a.session_dir is not None else None
         engine = load_engine_from_args(a)
-    except (PlanError, CheckpointError) as e:
-        sock.close()
+    except (PortError, SessionDirBusy, PlanError, CheckpointError) as e:
+        if sock is not None:
+            sock.close()
+        if lock is not None:
+            lock.release()
         return refuse("ostinato-serve", e)
-    serve(engine, engine.model_dir, a, sock)
+    serve(engine, engine.model_dir, a, sock)  # the lock is held until the process ends
     return 0
 
 

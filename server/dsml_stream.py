@@ -12,8 +12,9 @@ streamed call cannot do is take back what was sent, which fixes the rules for a 
   - before its first call has begun (a bad opening, no invoke, cut off): the block is plain content,
     separator included, exactly as `split_tool_calls` leaves a malformed block;
   - after a call has begun: the calls stand as sent, and the text from the fault on is content. A call
-    cut off (max_tokens, or the model ending mid-call) keeps its unfinished arguments, as OpenAI's do;
-    the finish_reason ("length") tells the client.
+    cut off (max_tokens, or the model ending mid-call) keeps its arguments as generated, unfinished JSON
+    ("{" at least; a string="false" value as far as it got, raw), as OpenAI's do; the finish_reason
+    ("length") tells the client.
 The block's end (or, with max_calls, the end of that many calls) completes the reply: `closed`; any text
 after it is dropped (the caller stops generating there).
 """
@@ -246,7 +247,13 @@ class ToolCallStream:
             self._content(self.buf)
         elif not self.parts:  # cut off before its first call: the block is content
             self._content(self.sep + self.block + self.buf)
-        elif self.state == STRING:  # a string value cut off: what there is of it
-            self._arguments(_escaped(self.buf))
+        elif self.complete < len(self.parts):  # a call cut off: its arguments as generated, unfinished JSON
+            if not self.params:
+                self._arguments("{")
+            value = self.buf[:len(self.buf) - _partial(self.buf, PARAM_CLOSE)]  # not a cut closing tag
+            if self.state == STRING:  # a string value: what there is of it
+                self._arguments(_escaped(value))
+            elif self.state == VALUE:  # a JSON value, raw: it could not be re-serialized
+                self._arguments(self.lead + value)
         self.buf = ""
         return self.out

@@ -1,4 +1,5 @@
-"""OpenAI-style errors: {"error": {"message", "type", "param", "code"}} with a 4xx status."""
+"""API errors, one exception in both shapes: OpenAI's {"error": {"message", "type", "param", "code"}} and
+Anthropic's {"type": "error", "error": {"type", "message"}} (the Messages API, messages_api.py)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,24 @@ class APIError(Exception):
     def sse(self) -> str:
         """The error as a server-sent event; a stream that fails ends with it and then [DONE]."""
         return "data: " + json.dumps(self.body()) + "\n\ndata: [DONE]\n\n"
+
+    # -- Anthropic's shape ----------------------------------------------------------------------------
+    def anthropic_body(self) -> dict:
+        kind = ANTHROPIC_TYPES.get(self.status, "api_error" if self.status >= 500 else "invalid_request_error")
+        return {"type": "error", "error": {"type": kind, "message": self.message}}
+
+    def anthropic_response(self) -> JSONResponse:
+        return JSONResponse(self.anthropic_body(), status_code=self.status, headers=self.headers)
+
+    def anthropic_sse(self) -> str:
+        """The error as the `error` event that ends a Messages stream."""
+        return "event: error\ndata: " + json.dumps(self.anthropic_body()) + "\n\n"
+
+
+# Anthropic's error type per HTTP status (its API reference, "Errors"); a busy queue is "overloaded".
+ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                   404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 500: "api_error",
+                   503: "overloaded_error", 529: "overloaded_error"}
 
 
 def http_error(request, exc) -> JSONResponse:

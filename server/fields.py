@@ -11,7 +11,13 @@ from .errors import APIError
 
 SAMPLING = {"temperature", "top_p", "seed", "n", "stop", "presence_penalty", "frequency_penalty", "logit_bias",
             "logprobs"}
-COMMON = {"model", "max_tokens", "stream", "stream_options", "user"} | SAMPLING
+# OpenAI's bookkeeping fields, which agents send and which change nothing about the reply here: accepted
+# (type-checked) and ignored. store: keep the completion for OpenAI's dashboard; metadata: tags for it;
+# service_tier: OpenAI's capacity tier; prompt_cache_key: a routing hint for OpenAI's prompt cache (this
+# server's prefix cache matches tokens, with no hint needed); safety_identifier: an end-user id for abuse
+# detection. README.md ("Fields accepted and ignored") names them.
+IGNORED = {"store", "metadata", "service_tier", "prompt_cache_key", "safety_identifier"}
+COMMON = {"model", "max_tokens", "stream", "stream_options", "user"} | SAMPLING | IGNORED
 
 CHAT = COMMON | {"messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls",
                  "response_format", "thinking", "reasoning_effort"}
@@ -41,6 +47,18 @@ def check_fields(body: dict, fields: set[str]) -> None:
         if not stream:
             raise APIError(400, "stream_options is only allowed with stream: true", "stream_options")
         flag(options, "include_usage", False, "stream_options.include_usage")
-    if body.get("user") is not None and not isinstance(body["user"], str):
-        raise APIError(400, "user must be a string", "user")
+    for key in ("user", "service_tier", "prompt_cache_key", "safety_identifier"):
+        if body.get(key) is not None and not isinstance(body[key], str):
+            raise APIError(400, f"{key} must be a string", key)
+    flag(body, "store", False)
+    check_metadata(body.get("metadata"))
+
+
+def check_metadata(metadata) -> None:
+    """OpenAI's metadata: at most 16 string values under string keys (accepted, then ignored)."""
+    if metadata is None:
+        return
+    if not isinstance(metadata, dict) or len(metadata) > 16 or \
+            not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
+        raise APIError(400, "metadata must be an object of at most 16 string values", "metadata")
 

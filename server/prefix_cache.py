@@ -3,9 +3,15 @@
 An agent's conversation grows by appending, so its next request shares everything but the new
 turn with the session that served the previous one: only the rest is prefilled. When a request
 diverges inside a cached session (an edited earlier message, a regenerated reply) the session is
-truncated to the common prefix (only when that keeps at least half of it; otherwise the request
-starts a new session and LRU evicts); with keep_branches it is forked instead, so both branches
-stay cached. The number of sessions is bounded (LRU eviction): each holds a KV cache.
+truncated (only when that keeps at least half of it; otherwise the request starts a new session and
+LRU evicts); with keep_branches it is forked instead, so both branches stay cached. The number of
+sessions is bounded (LRU eviction): each holds a KV cache.
+
+What is reused is what is not computed again, and `usage` reports exactly that. A session cut inside
+its cache is cut back to its nearest snapshot (a turn boundary, model/session.py), never further
+forward: the tokens from there on are prefilled with the request's new ones, in one forward, and
+counted as prefilled. A prompt sent again whole reuses all of it: the entry keeps the logits of the
+last prompt it prefilled (`end_logits`), so not even its last token is recomputed.
 
 With a session store (session_store.py) sessions outlive the process: an evicted session is written
 there (write_evicted: worker.py calls it once the reply that evicted it is out), and so is every
@@ -49,9 +55,25 @@ class CacheStats:
 
 @dataclass
 class Entry:
-    session: object                              # an EngineSession (or anything with prefill/truncate/fork/len)
+    session: object          # an EngineSession (or anything with prefill/truncate/rewind_point/fork/len)
     tokens: list[int] = field(default_factory=list)  # exactly the tokens the session has processed
     saved: list[int] | None = None               # its tokens when last written to the store (None: never)
+    # (n, [V] logits after the first n tokens): the last prompt this entry prefilled, so that the same
+    # prompt again needs no forward at all. Never changed in place (the sampler copies what it adjusts).
+    end_logits: tuple[int, object] | None = None
+
+    def reuse(self, ids: list[int]) -> int:
+        """How many of ids this entry serves without computing any of them again: the common prefix,
+        short of the last prompt token unless its logits are kept, cut back to where the session can
+        rewind to without re-prefilling (a snapshot)."""
+        n = common_prefix(self.tokens, ids)
+        whole = n == len(ids) and self.end_logits is not None and self.end_logits[0] == n
+        n = n if whole else min(n, len(ids) - 1)
+        return self.session.rewind_point(n)
+
+    def logits_at(self, n: int):
+        """The kept logits after n tokens, or None."""
+        return self.end_logits[1] if self.end_logits is not None and self.end_logits[0] == n else None
 
 
 class PrefixCache:
@@ -70,18 +92,19 @@ class PrefixCache:
         return len(self.entries)
 
     def acquire(self, ids: list[int]) -> tuple[Entry, int]:
-        """An entry to serve `ids` with, taken out of the cache, and how many of its tokens are reused.
-
-        At most len(ids) - 1 tokens are reused: the last prompt token is always prefilled, since its
-        logits give the first generated token.
+        """An entry to serve `ids` with, taken out of the cache, and how many of its tokens are reused
+        (Entry.reuse: computed once and never again; all of them when entry.logits_at(len(ids)) holds the
+        first token's logits, else at most len(ids) - 1, the last prompt token giving them).
         """
         self.write_evicted()
         best, best_n = None, 0
         for key, e in self.entries.items():
-            n = min(common_prefix(e.tokens, ids), len(ids) - 1)
+            n = e.reuse(ids)
             if n > best_n and reusable(n, len(e.tokens)):
                 best, best_n = key, n
         loaded = self._load(ids, best_n) if self.store is not None else None
+        if loaded is not None and loaded[1] <= best_n:  # its rewind point is no better after all
+            loaded = None
         if loaded is not None:  # a stored file holds more of the prompt (it stays on disk: nothing to fork)
             entry, best_n = loaded
         elif best is None:
@@ -92,22 +115,24 @@ class PrefixCache:
             if best_n < len(entry.tokens) and self.keep_branches:  # the cached branch stays; this request
                 self.stats.forks += 1                               # gets a copy
                 self.entries.move_to_end(best)
-                entry = Entry(entry.session.fork(), list(entry.tokens))
+                entry = Entry(entry.session.fork(), list(entry.tokens), end_logits=entry.end_logits)
             else:
                 del self.entries[best]
         self.stats.hits += 1
         self.stats.reused_tokens += best_n
         if best_n < len(entry.tokens):
             self.stats.truncations += 1
-            entry.session.truncate(best_n)
+            entry.session.truncate(best_n)  # to a rewind point: nothing is prefilled again
             del entry.tokens[best_n:]
+        if entry.end_logits is not None and entry.end_logits[0] > best_n:
+            entry.end_logits = None
         return entry, best_n
 
     def _load(self, ids: list[int], than: int) -> tuple[Entry, int] | None:
         """An entry read from the store that reuses more than `than` tokens of `ids`, and how many; a refused
         file drops out of the store's index, so the next best one is tried."""
         while True:
-            name, n = self.store.match(ids)
+            name, n = self.store.match(ids)  # at most len(ids) - 1: a file keeps no logits
             if name is None or n <= than:
                 return None
             fresh = self.new_session()
@@ -115,7 +140,7 @@ class PrefixCache:
             if session is not None:
                 fresh.adopt(session)
                 self.stats.loaded += 1
-                return Entry(fresh, list(session.tokens), list(session.tokens)), n
+                return Entry(fresh, list(session.tokens), list(session.tokens)), fresh.rewind_point(n)
 
     def release(self, entry: Entry) -> None:
         """Put a served entry back (most recently used), evicting the least recently used beyond capacity."""

@@ -40,6 +40,11 @@ class ReplyBuilder:
         return self.parser.calls if self.parser is not None else []
 
     @property
+    def stop_sequence(self) -> str | None:
+        """The stop sequence that ended the reply, if one did."""
+        return self.stop.matched
+
+    @property
     def ended(self) -> bool:
         """Nothing more can be part of the reply: a stop sequence matched, or the tool calls are complete."""
         return self.stopped or (self.parser is not None and self.parser.closed)

@@ -9,7 +9,8 @@ where a step's logits become a token.
 The logits are adjusted in OpenAI's order: logit_bias added, then the penalties over the tokens
 generated so far (frequency_penalty x count + presence_penalty x [count > 0], subtracted), then
 banned tokens (tool_choice "none") and the structured-output mask set to -inf. The token is the argmax
-of that (temperature 0) or drawn from softmax(adjusted / temperature) cut to the top_p nucleus.
+of that (temperature 0) or drawn from softmax(adjusted / temperature), cut to the top_k most likely
+(renormalized) when top_k is set, then to the top_p nucleus.
 Logprobs are log_softmax of the adjusted logits in float32, before temperature and top_p: the model's
 distribution as the request reshaped it, the same numbers whether the token was drawn greedily or
 sampled, and comparable between requests that differ only in temperature.
@@ -67,6 +68,7 @@ def _logit_bias(body: dict, vocab: int) -> tuple[tuple[int, float], ...]:
 class Sampling:
     temperature: float = 0.0                    # 0: greedy (this server's default; OpenAI's is 1)
     top_p: float = 1.0
+    top_k: int = 0                              # > 0: draw among the k most likely only (the Messages API's)
     seed: int | None = None                     # with temperature > 0: the same seed draws the same tokens
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
@@ -74,6 +76,10 @@ class Sampling:
     banned: tuple[int, ...] = ()                # never picked (tool_choice "none" bans the DSML token)
     logprobs: bool = False                      # report the picked token's logprob ...
     top_logprobs: int = 0                       # ... and the most likely ones'
+    # a reply that starts in reasoning: after this many reasoning tokens, end_think is forced (the Messages
+    # API's thinking.budget_tokens); None: the model ends its reasoning itself
+    think_budget: int | None = None
+    end_think: int | None = None
 
     @classmethod
     def from_body(cls, body: dict, vocab: int, banned: tuple[int, ...] = (), legacy: bool = False) -> Sampling:
@@ -93,6 +99,7 @@ class Sampling:
                 raise APIError(400, "top_logprobs needs logprobs: true", "top_logprobs")
         return cls(temperature=_number(body, "temperature", 0, 2, 0.0),
                    top_p=_number(body, "top_p", 0, 1, 1.0, lo_open=True),
+                   top_k=_integer(body, "top_k", 1, vocab) or 0,
                    seed=_integer(body, "seed", -2**63, 2**63 - 1),
                    presence_penalty=_number(body, "presence_penalty", -2, 2, 0.0),
                    frequency_penalty=_number(body, "frequency_penalty", -2, 2, 0.0),
@@ -146,6 +153,7 @@ class Sampler:
             seed = params.seed if params.seed is not None else secrets.randbits(63)
             self.generator = torch.Generator().manual_seed(seed)  # on the CPU: the same draws on any device
         self.counts: torch.Tensor | None = None   # [vocab] float32, on the logits' device
+        self.think_left = params.think_budget      # reasoning tokens still allowed (None: no budget, or ended)
         self.bias: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def adjust(self, logits: torch.Tensor) -> torch.Tensor:
@@ -170,6 +178,8 @@ class Sampler:
     def pick(self, logits: torch.Tensor, forced: int | None = None) -> Pick:
         """The next token (`forced` if given, whatever the logits say) and its logprob info."""
         x = self.adjust(logits)
+        if forced is None and self.think_left == 0:  # the thinking budget is spent: the reasoning ends here
+            forced = self.p.end_think
         if forced is not None:
             token = forced
         elif self.generator is None:
@@ -190,6 +200,9 @@ class Sampler:
         until their mass reaches top_p (the one crossing it included). One uniform from the CPU generator,
         inverted through the cumulative distribution."""
         probs, order = torch.softmax(x / self.p.temperature, dim=-1).sort(descending=True)
+        if self.p.top_k:  # the k most likely, renormalized; top_p then cuts within them
+            probs, order = probs[:self.p.top_k], order[:self.p.top_k]
+            probs = probs / probs.sum()
         cum = probs.cumsum(0)
         kept = int(((cum - probs < self.p.top_p) & (probs > 0)).sum().clamp(min=1))
         u = torch.rand(1, generator=self.generator, dtype=torch.float64).item()
@@ -201,6 +214,8 @@ class Sampler:
         """Record a generated token (forced ones too): penalty counts, the constraint's state."""
         if self.counts is not None:  # made at the first adjust when a penalty is set
             self.counts[token] += 1
+        if self.think_left is not None:
+            self.think_left = None if token == self.p.end_think else self.think_left - 1
         if self.constraint is not None:
             self.constraint.advance(token)
 

@@ -18,8 +18,8 @@ another model (config, index or weights: same layout, other bytes is another mod
 or otherwise unusable is refused by name: logged with the reason, moved to refused/ in the folder
 under a name that starts with a tag of the identity in its header, and the prompt is recomputed.
 refused/ keeps the newest REFUSED_KEPT files of each identity tag, so a later run refusing files of
-another kind (corrupt ones, or another model's) never pushes them out. One server per folder: there
-is no lock, two would delete each other's files.
+another kind (corrupt ones, or another model's) never pushes them out. One server per folder: two would
+delete each other's files, so ostinato-serve holds the folder's lock (session_lock.py).
 """
 
 from __future__ import annotations

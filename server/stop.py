@@ -34,6 +34,7 @@ class StopMatcher:
         self.stops = stops
         self.held = ""      # the tail of the text so far that could begin a stop sequence
         self.hit = False    # a stop sequence matched: everything after it is dropped
+        self.matched: str | None = None  # which one (the first in the text; the Messages API reports it)
 
     def feed(self, text: str) -> tuple[str, bool]:
         """(text safe to release, whether a stop sequence has now matched)."""
@@ -42,8 +43,9 @@ class StopMatcher:
         if not self.stops:
             return text, False
         buf = self.held + text
-        cut = min((i for i in (buf.find(s) for s in self.stops) if i >= 0), default=-1)
-        if cut >= 0:
+        found = [(i, s) for s in self.stops if (i := buf.find(s)) >= 0]
+        if found:
+            cut, self.matched = min(found, key=lambda f: f[0])
             self.held, self.hit = "", True
             return buf[:cut], True
         keep = self._partial(buf)

@@ -36,6 +36,9 @@ class Job:
     # on this thread, per token: (events for the client, stop now?): a stop sequence or the end of the tool
     # calls ends generation on the very token that completed it (reply.py)
     watch: Callable[[int], tuple[object, bool]] | None = None
+    # called on this thread with the reused token count once the prefix cache has been searched, before
+    # the prefill (the Messages API's message_start reports it)
+    started: Callable[[int], None] | None = None
     arrived: float = field(default_factory=time.perf_counter)
     cancel: threading.Event = field(default_factory=threading.Event)
 
@@ -99,9 +102,15 @@ class Worker:
         counters = self.engine.executor.counters
         before = counters.copy()
         entry, reused = self.cache.acquire(job.ids)
+        if job.started is not None:
+            job.started(reused)
         sampler = Sampler(job.sampling, job.constraint)
-        # raises -> entry dropped, never cached half-done
-        logits = entry.session.prefill(job.ids[reused:], last_only=True)[-1]
+        logits = entry.logits_at(len(job.ids))  # the same prompt again: its logits are kept, nothing to compute
+        if logits is None:
+            # raises -> entry dropped, never cached half-done
+            logits = entry.session.prefill(job.ids[reused:], last_only=True)[-1]
+            # a copy: the engine may reuse its output buffer (a decode graph's), and the sampler reads it
+            entry.end_logits = (len(job.ids), logits.clone())
         entry.tokens = list(job.ids)
         gen, reason = [], "length"
         try:

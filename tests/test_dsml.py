@@ -5,7 +5,15 @@ import random
 
 import pytest
 
-from ostinato.server.dsml import DSMLError, parse_block, render_tool_calls, split_tool_calls
+from ostinato.server.dsml import (
+    BLOCK_START,
+    DSML,
+    SEPARATOR,
+    DSMLError,
+    parse_block,
+    render_tool_calls,
+    split_tool_calls,
+)
 from ostinato.server.dsml_stream import ToolCallStream
 
 D = "｜DSML｜"
@@ -107,3 +115,17 @@ def test_streaming_max_calls_closes_after_the_first(seed):
     assert p.closed and [c.name for c in p.calls] == ["get_weather"]
     assert _reassembled(events) == [(c.name, c.arguments) for c in split_tool_calls(TEXT)[1][:1]]
     assert "".join(v for k, v in events if k == "content") == "Let me check."
+
+
+@pytest.mark.parametrize("generated, arguments", [
+    (f'{BLOCK_START}\n<{DSML}invoke name="f">\n<{DSML}parameter name="n" string="false">[1, 2', '{"n": [1, 2'),
+    (f'{BLOCK_START}\n<{DSML}invoke name="f">\n<{DSML}parameter name="s" string="true">Par</{DSML}para',
+     '{"s": "Par'),
+    (f'{BLOCK_START}\n<{DSML}invoke name="f">\n', "{"),
+])
+def test_a_call_cut_off_keeps_its_arguments_as_generated(generated, arguments):
+    """max_tokens mid-call: the arguments as far as they got (unfinished JSON, as OpenAI returns), never ""."""
+    s = ToolCallStream()
+    s.feed(SEPARATOR + generated)
+    s.finish()
+    assert [(c.name, c.arguments) for c in s.calls] == [("f", arguments)]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -62,3 +63,39 @@ def test_a_busy_port_is_refused_by_name_before_the_model_loads(monkeypatch, caps
 def test_max_body_bytes_is_an_option():
     assert serve_cli.parse_args(["p.yaml"]).max_body_bytes == 4 << 20
     assert serve_cli.parse_args(["p.yaml", "--max-body-bytes", "1000"]).max_body_bytes == 1000
+
+
+def test_a_session_dir_in_use_is_refused_before_the_model_loads(monkeypatch, tmp_path, capsys):
+    """Another process holds the folder's lock: refused by name with its pid; killed, the lock is gone."""
+    import signal
+    import time
+
+    def load(a):
+        raise AssertionError("the model was loaded before the session folder was checked")
+    monkeypatch.setattr(serve_cli, "load_engine_from_args", load)
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\n"
+                               "from ostinato.server.session_lock import SessionDirLock\n"
+                               f"SessionDirLock.take({str(tmp_path)!r}); print('held', flush=True); time.sleep(60)"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        assert serve_cli.main(["p.yaml", "--port", "0", "--session-dir", str(tmp_path)]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith(f"ostinato-serve: error: --session-dir {tmp_path} is in use by another server")
+        assert f"(pid {holder.pid})" in err
+    finally:
+        holder.send_signal(signal.SIGKILL)  # a crash: no cleanup runs
+        holder.wait()
+    from ostinato.server.session_lock import SessionDirLock
+    deadline = time.monotonic() + 5
+    while True:  # the kernel drops a dead process's flock at once; allow the reaping a moment
+        try:
+            lock = SessionDirLock.take(tmp_path)
+            break
+        except OSError:
+            assert time.monotonic() < deadline, "a killed server's lock stayed taken"
+            time.sleep(0.05)
+    with pytest.raises(OSError, match=f"in use by another server \\(pid {os.getpid()}\\)"):
+        SessionDirLock.take(tmp_path)  # one holder at a time, within one process too
+    lock.release()
+    SessionDirLock.take(tmp_path).release()

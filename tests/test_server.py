@@ -5,12 +5,8 @@ import time
 import httpx
 import openai
 import pytest
-from conftest import compile_tiny_plan
-from tokenizers import Tokenizer
+from server_helpers import Script, tiny_server
 
-from ostinato.runtime.engine.loader import load_engine
-from ostinato.server.app import create_app
-from ostinato.server.background import serve_in_background
 from ostinato.server.dsml import render_tool_calls
 
 pytestmark = pytest.mark.slow  # a compiled plan's engine (C++ kernels) behind the server
@@ -20,28 +16,11 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": 
 CALL = {"id": "x", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
 
 
-class Script:
-    """A logits hook forcing a token sequence then EOS: a constrained decode through the real engine."""
-    tokens: list | None = None
-
-    def __call__(self, gen, logits):
-        if self.tokens is None:
-            return logits
-        want = self.tokens[len(gen)] if len(gen) < len(self.tokens) else 1
-        out = logits.clone().fill_(float("-inf"))
-        out[want] = 0.0
-        return out
-
-
 @pytest.fixture(scope="module")
 def server(tiny_ckpt, tmp_path_factory, kernel_dir):
-    work = tmp_path_factory.mktemp("server")
-    compile_tiny_plan(tiny_ckpt, work, kernel_dir, context=1024)
-    engine = load_engine(work / "plan.yaml", tiny_ckpt, device="cpu")
-    tok = Tokenizer.from_file(str(tiny_ckpt / "tokenizer.json"))
     script = Script()
-    app = create_app(engine, tok, "tiny", api_key="secret", cache_sessions=2, logits_hook=script)
-    srv, base = serve_in_background(app)
+    srv, base, app, _, tok = tiny_server(tiny_ckpt, tmp_path_factory.mktemp("server"), kernel_dir, script,
+                                         api_key="secret", cache_sessions=2)
     url = base.removesuffix("/v1")
     yield {"url": url, "client": openai.OpenAI(base_url=base, api_key="secret", max_retries=0),
            "app": app, "tok": tok, "script": script}
@@ -162,13 +141,17 @@ def test_cancelled_stream_then_correct_request(server):
 
 
 def test_divergence_truncates_and_lru_evicts(server):
+    """An edited last turn cuts the session back to the turn boundary before the edit (its snapshot) and
+    reuses exactly that much: the tokens after it are prefilled again, and usage says so."""
     cache = server["app"].state.server.cache
-    a = [{"role": "user", "content": "first question about cats"}]
+    a = [{"role": "user", "content": "first question about cats, " + "with the long preamble agents send " * 6}]
     ra = ask(server, a, max_tokens=2)
-    edited = [{"role": "user", "content": "first question about dogs"}]
+    reply = {"role": "assistant", "content": ra.choices[0].message.content}
+    ask(server, a + [reply, {"role": "user", "content": "more about cats"}], max_tokens=2)
     t0 = cache.stats.truncations
-    re_ = ask(server, edited, max_tokens=2)
-    assert cache.stats.truncations == t0 + 1 and re_.usage.prompt_tokens_details.cached_tokens > 0
+    re_ = ask(server, a + [reply, {"role": "user", "content": "more about dogs"}], max_tokens=2)
+    assert cache.stats.truncations == t0 + 1
+    assert re_.usage.prompt_tokens_details.cached_tokens == ra.usage.prompt_tokens  # the first turn's boundary
     assert ask(server, a, max_tokens=2).choices[0].message.content == ra.choices[0].message.content
     e0 = cache.stats.evictions
     for text in ("alpha", "beta", "gamma"):  # capacity 2: distinct sessions push the oldest out

@@ -12,12 +12,8 @@ import httpx
 import openai
 import pytest
 import torch
-from conftest import compile_tiny_plan
-from tokenizers import Tokenizer
+from server_helpers import tiny_server
 
-from ostinato.runtime.engine.loader import load_engine
-from ostinato.server.app import create_app
-from ostinato.server.background import serve_in_background
 from ostinato.server.dsml import render_tool_calls
 from ostinato.server.sampling import LOGPROB_FLOOR, Sampler, Sampling
 from ostinato.server.stop import StopMatcher
@@ -57,13 +53,9 @@ def scoring(scores: dict):
 
 @pytest.fixture(scope="module")
 def server(tiny_ckpt, tmp_path_factory, kernel_dir):
-    work = tmp_path_factory.mktemp("server_fields")
-    compile_tiny_plan(tiny_ckpt, work, kernel_dir, context=1024)
-    engine = load_engine(work / "plan.yaml", tiny_ckpt, device="cpu")
-    tok = Tokenizer.from_file(str(tiny_ckpt / "tokenizer.json"))
     hook = Hook()
-    app = create_app(engine, tok, "tiny", cache_sessions=2, logits_hook=hook)
-    srv, base = serve_in_background(app)
+    srv, base, app, _, tok = tiny_server(tiny_ckpt, tmp_path_factory.mktemp("server_fields"), kernel_dir, hook,
+                                         cache_sessions=2)
     yield {"url": base.removesuffix("/v1"), "client": openai.OpenAI(base_url=base, api_key="x", max_retries=0),
            "app": app, "tok": tok, "hook": hook}
     srv.should_exit = True
@@ -245,6 +237,21 @@ def test_sampler_penalties_count_generated_tokens():
         s.accept(t)
     x = s.adjust(torch.zeros(8))
     assert x.tolist() == [0, 0, 0, 0, 0, -2.0, 0, -1.5]
+
+
+def test_top_k_draws_among_the_k_most_likely_only():
+    """The Messages API's top_k: with k = 2 only the two best tokens are ever drawn, in the proportion of
+    their renormalized probabilities (0.5 / 0.5 here); the thinking budget forces </think> once spent."""
+    logits = torch.tensor([3.0, 3.0, 2.9, 2.9, -1.0])
+    s = Sampler(Sampling(temperature=1.0, top_k=2, seed=0))
+    draws = [s.pick(logits).token for _ in range(400)]
+    assert set(draws) == {0, 1} and 150 < draws.count(0) < 250
+    s = Sampler(Sampling(think_budget=2, end_think=4))
+    picks = []
+    for _ in range(4):
+        picks.append(s.pick(logits).token)
+        s.accept(picks[-1])
+    assert picks == [0, 0, 4, 0]  # two reasoning tokens, the forced end, then the model's own again
 
 
 @pytest.mark.slow  # the server on a compiled plan (C++ kernels)

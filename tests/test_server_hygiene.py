@@ -171,3 +171,16 @@ def test_ordinary_conversations_encode_as_before(tok):
             {"role": "tool", "tool_call_id": "c1", "content": "{\"ok\": true}"}]
     tools = [{"type": "function", "function": {"name": "read"}}]
     assert encode_chat(tok, render_parts(msgs, tools)) == encode(tok, render(msgs, tools))
+
+
+@pytest.mark.parametrize("extra, status, param", [
+    ({"store": False, "metadata": {"run": "r1"}, "service_tier": "auto", "prompt_cache_key": "agent-7",
+      "safety_identifier": "u-1"}, 400, "messages"),  # accepted: the request goes on to its context check
+    ({"store": "yes"}, 400, "store"),
+    ({"metadata": {"n": 1}}, 400, "metadata"),
+    ({"service_tier": 2}, 400, "service_tier"),
+])
+def test_openai_bookkeeping_fields_are_accepted_and_checked(url, extra, status, param):
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 10 ** 6, **extra}
+    r = httpx.post(url + "/v1/chat/completions", headers=KEY, json=body)
+    assert r.status_code == status and r.json()["error"]["param"] == param, r.text

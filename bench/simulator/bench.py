@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ostinato.workload import SessionShape
 
-from .replay import simulate, summarize
+from .replay import simulate, simulate_groups, summarize
 from .trace import TraceSampler, at_coverage
 from .world import World
 
@@ -66,17 +66,16 @@ def modeled_tables(world: World, sessions: list[SessionShape], limit: int | None
     table (markdown); the headline (Ostinato against the best baseline of each configuration, for
     README.md); one session's runs for the timeline plot. Deterministic from the seed: docs/benchmarks.md
     and README.md embed this text (doc_with)."""
-    k = world.build.config.num_experts_per_tok
-    text, lines, timeline = [], [], None
+    text, ablated, lines, timeline = [], [], [], None
     for w, ss in by_workload(sessions, limit).items():
+        configs, runs = workload_runs(world, ss, seed)
+        ablated.append(table(f"ablation, {w}: {len(ss)} sessions, Ostinato with one mechanism removed", runs))
         for config, title in CONFIG_TITLES.items():
-            runs = config_runs(world, config, ss, seed)
+            runs = configs[config]
             text.append(table(f"{w}: {len(ss)} sessions, {world.build.hardware.name}, {title}", runs))
             lines.append(headline_row(w, title, runs))
             timeline = timeline or (ss[0].name, runs)
-    for w, ss in by_workload(sessions, limit).items():
-        runs = simulate(ss, world.ablations(), TraceSampler(world.shares, k, seed))
-        text.append(table(f"ablation, {w}: {len(ss)} sessions, Ostinato with one mechanism removed", runs))
+    text += ablated   # the ablation tables after every workload's system tables
     head = ["| workload | baselines | best baseline (least median wait) | median wait s: Ostinato / it | "
             "p90 wait s: Ostinato / it | decode tok/s: Ostinato / it | median session s: Ostinato / it |",
             "|---|---|---|---|---|---|---|"] + lines
@@ -86,17 +85,33 @@ def modeled_tables(world: World, sessions: list[SessionShape], limit: int | None
 _RUNS: dict[tuple, dict] = {}   # config_runs' memo: README's validation replays the same sessions
 
 
+def _runs_key(world: World, config: str, sessions: list[SessionShape], seed: int) -> tuple:
+    kernels = None if world.kernels is None else (world.kernels.source, tuple(
+        (n, r.tokens, r.per_core, r.reserved_cores) for n, r in sorted(world.kernels.systems.items())))
+    return (world.build.hardware.sha256, world.build.profile.source, world.build.config.num_experts_per_tok,
+            kernels, config, tuple(s.name for s in sessions), seed)
+
+
 def config_runs(world: World, config: str, sessions: list[SessionShape], seed: int) -> dict:
     """simulate() of `config`'s systems on `sessions`, remembered per world, configuration, sessions and
     seed for the life of the process (the validation table and the session tables share them)."""
-    kernels = None if world.kernels is None else (world.kernels.source, tuple(
-        (n, r.tokens, r.per_core, r.reserved_cores) for n, r in sorted(world.kernels.systems.items())))
-    key = (world.build.hardware.sha256, world.build.profile.source, world.build.config.num_experts_per_tok,
-           kernels, config, tuple(s.name for s in sessions), seed)
+    key = _runs_key(world, config, sessions, seed)
     if key not in _RUNS:
         k = world.build.config.num_experts_per_tok
         _RUNS[key] = simulate(sessions, world.policies(config), TraceSampler(world.shares, k, seed))
     return _RUNS[key]
+
+
+def workload_runs(world: World, sessions: list[SessionShape], seed: int) -> tuple[dict[str, dict], dict]:
+    """config_runs() of every configuration (remembered there too) and simulate() of the ablations, from one
+    replay of the sessions (simulate_groups: the same runs as one simulate() each, the trace drawn once)."""
+    todo = [c for c in CONFIG_TITLES if _runs_key(world, c, sessions, seed) not in _RUNS]
+    k = world.build.config.num_experts_per_tok
+    *runs, ablated = simulate_groups(sessions, [world.policies(c) for c in todo] + [world.ablations()],
+                                     TraceSampler(world.shares, k, seed))
+    for config, r in zip(todo, runs):
+        _RUNS[_runs_key(world, config, sessions, seed)] = r
+    return {c: config_runs(world, c, sessions, seed) for c in CONFIG_TITLES}, ablated
 
 
 def headline_row(workload: str, title: str, runs: dict) -> str:

@@ -136,16 +136,24 @@ class LruCache(Policy):
         self.clock = 1
 
     def _touch(self, used: np.ndarray) -> None:
-        """Refresh hits and insert misses of a filling batch, then evict the least recently used."""
+        """Refresh hits and insert misses of a filling batch, then evict the least recently used (one at a
+        time, ties to the lowest id)."""
         self.last[used] = self.clock
         self.cached |= used
         self.clock += 1
         over = self.cached.sum(axis=1) - self.cap
-        while (over > 0).any():
-            rows = np.flatnonzero(over > 0)
-            victim = np.where(self.cached[rows], self.last[rows], np.iinfo(np.int64).max).argmin(axis=1)
-            self.cached[rows, victim] = False
-            over[rows] -= 1
+        rows = np.flatnonzero(over > 0)
+        if not rows.size:
+            return
+        never = np.iinfo(np.int64).max
+        age = np.where(self.cached[rows], self.last[rows], never)   # [R, E] the over-full rows' last uses
+        left, r = over[rows], np.arange(rows.size)
+        while r.size:
+            victim = age[r].argmin(axis=1)
+            age[r, victim] = never
+            self.cached[rows[r], victim] = False
+            left[r] -= 1
+            r = r[left[r] > 0]
 
     def prefill(self, counts: np.ndarray, n: int) -> Forward:
         c = self.cost
@@ -162,18 +170,47 @@ class LruCache(Policy):
         mode = "fill" if n <= CACHE_FILL_MAX_BATCH else "read"
         return Forward(total + c.forward_overheads(n, False), g_sum, 0.0, u_sum, mode, int(miss.sum()))
 
+    def _decode_misses(self, ids: np.ndarray) -> np.ndarray:
+        """[T, L] misses of each decode step whose ids [T, L, k] are distinct per layer; every step filling
+        the cache like _touch does (the same hits, inserts and evictions), on index arrays rather than masks."""
+        T, L, k = ids.shape
+        rows = np.arange(L)[:, None]
+        never = np.iinfo(np.int64).max
+        age = np.where(self.cached, self.last, never)     # [L, E] last use of the cached experts, never: not cached
+        count = self.cached.sum(axis=1)
+        misses = np.empty((T, L), dtype=np.int64)
+        for t in range(T):
+            sel = ids[t]                                   # [L, k]
+            misses[t] = m = k - (age[rows, sel] != never).sum(axis=1)
+            self.last[rows, sel] = age[rows, sel] = self.clock
+            self.clock += 1
+            count += m
+            left = count - self.cap
+            r = np.flatnonzero(left > 0)
+            count[r] = self.cap[r]
+            while r.size:                                  # the least recently used, ties to the lowest id
+                victim = age[r].argmin(axis=1)
+                age[r, victim] = never
+                left[r] -= 1
+                r = r[left[r] > 0]
+        self.cached = age != never
+        return misses
+
     def decode(self, ids: np.ndarray) -> tuple[np.ndarray, Forward]:
         c, T, L, k = self.cost, *ids.shape
         base = sum(c.attention_time(l, 1) + c.gpu_experts_time(k, k) for l in range(L)) + c.forward_overheads(1, True)
         per_miss, lat = c.expert_bytes / c.hw.link.h2d_bandwidth, c.hw.link.latency_s
         rows = np.arange(L)[:, None]
-        steps, uploaded = np.empty(T), 0
-        for t in range(T):
-            used = np.zeros_like(self.cached)
-            used[rows, ids[t]] = True
-            misses = (used & ~self.cached).sum(axis=1)                # [L]
-            steps[t] = base + (misses * per_miss + (misses > 0) * lat).sum()
-            uploaded += int(misses.sum())
-            self._touch(used)
+        if T and (np.diff(np.sort(ids, axis=2), axis=2) == 0).any():   # repeated ids in a step: the general path
+            misses = np.empty((T, L), dtype=np.int64)
+            for t in range(T):
+                used = np.zeros_like(self.cached)
+                used[rows, ids[t]] = True
+                misses[t] = (used & ~self.cached).sum(axis=1)
+                self._touch(used)
+        else:
+            misses = self._decode_misses(ids)
+        steps = base + (misses * per_miss + (misses > 0) * lat).sum(axis=1)   # [T]
+        uploaded = int(misses.sum())
         g = T * L * c.gpu_experts_time(k, k)
         return steps, Forward(float(steps.sum()), g, 0.0, float(steps.sum() - T * base), "decode", uploaded)

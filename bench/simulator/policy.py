@@ -7,6 +7,7 @@ Legend: T tokens (or decode steps), L layers, E experts, k routes per token.
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -47,16 +48,24 @@ class Policy:
         raise NotImplementedError
 
 
+def _split_sums(counts: np.ndarray, gpu: np.ndarray) -> tuple[list[float], ...]:
+    """Per layer (as floats): distinct GPU experts touched, their routes, distinct host experts touched, theirs.
+    All layers at once; the sums are of integer counts, so exact in any order."""
+    touched = counts > 0
+    return tuple((x.sum(axis=1).astype(float).tolist()) for x in (
+        touched & gpu, np.where(gpu, counts, 0), touched & ~gpu, np.where(gpu, 0, counts)))
+
+
 def split_pass(cost: CostModel, counts: np.ndarray, n: int, gpu: np.ndarray, mode: str = "split",
                eager: bool = True) -> Forward:
     """Routes to experts with gpu[l, e] run on the layer's GPU, the others on the host kernels,
     concurrently (cost.split_layer with the trace's counts instead of expectations). `eager`: the
     system issues the forward's ops one by one from Python (cost.dispatch_time)."""
     total = g_sum = c_sum = 0.0
+    hot_d, hot_r, cold_d, cold_r = _split_sums(counts, gpu)
     for l in range(counts.shape[0]):
-        c, m = counts[l], gpu[l]
-        g = cost.gpu_experts_time(float(((c > 0) & m).sum()), float(c[m].sum()))
-        h = cost.cpu_experts_time(n, float(((c > 0) & ~m).sum()), float(c[~m].sum()))
+        g = cost.gpu_experts_time(hot_d[l], hot_r[l])
+        h = cost.cpu_experts_time(n, cold_d[l], cold_r[l])
         total += cost.overlap(cost.attention_time(l, n) + g, h)
         g_sum, c_sum = g_sum + g, c_sum + h
     return Forward(float(cost.forward_time(total, n, False, eager)), g_sum, c_sum, 0.0, mode)
@@ -69,9 +78,10 @@ def upload_pass(cost: CostModel, counts: np.ndarray, n: int, upload: np.ndarray,
     (cost.upload_prefill with explicit counts)."""
     per, g_sum, u_sum = [], 0.0, 0.0
     k = cost.cfg.num_experts_per_tok
+    touched, uploads = (counts > 0).sum(axis=1).tolist(), upload.sum(axis=1).tolist()  # per layer, all at once
     for l in range(counts.shape[0]):
-        g = cost.gpu_experts_time(float((counts[l] > 0).sum()), float(n * k))
-        u = cost.upload_time(float(upload[l].sum()), links=links)
+        g = cost.gpu_experts_time(float(touched[l]), float(n * k))
+        u = cost.upload_time(float(uploads[l]), links=links)
         per.append((u, cost.attention_time(l, n) + g))
         g_sum, u_sum = g_sum + g, u_sum + u
     return Forward(float(cost.forward_time(cost.pipelined(per), n, False, eager)), g_sum, 0.0, u_sum, mode,
@@ -83,23 +93,36 @@ def bucket_pass(cost: CostModel, counts: np.ndarray, n: int, gpu: np.ndarray, bu
     of T tokens gets T / n of every expert's routes; on a GPU each hot route reads its expert (the step's
     per-route launch), the host's cold part is split-route's; replayed graphs (eager on a cpu-only spec)."""
     total = g_sum = c_sum = 0.0
-    touched = counts > 0
+    hot_d, hot_r, cold_d, cold_r = _split_sums(counts, gpu)   # the same for every step
     for T in bucket_pieces(n, buckets):
         share, step = T / n, 0.0
         for l in range(counts.shape[0]):
-            c, m = counts[l], gpu[l]
-            hot_routes, cold_routes = share * float(c[m].sum()), share * float(c[~m].sum())
-            hot_reads = min(hot_routes, float((touched[l] & m).sum())) if cost.hw.cpu_only else hot_routes
+            hot_routes, cold_routes = share * hot_r[l], share * cold_r[l]
+            hot_reads = min(hot_routes, hot_d[l]) if cost.hw.cpu_only else hot_routes
             g = cost.gpu_experts_time(hot_reads, hot_routes)
-            h = cost.cpu_experts_time(T, min(cold_routes, float((touched[l] & ~m).sum())), cold_routes)
+            h = cost.cpu_experts_time(T, min(cold_routes, cold_d[l]), cold_routes)
             step += cost.overlap(cost.attention_time(l, T) + g, h)
             g_sum, c_sum = g_sum + g, c_sum + h
         total += float(cost.forward_time(step, T, True, cost.decode_is_eager()))
     return Forward(total, g_sum, c_sum, 0.0, "bucket")
 
 
+# decode_table's memo per cost model object: a pure function of the model, which is not changed once built
+# (with_host_kernel and the like return copies), so each policy's table is computed once, not per decode
+_DECODE_TABLES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 def decode_table(cost: CostModel, k: int) -> np.ndarray:
-    """[L, k+1] seconds of one decode step's layer when h of its k routes hit GPU-resident experts."""
+    """[L, k+1] seconds of one decode step's layer when h of its k routes hit GPU-resident experts
+    (read-only: remembered per cost model)."""
+    tables = _DECODE_TABLES.setdefault(cost, {})
+    if k not in tables:
+        tables[k] = _decode_table(cost, k)
+        tables[k].flags.writeable = False
+    return tables[k]
+
+
+def _decode_table(cost: CostModel, k: int) -> np.ndarray:
     L = len(cost.layers)
     t = np.empty((L, k + 1))
     for l in range(L):

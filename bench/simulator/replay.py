@@ -61,14 +61,30 @@ def chunked_prefill(p: Policy, passes: list[tuple[np.ndarray, int]]) -> Forward:
 def simulate(sessions: list[SessionShape], policies: list[Policy], sampler: TraceSampler,
              chunk: int | None = None) -> dict[str, list[SessionTime]]:
     """`chunk`: the prefill chunk (default: the first policy's cost model's)."""
+    return simulate_groups(sessions, [policies], sampler, chunk)[0]
+
+
+def simulate_groups(sessions: list[SessionShape], groups: list[list[Policy]], sampler: TraceSampler,
+                    chunk: int | None = None) -> list[dict[str, list[SessionTime]]]:
+    """simulate() of several groups of policies (names unique within a group) in one replay: each group's
+    runs are what simulate() of it alone on an equal sampler gives, since the routing drawn does not depend
+    on the policies; the trace is drawn once for all of them."""
+    policies = list({id(p): p for g in groups for p in g}.values())   # a policy in two groups runs once
+    runs = _simulate(sessions, policies, sampler, chunk)
+    return [{p.name: runs[id(p)] for p in g} for g in groups]
+
+
+def _simulate(sessions: list[SessionShape], policies: list[Policy], sampler: TraceSampler,
+              chunk: int | None) -> dict[int, list[SessionTime]]:
+    """Each policy's (by id) session times."""
     chunk = chunk or policies[0].cost.prefill_chunk
-    out: dict[str, list[SessionTime]] = {p.name: [] for p in policies}
+    out: dict[int, list[SessionTime]] = {id(p): [] for p in policies}
     empty = Forward(0.0)
     again = sampler.fork(1)   # routing of the context that prefix-less systems prefill again
     for s in sessions:
         for p in policies:
             p.reset()
-        turns: dict[str, list[TurnTime]] = {p.name: [] for p in policies}
+        turns: dict[int, list[TurnTime]] = {id(p): [] for p in policies}
         context = 0
         for turn in s.turns:
             new = [(sampler.counts(c), c) for c in chunks(turn.appended, chunk)]
@@ -82,10 +98,10 @@ def simulate(sessions: list[SessionShape], policies: list[Policy], sampler: Trac
                 pre = chunked_prefill(p, passes) if passes else empty
                 steps, dec = p.decode(ids) if ids is not None else (np.zeros(0), empty)
                 wait = pre.seconds + (steps[0] if steps.size else 0.0)
-                turns[p.name].append(TurnTime(turn.appended, turn.generated, pre, dec, wait))
+                turns[id(p)].append(TurnTime(turn.appended, turn.generated, pre, dec, wait))
             context += turn.appended + turn.generated
         for p in policies:
-            out[p.name].append(SessionTime(s.name, tuple(turns[p.name])))
+            out[id(p)].append(SessionTime(s.name, tuple(turns[id(p)])))
     return out
 
 

@@ -48,12 +48,11 @@ class TraceSampler:
         out = np.empty((n, self.k), dtype=np.int64)
         todo = np.arange(n)
         m = 3 * self.k
+        earlier = np.tri(m, m, -1, dtype=bool)                                  # [m, m]: [j, i] = i < j
         while todo.size:
             cand = np.searchsorted(self.cdf[layer], self.rng.random((todo.size, m)), side="right")  # [T, m]
             cand = np.minimum(cand, self.cdf.shape[1] - 1)
-            dup = np.zeros(cand.shape, dtype=bool)
-            for j in range(1, m):
-                dup[:, j] = (cand[:, :j] == cand[:, j:j + 1]).any(axis=1)
+            dup = ((cand[:, :, None] == cand[:, None, :]) & earlier).any(axis=2)    # drawn before by the token
             rank = np.cumsum(~dup, axis=1)                                   # [T, m]
             keep = ~dup & (rank <= self.k)
             ok = rank[:, -1] >= self.k

@@ -46,6 +46,10 @@ class EngineSession:
         self.executor.set_mode("decode")
         return self.session.decode(token_id)
 
+    def rewind_point(self, n: int) -> int:
+        self._release()
+        return self.session.rewind_point(n)
+
     def truncate(self, n: int) -> None:
         self._release()
         self.executor.set_mode(self.prefill_mode(max(0, n - len(self.session))))

@@ -69,6 +69,13 @@ class Session:
         if len(self.snapshots) > self.max_snapshots:
             del self.snapshots[0]
 
+    def rewind_point(self, n: int) -> int:
+        """The longest prefix of at most n tokens that truncate() keeps without re-prefilling anything: n
+        itself when nothing is cut, else the nearest snapshot at or before n (0 when there is none)."""
+        if n >= len(self.tokens):
+            return len(self.tokens)
+        return max((s.position for s in self.snapshots if s.position <= n), default=0)
+
     def truncate(self, n: int) -> None:
         """Keep the first n tokens: restore the nearest snapshot at or before n, re-prefill the rest."""
         if not 0 <= n <= len(self.tokens):

@@ -1,0 +1,164 @@
+"""POST /v1/messages and /v1/messages/count_tokens: Anthropic's Messages API, for agents built on it.
+
+The request is translated to the chat format (messages_request.py) and rendered by the same code as
+the OpenAI path, so the prompt's tokens, the prefix cache, tool calls (DSV4's DSML, parsed by reply.py)
+and the worker are shared: an agent's next turn reuses the session either API left. The reply comes
+back as content blocks (messages_blocks.py), whole or as Anthropic's event stream:
+
+    message_start (usage: input_tokens prefilled, cache_read_input_tokens reused) , ping,
+    per block: content_block_start, content_block_delta (text_delta | thinking_delta | input_json_delta)...,
+               content_block_stop,
+    message_delta (stop_reason, stop_sequence, usage), message_stop;
+    a failure: an `error` event. Before message_start (the request still queued) the stream sends SSE
+    comments, after it `ping` events, every KEEPALIVE_S of silence, so proxies keep the connection.
+
+Errors have Anthropic's shape ({"type": "error", "error": {"type", "message"}}; errors.py). The key
+comes as x-api-key (Anthropic's clients) or Authorization: Bearer (app.py's _auth).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import uuid
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from .chat_encoding import END_THINK, encode_chat
+from .errors import APIError
+from .events import ClientGone, next_event
+from .messages_blocks import ContentBlocks, stop_reason
+from .messages_request import ChatRequest, parse_messages
+from .reply import ReplyBuilder
+from .sampling import Sampling
+from .tool_choice import tool_choice
+from .worker import ENGINE_ERROR, Job
+
+KEEPALIVE_S = 10.0
+
+
+def _event(payload: dict) -> str:
+    return f"event: {payload['type']}\ndata: {json.dumps(payload)}\n\n"
+
+
+class Messages:
+    """The Messages API handlers over a Server (app.py): its auth, model, worker, metrics and forced calls."""
+
+    def __init__(self, server):
+        self.s = server
+
+    # -- request ----------------------------------------------------------------------------------------
+    def _ids(self, req: ChatRequest) -> list[int]:
+        return encode_chat(self.s.tok, req.prompt_parts())
+
+    def _sampling(self, body: dict, req: ChatRequest, banned) -> Sampling:
+        t = body.get("temperature")
+        if isinstance(t, (int, float)) and not isinstance(t, bool) and t > 1:  # Anthropic's range is [0, 1]
+            raise APIError(400, f"temperature must be a number in [0, 1], got {t!r}", "temperature")
+        fields = {k: body[k] for k in ("temperature", "top_p", "top_k") if k in body}
+        sampling = Sampling.from_body(fields, self.s.engine.model.config.vocab_size, banned)
+        if req.think_budget is None:
+            return sampling
+        return dataclasses.replace(sampling, think_budget=req.think_budget, end_think=self.s.tok.token_to_id(END_THINK))
+
+    def job(self, body: dict, emit) -> tuple[Job, ReplyBuilder]:
+        s = self.s
+        req = parse_messages(body)
+        s.check_model(body)
+        ids = self._ids(req)
+        banned, force, parse_tools = tool_choice(req.tool_choice, req.tools, s.tok)
+        sampling = self._sampling(body, req, banned)
+        reply = ReplyBuilder(s.tok, s.eos, req.options.thinking, parse_tools, req.stops, req.parallel_tool_calls)
+        max_tokens = s.max_tokens({"max_tokens": body["max_tokens"]}, len(ids), "messages")
+        constraint, forced = (None, ()) if force is None else s._forced_call(force, req.tools, req.options.thinking)
+        return Job(ids, max_tokens, emit, sampling, forced, constraint, reply.feed,
+                   started=lambda reused: emit(("start", reused))), reply
+
+    # -- endpoints ----------------------------------------------------------------------------------------
+    async def create(self, request: Request):
+        got = await self.s.accept(request, self.job, anthropic=True)
+        if isinstance(got, Response):
+            return got
+        body, job, reply, events = got
+        meta = {"id": "msg_" + uuid.uuid4().hex[:24], "type": "message", "role": "assistant",
+                "model": self.s.model_name}
+        if body.get("stream"):
+            return StreamingResponse(self._stream(job, reply, events, meta), media_type="text/event-stream")
+        return await self._whole(job, reply, events, meta, request)
+
+    async def count_tokens(self, request: Request):
+        """{"input_tokens": N}: the prompt the same request would prefill, tools and system included."""
+        def count(body: dict) -> int:
+            req = parse_messages(body, count_only=True)
+            self.s.check_model(body)
+            tool_choice(req.tool_choice, req.tools, self.s.tok)  # a named tool must exist, as for /v1/messages
+            return len(self._ids(req))
+        try:
+            body = await self.s.body(request)
+            n = await asyncio.to_thread(count, body)  # rendering a long conversation: off the event loop
+        except APIError as e:
+            return e.anthropic_response()
+        return JSONResponse({"input_tokens": n})
+
+    @staticmethod
+    def usage(job: Job, n: int, reused: int) -> dict:
+        """Anthropic's usage: input_tokens are the prompt tokens computed, cache reads the ones reused
+        (their sum is the prompt); nothing is ever billed as a cache write here."""
+        return {"input_tokens": len(job.ids) - reused, "output_tokens": n, "cache_read_input_tokens": reused,
+                "cache_creation_input_tokens": 0}
+
+    async def _whole(self, job: Job, reply: ReplyBuilder, events: asyncio.Queue, meta: dict, request: Request):
+        blocks, n = ContentBlocks(), 0
+        try:
+            while (ev := await next_event(events, request, job))[0] in ("start", "token"):
+                if ev[0] == "token":
+                    n += 1
+                    blocks.feed(ev[3])  # the reply's events for this token (reply.feed ran on the engine thread)
+        except ClientGone:
+            return Response(status_code=499)  # nobody reads it: the client left
+        finally:
+            job.cancel.set()  # a no-op when finished; stops the worker if this handler was cancelled
+        if ev[0] == "error":
+            return APIError(500, ev[1] or ENGINE_ERROR, None, "engine_error", "server_error").anthropic_response()
+        blocks.feed(reply.finish())
+        blocks.close()
+        reason, sequence = stop_reason(reply, ev[1])
+        return JSONResponse({**meta, "content": blocks.content, "stop_reason": reason, "stop_sequence": sequence,
+                             "usage": self.usage(job, n, ev[2])})
+
+    async def _stream(self, job: Job, reply: ReplyBuilder, events: asyncio.Queue, meta: dict):
+        blocks, n, reused, started = ContentBlocks(), 0, 0, False
+        try:
+            while True:
+                try:
+                    ev = await asyncio.wait_for(events.get(), KEEPALIVE_S)
+                except asyncio.TimeoutError:
+                    yield _event({"type": "ping"}) if started else ": waiting for the engine\n\n"
+                    continue
+                if ev[0] == "error":
+                    yield APIError(500, ev[1] or ENGINE_ERROR, None, "engine_error", "server_error").anthropic_sse()
+                    return
+                if ev[0] == "done" and not started:  # cancelled while queued: nobody is reading
+                    return
+                if ev[0] == "start":
+                    reused, started = ev[1], True
+                    message = {**meta, "content": [], "stop_reason": None, "stop_sequence": None,
+                               "usage": self.usage(job, 0, reused)}
+                    yield _event({"type": "message_start", "message": message})
+                    yield _event({"type": "ping"})
+                    continue
+                if ev[0] == "done":
+                    break
+                n += 1
+                for e in blocks.feed(ev[3]):
+                    yield _event(e)
+            for e in blocks.feed(reply.finish()) + blocks.close():
+                yield _event(e)
+            reason, sequence = stop_reason(reply, ev[1])
+            yield _event({"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": sequence},
+                          "usage": self.usage(job, n, ev[2])})
+            yield _event({"type": "message_stop"})
+        finally:
+            job.cancel.set()  # client gone (or finished): the worker stops before its next forward

@@ -1,0 +1,35 @@
+"""What the server tests share: the tiny model's engine behind a real server on loopback, and a logits
+hook that scripts the reply token by token (a constrained decode through the real engine)."""
+
+from __future__ import annotations
+
+from conftest import compile_tiny_plan
+from tokenizers import Tokenizer
+
+from ostinato.runtime.engine.loader import load_engine
+from ostinato.server.app import create_app
+from ostinato.server.background import serve_in_background
+
+
+class Script:
+    """A logits hook forcing a token sequence then EOS (id 1 in the tiny vocabulary); None: the model's own."""
+    tokens: list | None = None
+
+    def __call__(self, gen, logits):
+        if self.tokens is None:
+            return logits
+        want = self.tokens[len(gen)] if len(gen) < len(self.tokens) else 1
+        out = logits.clone().fill_(float("-inf"))
+        out[want] = 0.0
+        return out
+
+
+def tiny_server(ckpt, work, kernel_dir, logits_hook, **app_options):
+    """(uvicorn server, base URL ending in /v1, app, engine, tokenizer): a cpu-only plan of `ckpt` compiled
+    into `work` (context 1024), served in a background thread. Stop it with `server.should_exit = True`."""
+    compile_tiny_plan(ckpt, work, kernel_dir, context=1024)
+    engine = load_engine(work / "plan.yaml", ckpt, device="cpu")
+    tok = Tokenizer.from_file(str(ckpt / "tokenizer.json"))
+    app = create_app(engine, tok, "tiny", logits_hook=logits_hook, **app_options)
+    srv, base = serve_in_background(app)
+    return srv, base, app, engine, tok
