@@ -20,7 +20,7 @@ PUBLISHED_DIR = Path(__file__).resolve().parents[1] / "plans" / "published"
 BOXES_DIR = PUBLISHED_DIR / "boxes"
 
 METRICS = ("median_wait_s", "decode_tok_s", "wait_ratio", "decode_ratio", "ours_wait_ratio", "session_speedup",
-           "hot_share", "route_coverage", "kernel_us_per_layer", "prefill_tok_s")
+           "hot_share", "route_coverage", "kernel_us_per_layer", "prefill_tok_s", "mtp_gain")
 
 
 class Bound(Record):

@@ -33,6 +33,7 @@ from ostinato.bench.simulator.ktransformers import (
     frequency_placed,
     uniform_placed,
 )
+from ostinato.bench.simulator.ostinato_policy import is_ostinato
 from ostinato.bench.simulator.policy import Policy, static_decode
 from ostinato.bench.simulator.replay import chunked_prefill, chunks, summarize
 from ostinato.bench.simulator.trace import TraceSampler
@@ -110,6 +111,12 @@ def model_figure(row: Row, boxes: Boxes) -> tuple[float, float]:
         host = world.build.hardware.host.replace(cores=row.system.workers + kt.reserved_cores)
         t, experts = float(p["tokens_per_expert"]), float(p["experts"])
         return (kernel_time(kt, host, experts, experts * t, world.build.cost.expert_bytes) * 1e6,) * 2
+    if m == "mtp_gain":   # decode tok/s with EAGLE speculation over without, on one decode trace
+        system = system_named(world, row)
+        ids = TraceSampler(world.shares, world.build.config.num_experts_per_tok, 0).ids(DECODE_TOKENS)
+        plain, _ = system.decode(ids)
+        _, spec = system.with_mtp(float(p["acceptance"]), int(p["depth"])).decode(ids)
+        return (float(plain.sum()) / spec.seconds,) * 2
     if m in ("decode_tok_s", "prefill_tok_s") and row.system.name == "KTransformers":
         system = system_named(world, row)
         sampler = TraceSampler(world.shares, world.build.config.num_experts_per_tok, 0)
@@ -138,7 +145,7 @@ def model_figure(row: Row, boxes: Boxes) -> tuple[float, float]:
         return spread(r[name].median_wait_s / r[o].median_wait_s for r in per.values() for o in p["others"])
     if m == "session_speedup":   # each other system's median session over Ostinato's
         return spread(r[o].median_session_s / r[name].median_session_s for r in per.values() for o in r
-                      if o != name)
+                      if not is_ostinato(o))
     raise ValueError(f"metric {m!r} has no model figure")
 
 

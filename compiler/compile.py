@@ -21,7 +21,7 @@ from ostinato.checkpoint import model_sizes
 from ostinato.checkpoint.config import ModelConfig
 from ostinato.checkpoint.fingerprint import ModelFingerprint, model_fingerprint
 from ostinato.checkpoint.reader import INDEX_NAME, SINGLE_NAME, Checkpoint
-from ostinato.checkpoint.tensor_specs import layer_specs
+from ostinato.checkpoint.tensor_specs import layer_specs, mtp_block_specs
 from ostinato.checkpoint.weight_fingerprint import WeightFingerprint, weight_fingerprint
 from ostinato.hardware import HardwareSpec, load_hardware
 from ostinato.plan import (
@@ -39,8 +39,8 @@ from ostinato.plan import (
 from ostinato.validation import SchemaError, validate
 
 from .codegen.plan_kernels import build_plan_kernels
-from .cost_model import MAX_BUCKET, CostModel, LayerCostInputs
-from .memory_model import MemoryPolicy, gpu_fixed_bytes, layer_resident_bytes, workspace_bytes
+from .cost_model import MAX_BUCKET, CostModel, LayerCostInputs, MtpCostInputs
+from .memory_model import MemoryPolicy, gpu_fixed_bytes, held_bytes, layer_resident_bytes, workspace_bytes
 from .placement import DoesNotFit, Placement, PlacementProblem, place
 from .profile import PHASES, RoutingProfile, load_profile, synthetic_profile, uniform_profile
 
@@ -230,6 +230,12 @@ def _host_components(b: Build, expert: int) -> dict[str, int]:
             "cpu_workspace": workspace_bytes(cfg, b.policy.prefill_chunk)}
 
 
+def _matmul_params(dense) -> int:
+    """Multiply-adds per token of a layer's dense matmuls (its 2-D weights but hash tables, scales, mHC fns)."""
+    return sum(int(np.prod(s.shape)) for s in dense if len(s.shape) == 2 and s.role != "hash_table"
+               and not s.is_scale and not s.name.endswith("_fn"))
+
+
 def cost_model(b: Build) -> None:
     cfg, pl = b.config, b.placement
     counts = b.profile.phase_counts(b.options.objective_phases).double().numpy()
@@ -239,13 +245,16 @@ def cost_model(b: Build) -> None:
         share = row / row.sum() if row.sum() > 0 else np.full(row.size, 1.0 / row.size)
         hot = np.zeros(cfg.n_routed_experts, dtype=bool)
         hot[list(pl.hot[l])] = True
-        dense = [s for s in layer_specs(cfg, l, with_experts=False)]
-        params = sum(int(np.prod(s.shape)) for s in dense if len(s.shape) == 2 and s.role != "hash_table"
-                     and not s.is_scale and not s.name.endswith("_fn"))
-        layers.append(LayerCostInputs(pl.layer_gpu[l], b.layer_bytes[l]["dense_weights"], params, hot, share))
+        layers.append(LayerCostInputs(pl.layer_gpu[l], b.layer_bytes[l]["dense_weights"],
+                                      _matmul_params(layer_specs(cfg, l, with_experts=False)), hot, share))
     head = b.gpu_fixed[-1]["head"]
+    mtp = None
+    if cfg.num_nextn_predict_layers:  # the first MTP block (speculative decoding drafts with it), by the head
+        dense = mtp_block_specs(cfg, 0, with_experts=False)
+        mtp = MtpCostInputs(pl.layer_gpu[-1], sum(held_bytes(s, dense_format(b.options, b.hardware)) for s in dense),
+                            _matmul_params(dense))
     b.cost = CostModel(cfg, b.hardware, layers, model_sizes(cfg).expert_bytes, head, b.options.context,
-                       b.options.prefill_chunk)
+                       b.options.prefill_chunk, mtp)
     b.threshold = b.cost.crossover()
 
 

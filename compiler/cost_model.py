@@ -32,6 +32,18 @@ replay the captured decode graph) issues its ops one by one from Python, EAGER_O
 layer and prefill chunk (the baselines' own counts where they differ), each costing the spec's
 host.op_dispatch_s. With a GPU the host runs ahead of the device, so a forward takes the longer of
 dispatch and device work; on the CPU they add up.
+
+Speculative decoding with the MTP block (runtime/model/speculative.py), priced from the pieces above
+(speculative_step): a step drafts `depth` tokens with the MTP block (each draft: one more decoder layer,
+its dense part on the GPU that holds the head, its routed experts hot or cold as an average layer's,
+plus e_proj/h_proj and the head), then verifies them in ONE forward of depth + 1 tokens (the plan's
+own T-token pricing: a bucket step when T is a bucket; the expected distinct experts of T tokens).
+Each draft is accepted with probability a (independently). Ostinato's runtime (depth 1) rolls the
+session back on a rejection and runs the pending token alone as a plain decode step:
+    tokens per step = 1 + a,   seconds per step = draft + verify(T=2) + (1 - a) x decode(T=1).
+An EAGLE-style verify (SGLang, KTransformers) keeps the accepted prefix and the verify's own pick, with
+no re-run: tokens = 1 + a + ... + a^depth, seconds = depth x draft + verify(T=depth+1).
+No constant is new: the acceptance is a parameter (0.9: KTransformers' published figure, PUBLISHED.md).
 """
 
 from __future__ import annotations
@@ -62,6 +74,44 @@ MAX_BUCKET = 256  # the largest prefill bucket the compiler considers (its graph
 
 
 @dataclass(frozen=True)
+class MtpCostInputs:
+    """The MTP block's dense part (its decoder layer's dense weights, e_proj, h_proj, norms, mHC head):
+    bytes read per forward and multiply-adds per token, on the GPU holding the head (mtp.py runs it on
+    the last layer's device). Its routed experts are priced as an average layer's (CostModel.mtp_draft)."""
+    gpu: int
+    dense_bytes: int
+    dense_params: int
+
+
+@dataclass(frozen=True)
+class SpeculativeStep:
+    """One speculative step's expectation: tokens it yields and seconds it takes, and its parts."""
+    tokens: float
+    seconds: float
+    draft_s: float       # all drafts of the step
+    verify_s: float
+    rerun_s: float       # the expected re-run after a rejection (0 for an EAGLE-style verify)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds
+
+
+def speculative_step(acceptance: float, draft_s: float, verify_s: float, decode_s: float, depth: int = 1,
+                     rerun: bool = True) -> SpeculativeStep:
+    """The step's arithmetic (module docstring): `rerun` (Ostinato's runtime, depth 1 only) runs the pending
+    token again alone (decode_s) when the draft is rejected; without it the verify's pick stands."""
+    a = float(acceptance)
+    if not 0.0 <= a <= 1.0:
+        raise ValueError(f"acceptance {a}: a probability in [0, 1]")
+    if depth < 1 or (rerun and depth != 1):
+        raise ValueError(f"depth {depth}: at least 1, and exactly 1 with a re-run on rejection")
+    tokens = sum(a ** i for i in range(depth + 1))
+    again = (1.0 - a) * decode_s if rerun else 0.0
+    return SpeculativeStep(tokens, depth * draft_s + verify_s + again, depth * draft_s, verify_s, again)
+
+
+@dataclass(frozen=True)
 class LayerCostInputs:
     gpu: int
     dense_bytes: int              # weights read per forward on the GPU
@@ -82,8 +132,9 @@ def is_calibrated(host) -> bool:
 
 class CostModel:
     def __init__(self, cfg: ModelConfig, hw: HardwareSpec, layers: list[LayerCostInputs], expert_bytes: int,
-                 head_bytes: int, context: int, prefill_chunk: int = 4096):
-        self.cfg, self.hw, self.layers = cfg, hw, layers
+                 head_bytes: int, context: int, prefill_chunk: int = 4096, mtp: MtpCostInputs | None = None):
+        """`mtp`: the MTP block's dense part (None: priced as the last layer's dense part, see mtp_draft)."""
+        self.cfg, self.hw, self.layers, self.mtp = cfg, hw, layers, mtp
         self.expert_bytes, self.head_bytes, self.context = expert_bytes, head_bytes, context
         self.prefill_chunk = prefill_chunk
         # the CPU expert kernel's per-core rates (host_kernel.py); None: the max() of bytes and FLOPs at the
@@ -112,14 +163,19 @@ class CostModel:
     def attention_time(self, layer: int, n: int, on_host: bool = False) -> float:
         """Dense matmuls + core attention + KV reads of n tokens on the layer's GPU (or on the host:
         llama.cpp's layer placement runs whole layers there)."""
-        cfg, l = self.cfg, self.layers[layer]
+        l = self.layers[layer]
+        return self._dense_time(layer, l.dense_bytes, l.dense_params, n, on_host)
+
+    def _dense_time(self, layer: int, dense_bytes: int, dense_params: int, n: int, on_host: bool = False) -> float:
+        """attention_time of a layer (`layer`: its index, for its attention kind) with these dense weights."""
+        cfg = self.cfg
         g = self.hw.host if on_host else self.hw.gpus
         ratio = cfg.compress_ratio(layer)
         compressed = self.context // ratio if ratio else 0
         keys = cfg.sliding_window + (min(cfg.index_topk, compressed) if ratio == 4 else compressed)
-        flops = 2 * n * l.dense_params + 4 * n * cfg.num_attention_heads * cfg.head_dim * keys
+        flops = 2 * n * dense_params + 4 * n * cfg.num_attention_heads * cfg.head_dim * keys
         kv_bytes = (cfg.sliding_window + compressed) * cfg.head_dim * 2
-        return max((l.dense_bytes + kv_bytes) / g.bandwidth, flops / g.matmul_flops)
+        return max((dense_bytes + kv_bytes) / g.bandwidth, flops / g.matmul_flops)
 
     def _hops(self, n: int) -> float:
         """Hidden state crossing each GPU boundary (hc streams of hidden_size, fp32)."""
@@ -299,6 +355,43 @@ class CostModel:
                 break
             best, T = list(sizes), 2 * T
         return best
+
+    # ----- speculative decoding with the MTP block ----------------------------------------------
+    def mtp_draft(self) -> float:
+        """One draft: the MTP block's forward of one token. Its decoder layer is priced like a layer (index
+        num_hidden_layers: its attention kind), dense part `self.mtp` (else the last layer's) on the GPU
+        holding the head, so no hop; its routed experts hot or cold in an average layer's proportion (the
+        mean over the layers of their one-token split); then the main model's head, and one graph launch
+        (op by op on a cpu-only spec, as its decode step)."""
+        m = self.mtp or MtpCostInputs(self.layers[-1].gpu, self.layers[-1].dense_bytes, self.layers[-1].dense_params)
+        dense = self._dense_time(len(self.layers), m.dense_bytes, m.dense_params, 1)
+        experts = [(self.gpu_experts_time(self.distinct(l, 1, True), self.routes(l, 1, True)),
+                    self.cpu_experts_time(1, self.distinct(l, 1, False), self.routes(l, 1, False)))
+                   for l in range(len(self.layers))]
+        layer = float(np.mean([self.overlap(dense + g, c) for g, c in experts]))
+        busy = layer + self._head_time(1)
+        if self.decode_is_eager():
+            return busy + self.eager_ops_per_layer * self.hw.host.op_dispatch_s
+        return busy + self.hw.gpus.launch_overhead_s
+
+    def verify_step(self, T: int, threshold: int | None, buckets: list[int]) -> float:
+        """The verify forward of T tokens as the plan runs any T-token forward (prefill(): a bucket step
+        when T is within the buckets)."""
+        return self.prefill(T, threshold, buckets)
+
+    def graph_verify_step(self, T: int) -> float:
+        """A verify forward of T tokens captured as a graph with split routes (an EAGLE-style server's
+        decode graph: GPU experts read once per distinct expert, the rest on the host)."""
+        layers = sum(self.overlap(*self.split_layer(l, T)) for l in range(len(self.layers)))
+        return float(self.forward_time(layers, T, decode=True, eager=self.decode_is_eager()))
+
+    def speculative_decode(self, acceptance: float, threshold: int | None, buckets: list[int]
+                           ) -> tuple[float, SpeculativeStep]:
+        """Expected decode tokens/s (without MTP, and the speculative step with it) of the runtime's depth-1
+        speculative decoding: draft + verify(T=2) + (1 - a) x decode, 1 + a tokens."""
+        decode = self.decode_step()
+        step = speculative_step(acceptance, self.mtp_draft(), self.verify_step(2, threshold, buckets), decode)
+        return 1.0 / decode, step
 
     def hot_share(self) -> float:
         """Profiled share of all routes that land on hot experts (mean over layers)."""

@@ -10,8 +10,8 @@ from ostinato.bench.simulator.bench import by_workload
 from ostinato.plans import plans_dir
 from ostinato.workload import read_sessions
 
-SYSTEMS = ("Ostinato", "KTransformers (its DSV4 recipe)", "KTransformers + frequency GPU experts", "llama.cpp layers",
-           "llama.cpp CPU experts", "llama.cpp LRU cache")
+SYSTEMS = ("Ostinato", "Ostinato + MTP (90% acceptance)", "KTransformers (its DSV4 recipe)",
+           "KTransformers + frequency GPU experts", "llama.cpp layers", "llama.cpp CPU experts", "llama.cpp LRU cache")
 
 
 def test_the_shipped_sessions_group_as_coding_and_customer_service():

@@ -197,11 +197,16 @@ def test_config_accepts_long_compress_ratios_and_the_mtp_tail(tiny_ckpt):
     assert c.compress_ratios[:4] == (0, 4, 128, 4) and c.n_layers == 4
 
 
-def test_mtp_tensors_are_ignored(ckpt_copy):
+def test_mtp_tensors_are_checked_like_the_models(ckpt_copy):
+    """The MTP block is optional, but what a checkpoint has of it must be right: a wrong dtype is refused
+    naming the tensor, and the main model's specs never include it."""
+    with Checkpoint.open(ckpt_copy) as ckpt:
+        assert "mtp.0.e_proj.weight" in ckpt.mtp_specs and "mtp.0.e_proj.weight" not in ckpt.specs
     extra = ckpt_copy / "model-mtp.safetensors"
-    save_file({"mtp.0.e_proj.weight": torch.zeros(128, 128)}, extra, metadata={"format": "pt"})
+    save_file({"mtp.0.e_proj.weight": torch.zeros(256, 256)}, extra, metadata={"format": "pt"})
     index = _index(ckpt_copy)
     index["weight_map"]["mtp.0.e_proj.weight"] = extra.name
     _write_index(ckpt_copy, index)
-    with Checkpoint.open(ckpt_copy) as ckpt:
-        assert "mtp.0.e_proj.weight" not in ckpt.specs
+    with pytest.raises(CheckpointError, match="dtype F32 is wrong; expected F8_E4M3") as e:
+        Checkpoint.open(ckpt_copy)
+    assert "mtp.0.e_proj.weight" in str(e.value)

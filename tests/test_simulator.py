@@ -4,6 +4,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from simulator_helpers import ACT, EXPERT, HW, MS
 
 from ostinato.bench.simulator.kernels import load_kernel_table
 from ostinato.bench.simulator.ktransformers import KTransformers, frequency_placed, uniform_placed
@@ -13,20 +14,7 @@ from ostinato.bench.simulator.replay import chunks, simulate, summarize
 from ostinato.bench.simulator.trace import TraceSampler, at_coverage, counts_of
 from ostinato.compiler.cost_model import CostModel, LayerCostInputs
 from ostinato.compiler.host_kernel import KernelRates
-from ostinato.hardware import parse_hardware
 from ostinato.workload import SessionShape, Turn
-
-EXPERT = 1000          # bytes per expert
-MS = 1e-3
-# GPU reads an expert in 1 ms, the host in 10 ms, the link moves one in 100 ms; FLOPs never bind.
-HW = parse_hardware({
-    "name": "hand", "description": "hand-built",
-    "gpus": {"name": "g", "count": 1, "usable_bytes": 10 ** 6, "bandwidth": 1e6,
-             "matmul_flops": 1e15, "launch_overhead_s": 0.0},
-    "host": {"cores": 1, "usable_bytes": 10 ** 9, "bandwidth": 1e5, "matmul_flops": 1e15, "isa": "avx2",
-             "op_dispatch_s": 0.0, "task_handoff_s": 0.0},
-    "link": {"h2d_bandwidth": 1e4, "d2h_bandwidth": 1e4, "latency_s": 0.0}}, "hand")
-ACT = 4 / 1e4          # one token's activation (hidden 1, fp32) over the link, one way
 
 
 def cost(layers=1, experts=4, top_k=1, hot=(0, 1)):
@@ -184,10 +172,13 @@ def test_each_ablation_removes_one_mechanism():
     d = CostModel(c.cfg, HW.replace(host=HW.host.replace(op_dispatch_s=MS / 1000)), c.layers, EXPERT, 0, 0)
     d.eager_ops_per_layer = 2000                                    # 2 ms per eager forward
     pols = ablations(d, c.layers[0].hot[None], threshold=2, buckets=[2])
-    assert pols[0].name == FULL and len({p.name for p in pols}) == 6
-    full, no_hot, no_split, no_upload, no_graphs, no_buckets = pols
+    assert pols[0].name == FULL and len({p.name for p in pols}) == 7
+    full, no_hot, no_split, no_upload, no_graphs, no_buckets, mtp = pols
     two, three = routing(1, 4, [{0: 1, 2: 1}]), routing(1, 4, [{0: 2, 2: 1}])
-    assert [p.prefill(two, 2).mode for p in pols] == ["bucket", "bucket", "upload", "bucket", "bucket", "split"]
+    assert [p.prefill(two, 2).mode for p in pols] == ["bucket", "bucket", "upload", "bucket", "bucket", "split",
+                                                      "bucket"]
+    assert mtp.name.startswith("+ MTP") and mtp.mtp_acceptance == 0.9 and full.mtp_acceptance is None
+    assert mtp.decode(np.array([[[0]]]))[1].mode == "speculative"   # only decode changes
     assert full.prefill(three, 3).mode == "upload" and no_upload.prefill(three, 3).mode == "split"
     hot_token = np.array([[[0]]])                                   # e0: resident in the plan
     assert full.decode(hot_token)[0][0] == pytest.approx(1 * MS)    # a replayed graph: no dispatch

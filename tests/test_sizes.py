@@ -30,5 +30,7 @@ def test_v4_flash_sizes_match_the_model_card():
 def test_size_model_reproduces_the_bytes_on_disk(tiny_ckpt):
     total = json.loads((tiny_ckpt / "model.safetensors.index.json").read_text())["metadata"]["total_size"]
     with Checkpoint.open(tiny_ckpt) as ckpt:
-        assert model_sizes(ckpt.config).total_bytes == total
-        assert sum(s.nbytes for s in ckpt.specs.values()) == total
+        mtp = sum(s.nbytes for s in ckpt.mtp_specs.values())  # the MTP block: in the file, not in the main model
+        assert ckpt.has_mtp and mtp > 0
+        assert model_sizes(ckpt.config).total_bytes + mtp == total
+        assert sum(s.nbytes for s in ckpt.specs.values()) + mtp == total

@@ -26,7 +26,7 @@ from ostinato.runtime.model.session_file import write_session
 from ostinato.server.session_store import REFUSED_KEPT, SessionStore, engine_identity, file_name, identity_tag
 
 REPO = Path(__file__).resolve().parents[1]
-SHARD = "model-00002-of-00006.safetensors"
+SHARD = "model-00002-of-00007.safetensors"  # layer 0 (embed, 4 layers, head, MTP)
 OLD = 1_600_000_000_000_000_000  # an mtime long past: entries for the copies may be remembered
 
 
@@ -58,7 +58,7 @@ def _flip(shard: Path) -> None:
 def test_fingerprint_follows_every_shard_byte_and_names_the_shard(tiny_ckpt, tmp_path):
     ckpt = _copy(tiny_ckpt, tmp_path / "ckpt")
     before = weight_fingerprint(ckpt)
-    assert sorted(before.shards) == shard_files(ckpt) and len(before.shards) == 6
+    assert sorted(before.shards) == shard_files(ckpt) and len(before.shards) == 7
     assert before.shards[SHARD] == hashlib.sha256((ckpt / SHARD).read_bytes()).hexdigest()
     size = (ckpt / SHARD).stat().st_size
     _flip(ckpt / SHARD)
@@ -130,7 +130,7 @@ def test_second_fingerprint_hits_the_cache(tiny_ckpt, tmp_path, monkeypatch, cac
     real = wf.hash_file
     monkeypatch.setattr(wf, "hash_file", lambda path, *a: hashed.append(path.name) or real(path, *a))
     first = weight_fingerprint(ckpt)
-    assert sorted(hashed) == shard_files(ckpt) and len(list(cache.rglob("*.json"))) == 6
+    assert sorted(hashed) == shard_files(ckpt) and len(list(cache.rglob("*.json"))) == 7
     hashed.clear()
     assert weight_fingerprint(ckpt) == first and hashed == []  # a stat per shard, no read
     _flip(ckpt / SHARD)

@@ -1,7 +1,8 @@
 """What each of Ostinato's mechanisms buys, modeled: its plan with one mechanism removed at a time.
 
 Every variant is the Ostinato policy on the same plan, hardware and routing traces, so a row's ratio to
-the full system is that mechanism's share of the wait. The last replaces its CPU expert kernel by
+the full system is that mechanism's share of the wait. Then one added: MTP speculative decoding (not in
+the served default; ostinato_policy.MTP_ACCEPTANCE). The last replaces its CPU expert kernel by
 kt-kernel's measured rates (kernels.py), when a measurement is given.
 """
 
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .ostinato_policy import Ostinato
+from .ostinato_policy import MTP_ACCEPTANCE, Ostinato
 from .policy import Policy
 
 FULL = "Ostinato (all mechanisms)"
@@ -28,4 +29,6 @@ def ablations(cost, hot: np.ndarray, threshold: int | None, buckets: list[int], 
         Ostinato(cost, hot, threshold, buckets, decode_graphs=False,
                  name="- decode graphs (decode dispatched op by op)"),
         Ostinato(cost, hot, threshold, [], name="- short-prefill graphs (no bucket steps)"),
+        Ostinato(cost, hot, threshold, buckets, mtp_acceptance=MTP_ACCEPTANCE,
+                 name=f"+ MTP speculative decoding (depth 1, {MTP_ACCEPTANCE:.0%} acceptance)"),
     ] + kt

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ostinato.workload import SessionShape
 
+from .ostinato_policy import is_ostinato
 from .replay import simulate, simulate_groups, summarize
 from .trace import TraceSampler, at_coverage
 from .world import World
@@ -115,9 +116,11 @@ def workload_runs(world: World, sessions: list[SessionShape], seed: int) -> tupl
 
 
 def headline_row(workload: str, title: str, runs: dict) -> str:
-    """One headline line: Ostinato (the first system) against the baseline with the least median wait."""
+    """One headline line: Ostinato (the first system) against the baseline with the least median wait (its own
+    variants, Ostinato + MTP, are not baselines)."""
     sums = {n: summarize(r) for n, r in runs.items()}
     ours, *others = sums
+    others = [n for n in others if not is_ostinato(n)]
     best = min(others, key=lambda n: sums[n].median_wait_s)
     o, b = sums[ours], sums[best]
 
@@ -134,7 +137,7 @@ def edge_table(sweep: dict) -> str:
     rows = ["| hot-set coverage of routes | Ostinato median wait s | best baseline | its median wait s | "
             "edge (its wait / Ostinato's) |", "|---|---|---|---|---|"]
     names = [n for n in sweep if not n.startswith("_")]
-    ours, others = names[0], names[1:]
+    ours, others = names[0], [n for n in names[1:] if not is_ostinato(n)]
     for i, cov in enumerate(sweep["_coverages"]):
         best = min(others, key=lambda n: sweep[n][i])
         rows.append(f"| {cov:.0%} | {sweep[ours][i]:.3f} | {best} | {sweep[best][i]:.3f} | "

@@ -11,6 +11,10 @@ Two configurations (World.policies): as its DeepSeek-V4-Flash tutorial runs it (
 so every turn prefills the whole context again; GPU experts by the default `uniform` strategy; prefill
 threshold 4096) and at its best (prefix cache on, GPU experts by the `frequency` strategy from the same
 routing profile Ostinato plans with, the threshold where its layerwise prefill starts to win).
+With `mtp` (acceptance, depth): EAGLE speculative decoding with the MTP block as SGLang runs it
+(`--speculative-num-steps depth`, top-1 drafts): `depth` drafts, one verify forward of depth + 1 tokens in
+its decode graph (split routes over the distinct experts of those tokens), the accepted prefix and the
+verify's own next token kept, no re-run (cost_model.speculative_step with rerun False).
 Not modeled: expert deferral (an approximation Ostinato does not make), dynamic expert update, and
 tensor parallelism's per-layer all-reduce (which would only slow it)."""
 
@@ -23,7 +27,7 @@ import numpy as np
 
 from ostinato.compiler.cost_model import UNFUSED_EAGER_OPS_PER_LAYER, CostModel
 
-from .policy import Forward, Policy, split_pass, static_decode, upload_pass
+from .policy import Forward, Policy, speculative_decode, split_pass, static_decode, upload_pass
 
 DOCUMENTED_THRESHOLD = 4096   # --kt-gpu-prefill-token-threshold in its DeepSeek-V4-Flash tutorial (PUBLISHED.md)
 
@@ -52,9 +56,10 @@ class KTransformers(Policy):
     name = "KTransformers"
 
     def __init__(self, cost: CostModel, threshold: int, gpu_experts: np.ndarray | None = None, kernel=None,
-                 reuses_prefix: bool = True, name: str | None = None):
+                 reuses_prefix: bool = True, name: str | None = None, mtp: tuple[float, int] | None = None):
         """`gpu_experts` [L, E] bool: the experts it keeps on the GPUs (None: none); `kernel`: kt-kernel's
-        measured rates (compiler/host_kernel.py's KernelRates; None: the cost model's own)."""
+        measured rates (compiler/host_kernel.py's KernelRates; None: the cost model's own); `mtp`:
+        (acceptance, depth) of EAGLE speculative decoding (None: plain decode)."""
         cost = cost.with_eager_ops(UNFUSED_EAGER_OPS_PER_LAYER)  # its forward is not ours
         super().__init__(cost.with_host_kernel(kernel) if kernel is not None else cost)
         E = cost.layers[0].hot.size
@@ -63,6 +68,15 @@ class KTransformers(Policy):
         self.reuses_prefix = reuses_prefix
         self.links = cost.hw.gpus.count
         self.name = name or self.name
+        self.mtp = mtp
+        self._draft_s = with_gpu_set(self.cost, self.gpu).mtp_draft() if mtp is not None else 0.0
+
+    def with_mtp(self, acceptance: float, depth: int, name: str | None = None) -> KTransformers:
+        """The same system decoding with EAGLE speculation (`mtp` of __init__)."""
+        other = copy.copy(self)
+        other.mtp, other.name = (acceptance, depth), name or f"{self.name} + MTP"
+        other._draft_s = with_gpu_set(self.cost, self.gpu).mtp_draft()
+        return other
 
     def prefill(self, counts: np.ndarray, n: int) -> Forward:
         if n > self.threshold:
@@ -71,7 +85,11 @@ class KTransformers(Policy):
         return split_pass(self.cost, counts, n, self.gpu, "cpu")
 
     def decode(self, ids: np.ndarray) -> tuple[np.ndarray, Forward]:
-        return static_decode(self.cost, self.gpu, ids)
+        if self.mtp is None:
+            return static_decode(self.cost, self.gpu, ids)
+        acceptance, depth = self.mtp
+        return speculative_decode(self.cost, self.gpu, ids, acceptance, self._draft_s, (False, False), depth,
+                                  rerun=False)
 
 
 def with_gpu_set(cost: CostModel, gpu: np.ndarray) -> CostModel:

@@ -1,7 +1,11 @@
 """Ostinato as its plan says (runtime/engine/session.py): the plan's hot experts resident on the GPUs;
 prefills of up to the largest of `policy.prefill_buckets` run as captured bucket steps, longer ones
 of up to `policy.prefill_threshold` tokens split-route (hot routes on the GPU, cold routes on
-the host, concurrently), longer ones upload each distinct cold expert once; decode splits too."""
+the host, concurrently), longer ones upload each distinct cold expert once; decode splits too.
+With `mtp_acceptance`, decode steps are speculative (runtime/model/speculative.py, depth 1): the MTP block
+drafts one token, one two-token forward verifies it (priced as the plan runs any two-token forward: a
+bucket step when 2 is a bucket, else an eager split-route prefill) and a rejected draft re-runs the token
+alone (cost_model.speculative_step)."""
 
 from __future__ import annotations
 
@@ -9,19 +13,31 @@ import numpy as np
 
 from ostinato.compiler.cost_model import CostModel
 
-from .policy import Forward, Policy, bucket_pass, split_pass, static_decode, upload_pass
+from .ktransformers import with_gpu_set
+from .policy import Forward, Policy, bucket_pass, speculative_decode, split_pass, static_decode, upload_pass
+
+MTP_ACCEPTANCE = 0.9   # KTransformers' published acceptance with V4-Flash's MTP block (PUBLISHED.md)
+MTP_NAME = f"Ostinato + MTP ({MTP_ACCEPTANCE:.0%} acceptance)"
+
+
+def is_ostinato(name: str) -> bool:
+    """Whether a table row is one of Ostinato's own variants (not a baseline to compare against)."""
+    return name.startswith("Ostinato")
 
 
 class Ostinato(Policy):
     name = "Ostinato"
 
     def __init__(self, cost: CostModel, hot: np.ndarray, threshold: int | None, buckets: list[int] = (),
-                 decode_graphs: bool = True, name: str | None = None):
-        """`decode_graphs` False: decode steps dispatched op by op (an ablation); `name`: the row's label."""
+                 decode_graphs: bool = True, name: str | None = None, mtp_acceptance: float | None = None):
+        """`decode_graphs` False: decode steps dispatched op by op (an ablation); `name`: the row's label;
+        `mtp_acceptance`: speculative decoding with the MTP block at that acceptance (None: plain decode)."""
         super().__init__(cost)
         self.hot, self.threshold, self.buckets = hot, threshold, sorted(buckets)  # hot [L, E] bool
         self.decode_graphs = decode_graphs
         self.name = name or self.name
+        self.mtp_acceptance = mtp_acceptance
+        self._draft_s = with_gpu_set(cost, hot).mtp_draft() if mtp_acceptance is not None else 0.0
 
     def prefill(self, counts: np.ndarray, n: int) -> Forward:
         if self.buckets and 0 < n <= self.buckets[-1]:
@@ -31,4 +47,9 @@ class Ostinato(Policy):
         return split_pass(self.cost, counts, n, self.hot)
 
     def decode(self, ids: np.ndarray) -> tuple[np.ndarray, Forward]:
-        return static_decode(self.cost, self.hot, ids, eager=None if self.decode_graphs else True)
+        eager = None if self.decode_graphs else True
+        if self.mtp_acceptance is None:
+            return static_decode(self.cost, self.hot, ids, eager=eager)
+        bucket = bool(self.buckets) and 2 <= self.buckets[-1]   # the plan's two-token forward (prefill())
+        verify = (True, False) if bucket else (False, True)
+        return speculative_decode(self.cost, self.hot, ids, self.mtp_acceptance, self._draft_s, verify, eager=eager)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ostinato.buckets import bucket_pieces
-from ostinato.compiler.cost_model import CostModel
+from ostinato.compiler.cost_model import CostModel, speculative_step
 
 
 @dataclass(frozen=True)
@@ -143,3 +143,54 @@ def static_decode(cost: CostModel, gpu: np.ndarray, ids: np.ndarray, eager: bool
     gtab = np.array([cost.gpu_experts_time(h, h) for h in range(k + 1)])
     ctab = np.array([cost.cpu_experts_time(1, k - h, k - h) for h in range(k + 1)])
     return steps, Forward(float(steps.sum()), float(gtab[hits].sum()), float(ctab[hits].sum()), 0.0, "decode")
+
+
+def _group_ids(ids: np.ndarray, size: int) -> np.ndarray:
+    """[T, L, size*k]: token t's routes with those of the size-1 tokens after it (wrapping around the turn:
+    the trace's tokens are drawn independently, so any neighbours price a verify alike)."""
+    T = ids.shape[0]
+    return np.concatenate([ids[(np.arange(T) + j) % T] for j in range(size)], axis=2)
+
+
+def verify_steps(cost: CostModel, gpu: np.ndarray, ids: np.ndarray, size: int, per_route: bool, eager: bool
+                 ) -> tuple[np.ndarray, float, float]:
+    """Seconds [T] of a verify forward of `size` tokens starting at each decode token (its routes and the next
+    tokens'), and the summed GPU and host expert work. `per_route`: a bucket step (bucket_pass: each hot route
+    reads its expert on a GPU); else split-route's reads (each distinct hot expert once, split_pass). Cold
+    routes run on the host over their distinct experts. `eager`: dispatched op by op (an eager prefill)."""
+    T, L, k = ids.shape
+    grouped = np.sort(_group_ids(ids, size), axis=2)                     # [T, L, m]
+    m = grouped.shape[2]
+    hot = np.take_along_axis(gpu[None], grouped, axis=2)                  # [T, L, m]
+    first = np.ones_like(hot)
+    first[:, :, 1:] = grouped[:, :, 1:] != grouped[:, :, :-1]            # first of its id in the group
+    hot_r, hot_d = hot.sum(axis=2), (hot & first).sum(axis=2)             # [T, L]
+    cold_r, cold_d = m - hot_r, (~hot & first).sum(axis=2)
+    reads = hot_d if (cost.hw.cpu_only or not per_route) else hot_r
+    gtab = np.array([[cost.gpu_experts_time(d, r) for r in range(m + 1)] for d in range(m + 1)])
+    ctab = np.array([[cost.cpu_experts_time(size, d, r) for r in range(m + 1)] for d in range(m + 1)])
+    att = np.array([cost.attention_time(l, size) for l in range(L)])     # [L]
+    g, c = gtab[reads, hot_r], ctab[cold_d, cold_r]                       # [T, L]
+    layers = (att[None] + g + c) if cost.hw.cpu_only else np.maximum(att[None] + g, c)
+    steps = cost.forward_time(layers.sum(axis=1), size, not eager, eager if eager else cost.decode_is_eager())
+    return np.asarray(steps, dtype=float), float(g.sum()), float(c.sum())
+
+
+def speculative_decode(cost: CostModel, gpu: np.ndarray, ids: np.ndarray, acceptance: float, draft_s: float,
+                       verify: tuple[bool, bool], depth: int = 1, rerun: bool = True, eager: bool | None = None
+                       ) -> tuple[np.ndarray, Forward]:
+    """Decode steps with MTP speculation (cost_model.speculative_step) on a fixed GPU-resident set: a step at
+    token t drafts `depth` tokens (draft_s each), verifies depth + 1 tokens (t's routes and the next ones':
+    verify_steps with `verify` = (per_route, eager)) and, with `rerun`, runs t alone again on a rejection
+    (static_decode's step). Each token is charged its expected share, step / tokens per step, so a turn's
+    decode is its tokens over the speculative rate; the first entry of the returned seconds is a whole step
+    (the wait after a tool output waits for it). Deterministic: acceptance is priced by expectation."""
+    plain, pf = static_decode(cost, gpu, ids, eager)
+    v, vg, vc = verify_steps(cost, gpu, ids, depth + 1, *verify)
+    first = speculative_step(acceptance, draft_s, float(v[0]), float(plain[0]), depth, rerun)
+    again = (1.0 - float(acceptance)) if rerun else 0.0                   # speculative_step's re-run weight
+    share = (first.draft_s + v + again * plain) / first.tokens            # [T]: each step over its tokens
+    out = share.copy()
+    out[0] = first.seconds
+    return out, Forward(float(share.sum()), (vg + again * pf.gpu_experts_s) / first.tokens,
+                        (vc + again * pf.cpu_experts_s) / first.tokens, 0.0, "speculative")

@@ -24,7 +24,7 @@ from .ablation import ablations
 from .kernels import KERNELS_FILE, OURS, KernelTable, load_kernel_table
 from .ktransformers import DOCUMENTED_THRESHOLD, KTransformers, best_threshold, frequency_placed, uniform_placed
 from .llamacpp import CpuExperts, LayerPlacement, LruCache, layers_that_fit
-from .ostinato_policy import Ostinato
+from .ostinato_policy import MTP_ACCEPTANCE, MTP_NAME, Ostinato
 from .policy import Policy
 
 V4_FLASH = Path(__file__).resolve().parents[2] / "plans" / "models" / "deepseek-v4-flash"
@@ -63,7 +63,8 @@ class World:
         return gpu, best_threshold(self.cost, gpu, self.kernel("kt-kernel"))
 
     def policies(self, config: str = "best") -> list[Policy]:
-        """Ostinato first, then the baselines `config`ured as documented or at their best."""
+        """Ostinato first, Ostinato with MTP speculative decoding (MTP_ACCEPTANCE) beside it, then the baselines
+        `config`ured as documented or at their best."""
         if config not in CONFIGS:
             raise ValueError(f"config {config!r}: one of {CONFIGS}")
         cost, (L, E) = self.cost, self.hot.shape
@@ -71,15 +72,17 @@ class World:
         per_layer = int(self.hot.sum()) // L
         kt, ggml = self.kernel("kt-kernel"), self.kernel("ggml")
         ours = Ostinato(cost, self.hot, self.build.threshold, self.build.buckets)
+        mtp = Ostinato(cost, self.hot, self.build.threshold, self.build.buckets, name=MTP_NAME,
+                       mtp_acceptance=MTP_ACCEPTANCE)
         if config == "documented":
-            return [ours,
+            return [ours, mtp,
                     KTransformers(cost, DOCUMENTED_THRESHOLD, uniform_placed((L, E), per_layer), kt,
                                   reuses_prefix=False, name="KTransformers (its DSV4 recipe)"),
                     LayerPlacement(cost, self.gpu_layers, ggml), CpuExperts(cost, ggml), LruCache(cost, self.hot)]
         kt_gpu, kt_threshold = self.kt_at_best
         # llama.cpp --n-cpu-moe N: the same GPU memory as whole layers of experts (the last L - N layers)
         n_cpu_moe = L - int(self.hot.sum()) // E
-        return [ours,
+        return [ours, mtp,
                 KTransformers(cost, kt_threshold, kt_gpu, kt,
                               name="KTransformers + frequency GPU experts"),
                 LayerPlacement(cost, self.gpu_layers, ggml), CpuExperts(cost, ggml, n_cpu_moe),

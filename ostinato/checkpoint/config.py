@@ -100,8 +100,9 @@ class ModelConfig:
         return self.num_hidden_layers
 
     def compress_ratio(self, layer: int) -> int:
-        """0 (sliding only), 4 (CSA) or 128 (HCA); entries past num_hidden_layers (MTP) are ignored."""
-        return self.compress_ratios[layer]
+        """0 (sliding only), 4 (CSA) or 128 (HCA). Layers from num_hidden_layers on are the MTP blocks; a
+        config whose list stops before them gives them 0, as V4's own entries for them are."""
+        return self.compress_ratios[layer] if layer < len(self.compress_ratios) else 0
 
     def attention_kind(self, layer: int) -> str:
         return ATTENTION_KINDS[self.compress_ratio(layer)]

@@ -7,6 +7,10 @@ data is read only when asked for, and only from the shard that holds it.
 
 With `weights=False` (planning) the shards may be absent: config.json and the index suffice, and
 shapes come from the config; headers of shards that do exist are still checked.
+
+The multi-token-prediction blocks (`mtp.K.*`, num_nextn_predict_layers of them) are optional: a
+checkpoint has all of their tensors (`mtp_specs`, checked like the model's) or none (`has_mtp` False;
+some conversions strip them). The main model never needs them.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from .config import ModelConfig
 from .errors import CheckpointError
 from .formats import dequantize_fp8, dequantize_mxfp4
 from .shard import Shard
-from .tensor_specs import TensorSpec, is_ignored_name, model_specs
+from .tensor_specs import TensorSpec, layer_prefix, model_specs, mtp_specs
 
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
@@ -46,10 +50,11 @@ class PackedExpert:
 
 class Checkpoint:
     def __init__(self, root: Path, config: ModelConfig, specs: dict[str, TensorSpec], weight_map: dict[str, str],
-                 shards: dict[str, Shard]):
+                 shards: dict[str, Shard], mtp: dict[str, TensorSpec] | None = None):
         self.root = root
         self.config = config
-        self.specs = specs
+        self.specs = specs  # the main model's tensors: every one is present
+        self.mtp_specs = mtp or {}  # the MTP blocks' tensors when the checkpoint has them, else empty
         self.weight_map = weight_map
         self._shards = shards
 
@@ -73,25 +78,37 @@ class Checkpoint:
             if name not in weight_map:
                 raise CheckpointError(index_path, "tensor required by config.json is missing from the index",
                                       tensor=name)
-            shard = shards.get(weight_map[name])
-            if shard is None:
-                continue  # planning without weights: shapes come from the config
-            entry = shard.entries.get(name)
-            if entry is None:
-                raise CheckpointError(shard.path, f"tensor is listed in {index_path.name} but absent from the file",
-                                      tensor=name)
-            if not spec.accepts(entry.dtype):
-                raise CheckpointError(shard.path, f"dtype {entry.dtype} is wrong; expected {spec.dtype}", tensor=name)
-            if entry.shape != spec.shape:
-                raise CheckpointError(shard.path, f"shape {list(entry.shape)} contradicts config.json "
-                                      f"(expected {list(spec.shape)})", tensor=name)
+            _check_entry(spec, shards.get(weight_map[name]), index_path)
+        mtp = mtp_specs(config)
+        present = sorted(n for n in mtp if n in weight_map)
+        if present and len(present) < len(mtp):  # all or none: a partial block is a broken conversion
+            missing = sorted(set(mtp) - set(present))
+            raise CheckpointError(index_path, f"the MTP block is incomplete: {len(missing)} of its {len(mtp)} "
+                                  "tensors are missing from the index", tensor=missing[0])
+        mtp = mtp if present else {}
+        for name, spec in mtp.items():
+            _check_entry(spec, shards.get(weight_map[name]), index_path)
         for name, file in weight_map.items():
-            if name not in specs and not is_ignored_name(name):
+            if name not in specs and name not in mtp:
                 raise CheckpointError(root / file, "tensor is not part of the model config.json describes "
                                       "(does the config match these weights?)", tensor=name)
-        return cls(root, config, specs, weight_map, shards)
+        return cls(root, config, specs, weight_map, shards, mtp)
 
     # ----- facts --------------------------------------------------------------------------------
+    @property
+    def has_mtp(self) -> bool:
+        """Whether the checkpoint carries its MTP blocks (all num_nextn_predict_layers of them)."""
+        return bool(self.mtp_specs)
+
+    @property
+    def expert_layers(self) -> range:
+        """Layer indices with routed experts in this checkpoint: the main layers, then the MTP blocks'."""
+        n = self.config.num_hidden_layers
+        return range(n + (self.config.num_nextn_predict_layers if self.has_mtp else 0))
+
+    def spec(self, name: str) -> TensorSpec | None:
+        return self.specs.get(name) or self.mtp_specs.get(name)
+
     @property
     def has_weights(self) -> bool:
         return all(f in self._shards for f in set(self.weight_map[n] for n in self.specs))
@@ -108,7 +125,7 @@ class Checkpoint:
     # ----- data ---------------------------------------------------------------------------------
     def raw(self, name: str) -> torch.Tensor:
         """The tensor exactly as stored (FP8, e8m0, packed int8, BF16, F32, int)."""
-        spec = self.specs.get(name)
+        spec = self.spec(name)
         if spec is None:
             raise CheckpointError(self.root, "no such tensor in this model", tensor=name)
         file = self.weight_map[name]
@@ -122,7 +139,7 @@ class Checkpoint:
 
         Integer tables (tid2eid) are returned as int64.
         """
-        spec = self.specs.get(name)
+        spec = self.spec(name)
         if spec is None:
             raise CheckpointError(self.root, "no such tensor in this model", tensor=name)
         stored = self.raw(name)
@@ -135,7 +152,7 @@ class Checkpoint:
         return stored.to(dtype)
 
     def expert_packed(self, layer: int, expert: int) -> PackedExpert:
-        p = f"layers.{layer}.ffn.experts.{expert}"
+        p = f"{layer_prefix(self.config, layer)}.ffn.experts.{expert}"
         return PackedExpert(*(self.raw(f"{p}.{w}.{kind}") for w in ("w1", "w3", "w2") for kind in ("weight", "scale")))
 
     def close(self) -> None:
@@ -147,6 +164,22 @@ class Checkpoint:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _check_entry(spec: TensorSpec, shard: Shard | None, index_path: Path) -> None:
+    """A listed tensor against its spec: present in its shard, with the spec's dtype and shape (nothing to
+    check when the shard is absent: planning without weights)."""
+    if shard is None:
+        return
+    name, entry = spec.name, shard.entries.get(spec.name)
+    if entry is None:
+        raise CheckpointError(shard.path, f"tensor is listed in {index_path.name} but absent from the file",
+                              tensor=name)
+    if not spec.accepts(entry.dtype):
+        raise CheckpointError(shard.path, f"dtype {entry.dtype} is wrong; expected {spec.dtype}", tensor=name)
+    if entry.shape != spec.shape:
+        raise CheckpointError(shard.path, f"shape {list(entry.shape)} contradicts config.json "
+                              f"(expected {list(spec.shape)})", tensor=name)
 
 
 def _scale_name(weight_name: str) -> str:

@@ -11,7 +11,6 @@ E routed experts, hc mHC streams, c compressor overlap (2 for CSA, 1 for HCA).
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 
 from .config import ModelConfig
@@ -69,18 +68,25 @@ def _compressor(prefix: str, cfg: ModelConfig, ratio: int, width: int, norm_dim:
             TensorSpec(f"{prefix}.norm.weight", (norm_dim,), "BF16", role, layer)]
 
 
+def layer_prefix(cfg: ModelConfig, layer: int) -> str:
+    """The name prefix of a block's tensors: `layers.L` for the main model's layers, `mtp.K` for the
+    multi-token-prediction blocks, which take the layer indices after them (num_hidden_layers + K, the
+    index their compress_ratios entry has)."""
+    return f"layers.{layer}" if layer < cfg.num_hidden_layers else f"mtp.{layer - cfg.num_hidden_layers}"
+
+
 def expert_specs(cfg: ModelConfig, layer: int, expert: int) -> list[TensorSpec]:
     """The six tensors of one routed expert: w1 (gate), w3 (up) [I, D]; w2 (down) [D, I]; each + scale."""
     D, I = cfg.hidden_size, cfg.moe_intermediate_size
-    p = f"layers.{layer}.ffn.experts.{expert}"
+    p = f"{layer_prefix(cfg, layer)}.ffn.experts.{expert}"
     return (_mxfp4_linear(f"{p}.w1", I, D, layer, expert) + _mxfp4_linear(f"{p}.w2", D, I, layer, expert)
             + _mxfp4_linear(f"{p}.w3", I, D, layer, expert))
 
 
 def layer_specs(cfg: ModelConfig, layer: int, with_experts: bool = True) -> list[TensorSpec]:
-    """Every tensor of decoder layer `layer`, in a stable order."""
+    """Every tensor of decoder layer `layer` (an MTP block's for num_hidden_layers + K), in a stable order."""
     D, H, hd, ql, I = cfg.hidden_size, cfg.num_attention_heads, cfg.head_dim, cfg.q_lora_rank, cfg.moe_intermediate_size
-    L, p = layer, f"layers.{layer}"
+    L, p = layer, layer_prefix(cfg, layer)
     ratio = cfg.compress_ratio(layer)
     specs = [TensorSpec(f"{p}.attn_norm.weight", (D,), "BF16", "norm", L),
              TensorSpec(f"{p}.ffn_norm.weight", (D,), "BF16", "norm", L)]
@@ -139,9 +145,24 @@ def model_specs(cfg: ModelConfig) -> dict[str, TensorSpec]:
     return {s.name: s for s in specs}
 
 
-_MTP = re.compile(r"^mtp\.\d+\.")
+MTP_ROLES = ("mtp_proj", "mtp_norm", "mtp_hc_head")  # an MTP block's own tensors, besides its layer's
 
 
-def is_ignored_name(name: str) -> bool:
-    """Tensors a checkpoint may carry that the main model does not use (the MTP block)."""
-    return bool(_MTP.match(name))
+def mtp_block_specs(cfg: ModelConfig, k: int, with_experts: bool = True) -> list[TensorSpec]:
+    """MTP block K (`mtp.K.*`): a whole decoder block (layer index num_hidden_layers + K: attention of its
+    compress_ratios entry, score routing, its own routed and shared experts), then what turns the main
+    model's hidden state and the next token's embedding into its input, and its own mHC head and final
+    norm. The embedding and the LM head are the main model's."""
+    D, hc, L = cfg.hidden_size, cfg.hc_mult, cfg.num_hidden_layers + k
+    p = f"mtp.{k}"
+    return (layer_specs(cfg, L, with_experts)
+            + _fp8_linear(f"{p}.e_proj", D, D, "mtp_proj", L) + _fp8_linear(f"{p}.h_proj", D, D, "mtp_proj", L)
+            + [TensorSpec(f"{p}.{n}.weight", (D,), "BF16", "mtp_norm", L) for n in ("enorm", "hnorm", "norm")]
+            + [TensorSpec(f"{p}.hc_head_fn", (hc, cfg.hc_dim), "F32", "mtp_hc_head", L),
+               TensorSpec(f"{p}.hc_head_base", (hc,), "F32", "mtp_hc_head", L),
+               TensorSpec(f"{p}.hc_head_scale", (1,), "F32", "mtp_hc_head", L)])
+
+
+def mtp_specs(cfg: ModelConfig) -> dict[str, TensorSpec]:
+    """Every MTP block's tensors (num_nextn_predict_layers of them), keyed by native name."""
+    return {s.name: s for k in range(cfg.num_nextn_predict_layers) for s in mtp_block_specs(cfg, k)}

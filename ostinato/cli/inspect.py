@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ostinato.checkpoint import CheckpointError, ModelConfig, model_sizes
 from ostinato.checkpoint.reader import INDEX_NAME, SINGLE_NAME, Checkpoint
-from ostinato.checkpoint.tensor_specs import model_specs
+from ostinato.checkpoint.tensor_specs import model_specs, mtp_specs
 
 from .common import InputError, check_model_dir, print_output, refuse
 
@@ -26,12 +26,14 @@ def describe(directory: Path, list_tensors: bool) -> str:
     has_index = (directory / INDEX_NAME).exists() or (directory / SINGLE_NAME).exists()
     if has_index:
         ckpt = Checkpoint.open(directory, weights=False)
-        cfg, specs = ckpt.config, ckpt.specs
+        cfg, specs, mtp = ckpt.config, ckpt.specs, ckpt.mtp_specs
         status = "weights present, all headers valid" if ckpt.has_weights else "index only (no weights): planning only"
+        mtp_status = "present" if mtp else "absent from this checkpoint (speculative decoding unavailable)"
     else:
         cfg = ModelConfig.from_json(directory)
-        specs = model_specs(cfg)
+        specs, mtp = model_specs(cfg), mtp_specs(cfg)
         status = "config.json only: sizes computed from the config"
+        mtp_status = "sized from the config"
     sizes = model_sizes(cfg)
     kinds = Counter(l.attention_kind for l in sizes.layers)
     lines = [f"{directory}: {status}",
@@ -48,9 +50,15 @@ def describe(directory: Path, list_tensors: bool) -> str:
     for l in sizes.layers:
         lines.append(f"  {l.layer:5d}  {l.attention_kind:7s}  {'yes' if l.hash_layer else '   '}  "
                      f"{l.dense_bytes:>12,d}  {l.routed_bytes:>14,d}")
+    if cfg.num_nextn_predict_layers:
+        routed = sum(s.nbytes for s in mtp.values() if s.role == "routed_expert")
+        dense = sum(s.nbytes for s in mtp.values()) - routed
+        lines += ["", f"  MTP blocks (mtp.K.*, num_nextn_predict_layers {cfg.num_nextn_predict_layers}): {mtp_status}",
+                  f"    {len(mtp)} tensors ({cfg.n_routed_experts} routed experts each): dense {dense:,d} B, "
+                  f"routed {routed:,d} B, not counted in the total above"]
     if list_tensors:
         lines += ["", "  name                                                 shape              dtype     role"]
-        for s in specs.values():
+        for s in list(specs.values()) + list(mtp.values()):
             lines.append(f"  {s.name:52s} {str(list(s.shape)):18s} {s.dtype:9s} {s.role}")
     return "\n".join(lines)
 

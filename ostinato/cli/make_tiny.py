@@ -27,6 +27,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--popularity", type=float, default=0.0, metavar="S",
                    help="plant a synthetic per-layer expert popularity of strength S through the gate bias "
                         "and the hash tables (0 = none: random weights route almost uniformly; 1 = strong)")
+    p.add_argument("--no-mtp", dest="mtp", action="store_false", default=None,
+                   help="leave out the multi-token-prediction block (mtp.0.*), which every preset but real-vocab "
+                        "writes by default")
     p.add_argument("--force", action="store_true", help="replace an existing non-empty directory")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     args = p.parse_args(argv)
@@ -43,7 +46,8 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         out = write_tiny_checkpoint(args.directory, args.preset, args.seed, args.popularity, args.force,
-                                    progress=not args.quiet, layers=args.layers, experts=args.experts)
+                                    progress=not args.quiet, layers=args.layers, experts=args.experts,
+                                    mtp=args.mtp)
     except (FileExistsError, NotADirectoryError, ValueError) as e:
         return refuse("ostinato-make-tiny", e)
     print(f"wrote {args.preset} checkpoint (seed {args.seed}, planted popularity {args.popularity}) to {out}")

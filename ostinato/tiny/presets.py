@@ -1,5 +1,9 @@
 """Configs of the test models: the official V4-Flash key set with small values, or its real values.
 
+Every preset carries one MTP block (`mtp.0.*`, num_nextn_predict_layers 1, as V4-Flash does) unless
+asked not to (`mtp=False`); `real-vocab` has none by default (llama.cpp's converter has not been tried
+with one).
+
 `tiny` and `small` shrink every dimension (`real-vocab`: tiny's, with the real vocabulary)
 (constraints from the format, docs/model.md section 6: every FP8 matrix dim a multiple of 128,
 expert input dims multiples of 32, compress ratios only 0/4/128, index_head_dim >=
@@ -45,6 +49,7 @@ PRESETS: dict[str, dict] = {
 # (66 MB each in bf16) dominate a decode step, as they do in small real models.
 PRESETS["real-vocab"] = dict(PRESETS["tiny"], vocab_size=129280, index_head_dim=64)
 REAL_VOCAB_PRESETS = ("real-vocab",)  # with the real tokenizer (besides flash)
+WITHOUT_MTP = ("real-vocab",)  # presets whose default is no MTP block (above)
 
 
 def official_flash_config() -> dict:
@@ -56,8 +61,9 @@ FLASH = "flash"                  # V4-Flash's own values, sliced (flash_config)
 PRESET_NAMES = sorted(PRESETS) + [FLASH]
 
 
-def flash_config(layers: int, experts: int) -> dict:
-    """V4-Flash's config.json cut to its first `layers` layers and `experts` routed experts."""
+def flash_config(layers: int, experts: int, mtp: bool = True) -> dict:
+    """V4-Flash's config.json cut to its first `layers` layers and `experts` routed experts (its MTP block
+    too, which keeps its own attention kind, the entry after the main layers'), with or without it."""
     cfg = official_flash_config()
     top_k, n_layers = cfg["num_experts_per_tok"], cfg["num_hidden_layers"]
     if not 1 <= layers <= n_layers:
@@ -66,20 +72,23 @@ def flash_config(layers: int, experts: int) -> dict:
         raise ValueError(f"--experts must be in {top_k}..{cfg['n_routed_experts']} (at least top-k = {top_k}), "
                          f"got {experts}")
     cfg.update(num_hidden_layers=layers, n_routed_experts=experts, num_hash_layers=min(cfg["num_hash_layers"], layers),
-               compress_ratios=cfg["compress_ratios"][:layers] + [0], num_nextn_predict_layers=0)
+               compress_ratios=cfg["compress_ratios"][:layers] + [cfg["compress_ratios"][n_layers]],
+               num_nextn_predict_layers=1 if mtp else 0)
     return cfg
 
 
-def preset_config(name: str, layers: int | None = None, experts: int | None = None) -> dict:
-    """The config.json of a preset; `layers` / `experts` slice the flash preset (None: all of them)."""
+def preset_config(name: str, layers: int | None = None, experts: int | None = None, mtp: bool | None = None) -> dict:
+    """The config.json of a preset; `layers` / `experts` slice the flash preset (None: all of them);
+    `mtp`: with the MTP block (None: the preset's default)."""
+    mtp = name not in WITHOUT_MTP if mtp is None else mtp
     if name == FLASH:
         full = official_flash_config()
-        return flash_config(layers or full["num_hidden_layers"], experts or full["n_routed_experts"])
+        return flash_config(layers or full["num_hidden_layers"], experts or full["n_routed_experts"], mtp)
     if name not in PRESETS:
         raise ValueError(f"unknown preset '{name}'; choose one of {PRESET_NAMES}")
     if layers is not None or experts is not None:
         raise ValueError(f"--layers and --experts slice the flash preset, not '{name}'")
     cfg = official_flash_config()
     cfg.update(copy.deepcopy(PRESETS[name]))
-    cfg["num_nextn_predict_layers"] = 0  # tiny models carry no MTP block
+    cfg["num_nextn_predict_layers"] = 1 if mtp else 0  # compress_ratios has its entry (0: sliding)
     return cfg

@@ -1,7 +1,8 @@
 """Write a random DeepSeek-V4 checkpoint in exactly the official on-disk format.
 
 Layout follows the official shards: embed alone, one shard per decoder layer, then head + norm +
-hc_head; `model.safetensors.index.json` maps every name to its shard. Shards are written tensor by
+hc_head, then the MTP block (when the config has one); `model.safetensors.index.json` maps every
+name to its shard. Shards are written tensor by
 tensor (shard_writer), so memory stays bounded by one tensor even for a V4-Flash layer's 3.4 GB of
 experts. The directory appears whole or not at all: everything is written to a temporary sibling
 that is renamed into place.
@@ -18,7 +19,7 @@ from tqdm import tqdm
 
 from ostinato.checkpoint.config import ModelConfig
 from ostinato.checkpoint.shard_writer import write_shard
-from ostinato.checkpoint.tensor_specs import global_specs, layer_specs
+from ostinato.checkpoint.tensor_specs import global_specs, layer_specs, mtp_block_specs
 
 from .presets import FLASH, REAL_VOCAB_PRESETS, preset_config
 from .tokenizer import copy_real_tokenizer, write_tokenizer
@@ -32,19 +33,21 @@ def shard_groups(cfg: ModelConfig) -> list[list]:
     g = global_specs(cfg)
     first = [s for s in g if s.role == "embed"]
     last = [s for s in g if s.role != "embed"]
-    return [first] + [layer_specs(cfg, layer) for layer in range(cfg.num_hidden_layers)] + [last]
+    return ([first] + [layer_specs(cfg, layer) for layer in range(cfg.num_hidden_layers)] + [last]
+            + [mtp_block_specs(cfg, k) for k in range(cfg.num_nextn_predict_layers)])
 
 
 def write_tiny_checkpoint(directory: str | Path, preset: str = "tiny", seed: int = 0, popularity: float = 0.0,
                           force: bool = False, progress: bool = True, layers: int | None = None,
-                          experts: int | None = None) -> Path:
-    """Write a random checkpoint of `preset`; `layers` / `experts` slice the flash preset."""
+                          experts: int | None = None, mtp: bool | None = None) -> Path:
+    """Write a random checkpoint of `preset`; `layers` / `experts` slice the flash preset; `mtp`: with the
+    MTP block or not (None: the preset's default, presets.py)."""
     directory = Path(directory)
     if directory.exists() and not directory.is_dir():
         raise NotADirectoryError(f"{directory} exists and is not a directory")
     if directory.exists() and any(directory.iterdir()) and not force:
         raise FileExistsError(f"{directory} exists and is not empty (use --force to replace it)")
-    raw = preset_config(preset, layers, experts)
+    raw = preset_config(preset, layers, experts, mtp)
     cfg = ModelConfig.from_dict(raw, source=f"preset '{preset}'")
     directory.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))

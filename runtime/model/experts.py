@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from ostinato.checkpoint.formats import dequantize_mxfp4
+from ostinato.checkpoint.tensor_specs import layer_prefix
 
 
 class ExpertExecutor(Protocol):
@@ -46,15 +47,16 @@ class DenseExpertExecutor:
         self.limit = limit
 
     @classmethod
-    def from_checkpoint(cls, ckpt, dtype: torch.dtype, device: torch.device | str, claims=None
+    def from_checkpoint(cls, ckpt, dtype: torch.dtype, device: torch.device | str, claims=None, mtp: bool = False
                         ) -> DenseExpertExecutor:
+        """`mtp`: the MTP blocks' experts too (their layer indices follow the main layers')."""
         cfg = ckpt.config
         w13, w2 = [], []
-        for layer in range(cfg.num_hidden_layers):
+        for layer in ckpt.expert_layers if mtp else range(cfg.num_hidden_layers):
             w = {}
             for name in ("w1", "w3", "w2"):
                 # Stack the packed bytes of all experts first: one vectorized decode per layer and matrix.
-                names = [f"layers.{layer}.ffn.experts.{e}.{name}" for e in range(cfg.n_routed_experts)]
+                names = [f"{layer_prefix(cfg, layer)}.ffn.experts.{e}.{name}" for e in range(cfg.n_routed_experts)]
                 packed = torch.stack([ckpt.raw(f"{n}.weight") for n in names])  # [E, N, K/2] int8
                 scales = torch.stack([ckpt.raw(f"{n}.scale") for n in names])  # [E, N, K/32] e8m0
                 w[name] = dequantize_mxfp4(packed, scales, dtype).to(device)  # [E, N, K]

@@ -18,6 +18,7 @@ import torch
 
 from ostinato.checkpoint.errors import CheckpointError
 from ostinato.checkpoint.reader import Checkpoint
+from ostinato.checkpoint.tensor_specs import layer_prefix
 
 from .attention import AttentionWeights
 from .compressor import CompressorWeights
@@ -43,12 +44,25 @@ class LayerWeights:
 
 
 @dataclass(frozen=True)
+class MtpWeights:
+    """One multi-token-prediction block (mtp.K): a decoder block and what feeds and reads it."""
+    block: LayerWeights      # its layer index is num_hidden_layers + K
+    e_proj: Matrix           # [D, D]: the next token's normed embedding -> block input
+    h_proj: Matrix           # [D, D]: the main model's normed residual streams -> block input
+    enorm: torch.Tensor      # [D] float32
+    hnorm: torch.Tensor      # [D] float32
+    norm: torch.Tensor       # [D] float32: before the shared LM head
+    hc_head: HcHeadWeights   # its own collapse of the streams
+
+
+@dataclass(frozen=True)
 class ModelWeights:
     embed: torch.Tensor  # [V, D] as stored (bf16): rows are upcast to seed the float32 residual streams
     head: torch.Tensor   # [V, D] as stored (bf16); the logits are computed in float32 a block of rows at a time
     norm: torch.Tensor   # [D] float32
     hc_head: HcHeadWeights
     layers: tuple[LayerWeights, ...]
+    mtp: tuple[MtpWeights, ...] = ()  # the checkpoint's MTP blocks, when it has them and they were loaded
 
 
 class Claims:
@@ -95,8 +109,10 @@ def _hc(c: Claims, prefix: str) -> HcWeights:
 
 
 def _layer(c: Claims, layer: int, dtype: torch.dtype, fp8: bool) -> LayerWeights:
+    """A decoder block's weights: main layer `layer`, or an MTP block's (num_hidden_layers + K)."""
     cfg = c.ckpt.config
-    p, a, f = f"layers.{layer}", f"layers.{layer}.attn", f"layers.{layer}.ffn"
+    p = layer_prefix(cfg, layer)
+    a, f = f"{p}.attn", f"{p}.ffn"
     ratio = cfg.compress_ratio(layer)
     compressor = _compressor(c, f"{a}.compressor", ratio) if ratio else None
     indexer = None
@@ -125,10 +141,11 @@ def _layer(c: Claims, layer: int, dtype: torch.dtype, fp8: bool) -> LayerWeights
 
 
 def load_weights(c: Claims, dtype: torch.dtype, layer_devices: list | None = None,
-                 on_layer: Callable[[int], None] | None = None, fp8: bool = False) -> ModelWeights:
+                 on_layer: Callable[[int], None] | None = None, fp8: bool = False, mtp: bool = False) -> ModelWeights:
     """Every non-expert weight of the model (the caller checks the claims once the executor has loaded).
     Layer i's weights go to layer_devices[i] (default: the claims' device), the head to the last one's.
-    `on_layer(i)` is called after layer i's weights are loaded (progress)."""
+    `on_layer(i)` is called after layer i's weights are loaded (progress). `mtp`: the MTP blocks' too
+    (beside the head), when the checkpoint has them."""
     n = c.ckpt.config.num_hidden_layers
     first = c.device
     devices = list(layer_devices or [first] * n)
@@ -141,5 +158,16 @@ def load_weights(c: Claims, dtype: torch.dtype, layer_devices: list | None = Non
             on_layer(layer)
     head = (c.get("head.weight", None), c.get("norm.weight", F32),
             HcHeadWeights(c.get("hc_head_fn", F32), c.get("hc_head_base", F32), c.get("hc_head_scale", F32)))
+    mtp = tuple(_mtp(c, n + k, dtype, fp8) for k in range(c.ckpt.config.num_nextn_predict_layers)) \
+        if mtp and c.ckpt.has_mtp else ()  # beside the head, on the last layer's device
     c.device = first
-    return ModelWeights(embed, *head, tuple(layers))
+    return ModelWeights(embed, *head, tuple(layers), mtp)
+
+
+def _mtp(c: Claims, layer: int, dtype: torch.dtype, fp8: bool) -> MtpWeights:
+    p = layer_prefix(c.ckpt.config, layer)
+    return MtpWeights(_layer(c, layer, dtype, fp8), c.matrix(f"{p}.e_proj.weight", dtype, fp8),
+                      c.matrix(f"{p}.h_proj.weight", dtype, fp8), c.get(f"{p}.enorm.weight", F32),
+                      c.get(f"{p}.hnorm.weight", F32), c.get(f"{p}.norm.weight", F32),
+                      HcHeadWeights(c.get(f"{p}.hc_head_fn", F32), c.get(f"{p}.hc_head_base", F32),
+                                    c.get(f"{p}.hc_head_scale", F32)))

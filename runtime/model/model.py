@@ -16,13 +16,14 @@ from typing import TYPE_CHECKING
 import torch
 
 from ostinato.checkpoint.config import ModelConfig
+from ostinato.checkpoint.errors import CheckpointError
 from ostinato.checkpoint.reader import Checkpoint
 
 from .attention import attention
 from .compressor import CompressorState
 from .experts import DenseExpertExecutor, ExpertExecutor
 from .fused import active, using
-from .hyper_connection import hc_head, hc_post, hc_pre
+from .hyper_connection import HcHeadWeights, hc_head, hc_post, hc_pre
 from .kv_cache import GrowingRows, KvCache, LayerCache, rows_capacity
 from .loading import Claims, LayerWeights, ModelWeights, load_weights
 from .moe import RoutingObserver, moe
@@ -63,18 +64,23 @@ class Model:
         self.observer = observer
 
     def new_cache(self) -> KvCache:
-        cfg, layers = self.config, []
-        for lw, dev in zip(self.weights.layers, self.layer_devices):
-            window = torch.zeros(0, cfg.head_dim, dtype=self.dtype, device=dev)
-            c, ix = lw.attn.compressor, lw.attn.indexer
-            limit = None if self.max_context is None or c is None else rows_capacity(self.max_context, c.ratio)
-            layers.append(LayerCache(
-                window,
-                CompressorState.empty(c, dev) if c else None,
-                GrowingRows(cfg.head_dim, self.dtype, dev, limit=limit) if c else None,
-                CompressorState.empty(ix.compressor, dev) if ix else None,
-                GrowingRows(cfg.index_head_dim, self.dtype, dev, limit=limit) if ix else None))
-        return KvCache(layers)
+        return KvCache([self._layer_cache(lw, dev) for lw, dev in zip(self.weights.layers, self.layer_devices)])
+
+    def new_mtp_cache(self, k: int = 0) -> LayerCache:
+        """An empty cache for MTP block k (on the head's device): its attention keeps its own."""
+        return self._layer_cache(self.weights.mtp[k].block, self.layer_devices[-1])
+
+    def _layer_cache(self, lw: LayerWeights, dev: torch.device) -> LayerCache:
+        cfg = self.config
+        window = torch.zeros(0, cfg.head_dim, dtype=self.dtype, device=dev)
+        c, ix = lw.attn.compressor, lw.attn.indexer
+        limit = None if self.max_context is None or c is None else rows_capacity(self.max_context, c.ratio)
+        return LayerCache(
+            window,
+            CompressorState.empty(c, dev) if c else None,
+            GrowingRows(cfg.head_dim, self.dtype, dev, limit=limit) if c else None,
+            CompressorState.empty(ix.compressor, dev) if ix else None,
+            GrowingRows(cfg.index_head_dim, self.dtype, dev, limit=limit) if ix else None)
 
     def new_session(self) -> Session:
         from .session import Session
@@ -82,14 +88,18 @@ class Model:
         return Session(self, max_snapshots=self.max_snapshots)
 
     @torch.no_grad()
-    def forward(self, token_ids: torch.Tensor, cache: KvCache, last_only: bool = False) -> torch.Tensor:
+    def forward(self, token_ids: torch.Tensor, cache: KvCache, last_only: bool = False,
+                with_streams: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """token_ids [T] following cache.position -> logits [T, V] float32 ([1, V]: the last position's,
         with last_only: a long prompt's logits at V4-Flash's vocabulary are 0.5 MB per token); advances
-        the cache."""
+        the cache. with_streams: (logits, the last layer's residual streams [T, N, D] float32 before the
+        mHC head, on the head's device), what the MTP block drafts from (mtp.py)."""
         with using(self.dense_ops):
-            return self._forward(token_ids, cache, last_only)
+            streams = self._forward(token_ids, cache)
+            logits = self.head(streams[-1:] if last_only else streams)
+        return (logits, streams) if with_streams else logits
 
-    def _forward(self, token_ids: torch.Tensor, cache: KvCache, last_only: bool) -> torch.Tensor:
+    def _forward(self, token_ids: torch.Tensor, cache: KvCache) -> torch.Tensor:
         cfg, w = self.config, self.weights
         eps, t = cfg.rms_norm_eps, token_ids.shape[0]
         positions = torch.arange(t, device=self.device) + cache.position  # [T]
@@ -105,17 +115,20 @@ class Model:
                                     lambda x: attention(lw.attn, x, positions, lc, rope, eps),
                                     lambda x: moe(lw.moe, lw.index, x, token_ids, self.executor, self.observer))
         cache.position += t
-        return self.head((streams[-1:] if last_only else streams).to(self.layer_devices[-1]))
+        return streams.to(self.layer_devices[-1])  # [T, N, D]
 
     def hc_settings(self) -> tuple:
         """What decoder_block passes to hc_pre after the streams and weights."""
         cfg = self.config
         return (cfg.hc_sinkhorn_iters, cfg.hc_eps, cfg.rms_norm_eps, self.dtype, self.hc_mix)
 
-    def head(self, streams: torch.Tensor) -> torch.Tensor:
-        """Residual streams [T, N, D] on the last layer's device -> logits [T, V] float32."""
+    def head(self, streams: torch.Tensor, hc: HcHeadWeights | None = None, norm: torch.Tensor | None = None
+             ) -> torch.Tensor:
+        """Residual streams [T, N, D] on the last layer's device -> logits [T, V] float32, through the main
+        model's mHC head and final norm, or an MTP block's (`hc`, `norm`: the LM head is shared)."""
         cfg, w = self.config, self.weights
-        h = rms_norm(hc_head(streams, w.hc_head, cfg.hc_eps, cfg.rms_norm_eps), w.norm, cfg.rms_norm_eps)  # [T, D]
+        hc, norm = (w.hc_head, w.norm) if hc is None else (hc, norm)
+        h = rms_norm(hc_head(streams, hc, cfg.hc_eps, cfg.rms_norm_eps), norm, cfg.rms_norm_eps)  # [T, D]
         kernels = active()
         if kernels is not None and kernels.takes_head(h, w.head):  # a few tokens: the plan's kernel, one op
             return kernels.head_logits(h, w.head)
@@ -142,17 +155,23 @@ def decoder_block(lw: LayerWeights, streams: torch.Tensor, hc: tuple, attn: Call
 def load_model(ckpt_dir: str | Path, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
                executor: ExpertExecutor | None = None, prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
                layer_devices: list | None = None, on_layer: Callable[[int], None] | None = None,
-               fp8: bool = False) -> Model:
+               fp8: bool = False, mtp: bool = False) -> Model:
     """The model of an official-format checkpoint. Without `executor`, every routed expert is
     dequantized into a DenseExpertExecutor; with one, routed experts are left to it.
     `layer_devices` places each layer's dense weights and cache on its device (a plan's pipeline);
     the embedding stays on `device`, the head goes with the last layer. `on_layer(i)` is called as each
-    layer's weights are loaded (progress). `fp8`: FP8 matmul weights stay as stored (fp8_matrix.py)."""
+    layer's weights are loaded (progress). `fp8`: FP8 matmul weights stay as stored (fp8_matrix.py).
+    `mtp`: the checkpoint's MTP block too (mtp.py; with the dense executor, its experts too), for
+    speculative decoding (speculative.py); an error when the checkpoint has none."""
     with Checkpoint.open(ckpt_dir) as ckpt:
+        if mtp and not ckpt.has_mtp:
+            raise CheckpointError(ckpt.root, "the MTP block (mtp.0.*) was asked for, but this checkpoint has none "
+                                  "(its config's num_nextn_predict_layers is "
+                                  f"{ckpt.config.num_nextn_predict_layers})")
         claims = Claims(ckpt, device)
-        weights = load_weights(claims, dtype, layer_devices, on_layer, fp8)
+        weights = load_weights(claims, dtype, layer_devices, on_layer, fp8, mtp)
         if executor is None:
-            executor = DenseExpertExecutor.from_checkpoint(ckpt, dtype, device, claims)
+            executor = DenseExpertExecutor.from_checkpoint(ckpt, dtype, device, claims, mtp)
             claims.check()
         else:
             claims.check(skip_roles=("routed_expert",))

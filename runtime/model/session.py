@@ -40,12 +40,20 @@ class Session:
     def __len__(self) -> int:
         return len(self.tokens)
 
-    def prefill(self, token_ids, last_only: bool = False) -> torch.Tensor:
+    def prefill(self, token_ids, last_only: bool = False, on_chunk=None) -> torch.Tensor:
         """token_ids: 1-D ints -> logits [len, V] float32 ([1, V], the last token's, with last_only).
-        Long inputs run in chunks of model.prefill_chunk."""
+        Long inputs run in chunks of model.prefill_chunk. on_chunk(ids [t], streams [t, N, D]): called
+        with each chunk's last-layer residual streams (the MTP block follows the prompt, speculative.py)."""
         ids = torch.as_tensor(token_ids, dtype=torch.long).reshape(-1).to(self.model.device)  # [T]
         chunk, n = self.model.prefill_chunk, ids.shape[0]
-        out = [self.model.forward(ids[s:s + chunk], self.cache, last_only) for s in range(0, n, chunk)]
+        out = []
+        for s in range(0, n, chunk):
+            if on_chunk is None:
+                out.append(self.model.forward(ids[s:s + chunk], self.cache, last_only))
+                continue
+            logits, streams = self.model.forward(ids[s:s + chunk], self.cache, last_only, with_streams=True)
+            on_chunk(ids[s:s + chunk], streams)
+            out.append(logits)
         if last_only:
             out = out[-1:]
         self.tokens.extend(ids.tolist())
@@ -60,6 +68,26 @@ class Session:
         logits = self.model.forward(ids, self.cache)[0]  # [V]
         self.tokens.append(int(ids[0]))
         return logits
+
+    def extend(self, token_ids) -> tuple[torch.Tensor, torch.Tensor]:
+        """A decode step of any width (no snapshot): tokens [T] -> (logits [T, V], residual streams
+        [T, N, D]); speculative.py's verify step."""
+        ids = torch.as_tensor(token_ids, dtype=torch.long).reshape(-1).to(self.model.device)  # [T]
+        logits, streams = self.model.forward(ids, self.cache, with_streams=True)
+        self.tokens.extend(ids.tolist())
+        return logits, streams
+
+    def mark(self) -> tuple[CacheSnapshot, int]:
+        """The state now, for back_to(): the cache's snapshot (references, cheap) and the token count."""
+        return self.cache.snapshot(), len(self.tokens)
+
+    def back_to(self, mark: tuple[CacheSnapshot, int]) -> None:
+        """Exactly the state of mark(): windows, compressor and indexer states, rows and tokens after it
+        dropped. Only back to a mark taken since the last truncate() (rows below it are never rewritten)."""
+        snapshot, n = mark
+        self.cache.restore(snapshot)
+        self.snapshots = [s for s in self.snapshots if s.position <= snapshot.position]
+        del self.tokens[n:]
 
     def snapshot(self) -> None:
         """Remember the cache state at the current length (a point truncate() can return to cheaply)."""
