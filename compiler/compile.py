@@ -34,12 +34,13 @@ from ostinato.plan import (
     Predictions,
     PrefillPrediction,
     Provenance,
+    SpeculativePrediction,
     relative_to_plan,
 )
 from ostinato.validation import SchemaError, validate
 
 from .codegen.plan_kernels import build_plan_kernels
-from .cost_model import MAX_BUCKET, CostModel, LayerCostInputs, MtpCostInputs
+from .cost_model import MAX_BUCKET, MTP_ACCEPTANCE, CostModel, LayerCostInputs, MtpCostInputs
 from .memory_model import MemoryPolicy, gpu_fixed_bytes, held_bytes, layer_resident_bytes, workspace_bytes
 from .placement import DoesNotFit, Placement, PlacementProblem, place
 from .profile import PHASES, RoutingProfile, load_profile, synthetic_profile, uniform_profile
@@ -80,6 +81,7 @@ class Build:
     fingerprint: ModelFingerprint | None = None
     weights: WeightFingerprint | None = None     # None: no weights in the folder (planning only)
     has_weights: bool = False
+    has_mtp: bool = False       # the checkpoint's MTP block (from its index; from the config without one)
     profile: RoutingProfile | None = None
     hardware: HardwareSpec | None = None
     policy: MemoryPolicy | None = None
@@ -102,9 +104,10 @@ def read_model(b: Build) -> None:
     root = b.options.model
     if (root / INDEX_NAME).exists() or (root / SINGLE_NAME).exists():
         ckpt = Checkpoint.open(root, weights=False)
-        b.config, b.has_weights = ckpt.config, ckpt.has_weights
+        b.config, b.has_weights, b.has_mtp = ckpt.config, ckpt.has_weights, ckpt.has_mtp
     else:
         b.config = ModelConfig.from_json(root)
+        b.has_mtp = b.config.num_nextn_predict_layers > 0
         b.notes.append("no weight index: sizes computed from config.json alone")
     b.fingerprint = model_fingerprint(root)
     b.weights = weight_fingerprint(root)  # the shards' bytes: a plan runs on exactly these weights
@@ -406,4 +409,22 @@ def _predictions(b: Build) -> Predictions:
     return Predictions(hot_route_share=_round(c.hot_share()), hot_route_share_by_phase=shares,
                        decode_ms_per_token=_round(decode * 1e3), decode_tokens_per_s=_round(1.0 / decode),
                        wait_after_tool_output_120_tokens_ms=next(x.wait_ms for x in turns if x.tokens == 120),
-                       prefill=turns)
+                       prefill=turns, speculative=_speculative(b))
+
+
+def _speculative(b: Build) -> SpeculativePrediction:
+    """Does depth-1 MTP speculation pay here (cost_model.speculative_decode at MTP_ACCEPTANCE), and why."""
+    a = MTP_ACCEPTANCE
+    if not b.has_mtp:
+        return SpeculativePrediction(pays=False, acceptance=a, decode_tokens_per_s=None, gain=None,
+                                     reason="the checkpoint has no MTP block (mtp.0.*) to draft with")
+    plain, step = b.cost.speculative_decode(a, b.threshold, b.buckets)
+    gain = step.tokens_per_s / plain
+    parts = (f"a step of {step.tokens:.2f} tokens: draft {step.draft_s * 1e3:.3g} ms + 2-token verify "
+             f"{step.verify_s * 1e3:.3g} ms + re-run on rejection {step.rerun_s * 1e3:.3g} ms, against "
+             f"{1e3 / plain:.3g} ms a token decoding plainly")
+    verdict = "pays" if gain > 1 else "does not pay"
+    return SpeculativePrediction(
+        pays=gain > 1, acceptance=a, decode_tokens_per_s=_round(step.tokens_per_s), gain=_round(gain),
+        reason=f"speculation {verdict} here: {gain:.2f}x decode at {a:.0%} acceptance ({parts}); modeled, and "
+               "the engine does not run it yet (the plain model does: runtime/model/speculative.py)")

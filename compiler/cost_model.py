@@ -69,6 +69,8 @@ EAGER_OPS_PER_LAYER = 215
 # A PyTorch DSV4 forward without those two fusions: what the KTransformers-like baseline is priced with
 # (our runtime's own count before them; KTransformers' real count is not measured here).
 UNFUSED_EAGER_OPS_PER_LAYER = 600
+MTP_ACCEPTANCE = 0.9  # draft acceptance until real weights say otherwise: KTransformers' published figure for
+                      # V4-Flash's MTP block (PUBLISHED.md); plans predict speculation at it, the simulator too
 MAX_BUCKET = 256  # the largest prefill bucket the compiler considers (its graph pool: 172 MB on V4-Flash)
 
 

@@ -36,5 +36,6 @@ def explain(plan: Plan) -> str:
             f"hot route share (profiled): {p.hot_route_share:.1%}",
             f"prefill: {steps}split-route up to {t if t is not None else 'any number of'} tokens, upload-once above",
             f"predicted wait after a 120-token tool output: {p.wait_after_tool_output_120_tokens_ms:.1f} ms",
-            f"predicted decode: {p.decode_ms_per_token:.2f} ms/token = {p.decode_tokens_per_s:.1f} tokens/s"]
+            f"predicted decode: {p.decode_ms_per_token:.2f} ms/token = {p.decode_tokens_per_s:.1f} tokens/s",
+            f"MTP speculative decoding: {p.speculative.reason}"]
     return "\n".join(out)

@@ -1,4 +1,4 @@
-"""plan.yaml: the one contract between the compiler and the runtime (schema version 4).
+"""plan.yaml: the one contract between the compiler and the runtime (schema version 5).
 
 A plan is fully resolved: which GPU runs each layer, which expert ids are resident there, every
 device's bytes by kind, the execution policy, the generated kernels and the cost model's
@@ -27,7 +27,8 @@ from .hardware import HardwareSpec
 from .validation import Bytes, Count, Index, Name, Record, SchemaError, Sha256, Share, validate
 from .yaml_files import dump_yaml, read_yaml
 
-SCHEMA_VERSION = 4  # 4: provenance.weights_sha256 and shard_sha256 (the weights themselves)
+SCHEMA_VERSION = 5  # 4: provenance.weights_sha256 and shard_sha256 (the weights themselves);
+                    # 5: predictions.speculative (does MTP speculative decoding pay on this hardware)
 
 AttentionKind = Literal["sliding", "csa", "hca"]
 Phase = Literal["decode", "short_prefill", "long_prefill"]
@@ -148,6 +149,16 @@ class PrefillPrediction(Record):
     wait_ms: Milliseconds                # prefill in its mode + the first decode step
 
 
+class SpeculativePrediction(Record):
+    """Whether speculative decoding with the checkpoint's MTP block pays on this hardware, by the cost
+    model (cost_model.speculative_decode: depth 1, draft + 2-token verify + a re-run on rejection)."""
+    pays: bool
+    acceptance: Share                    # the draft acceptance assumed (cost_model.MTP_ACCEPTANCE)
+    decode_tokens_per_s: float | None    # with speculation; None: no MTP block to draft with
+    gain: float | None                   # over plain decoding (predictions.decode_tokens_per_s)
+    reason: str
+
+
 class Predictions(Record):
     hot_route_share: Share
     hot_route_share_by_phase: dict[Phase, Share | None]   # None: the profile has no routes of that phase
@@ -155,10 +166,11 @@ class Predictions(Record):
     decode_tokens_per_s: float
     wait_after_tool_output_120_tokens_ms: Milliseconds
     prefill: list[PrefillPrediction]
+    speculative: SpeculativePrediction
 
 
 class Plan(Record):
-    schema_version: Literal[4]
+    schema_version: Literal[5]
     notes: list[str]                     # what a reader must know (synthetic profile, skipped steps, ...)
     provenance: Provenance
     model: ModelSummary

@@ -81,7 +81,7 @@ CASES = {
         r"field 'policy\.cpu_thread' is not a known field \(known fields here: context, "),
     "plan of schema version 1": (
         _run_plan(lambda d: d.update(schema_version=1)),
-        r"field 'schema_version' is 1; this Ostinato reads 4: recompile the plan"),
+        r"field 'schema_version' is 1; this Ostinato reads 5: recompile the plan"),
     "plan whose memory does not add up": (
         _run_plan(lambda d: d["memory"][0].update(total_bytes=5)),
         r"field 'memory\[0\]': gpu0: total_bytes 5 is not the sum of its components"),

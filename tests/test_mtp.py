@@ -24,7 +24,7 @@ from ostinato.runtime import load_model
 from ostinato.runtime.model.mtp import mtp_logits
 from ostinato.runtime.model.speculative import Sampled, SpeculativeDecoder, accept_or_resample
 
-S = 150  # > one HCA window (128), many CSA windows and sliding windows (16)
+S = 136  # > one HCA window (128), many CSA windows and sliding windows (16)
 TOL = 1e-4
 
 
@@ -126,8 +126,8 @@ def speculative(model, prompt: list[int], n: int, draft=None):
     return out[:n], spec
 
 
-PROMPT = [(7 * i + 3) % 1000 + 2 for i in range(120)]  # the reply crosses position 128 (HCA) and many windows
-N = 40
+PROMPT = [(7 * i + 3) % 1000 + 2 for i in range(104)]  # the reply crosses position 128 (HCA) and many windows
+N = 32
 
 
 @pytest.fixture(scope="module")

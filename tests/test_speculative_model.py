@@ -110,3 +110,20 @@ def test_the_preset_world_has_the_mtp_rows_and_gains_from_them():
     assert any(p.name.startswith("+ MTP") and p.mtp_acceptance == MTP_ACCEPTANCE for p in w.ablations())
     plain, step = w.cost.speculative_decode(MTP_ACCEPTANCE, w.build.threshold, w.build.buckets)
     assert 1.0 < step.tokens_per_s / plain < 1 + MTP_ACCEPTANCE
+
+
+def test_the_plan_says_whether_speculation_pays_and_why(tmp_path):
+    """predictions.speculative: the committed V4-Flash plan (it has an MTP block) with its modeled gain and
+    the step it comes from; a checkpoint without the block gets pays false, saying so."""
+    from ostinato.compiler.compile import CompileOptions, compile_plan
+    from ostinato.plan import load_plan
+    from ostinato.tiny import write_tiny_checkpoint
+
+    flash = load_plan(ROOT / "plans" / "deepseek-v4-flash.rtx4090d-x4.yaml").predictions.speculative
+    assert flash.acceptance == MTP_ACCEPTANCE and flash.pays == (flash.gain > 1)
+    assert flash.decode_tokens_per_s > 0 and "2-token verify" in flash.reason
+    bare = write_tiny_checkpoint(tmp_path / "bare", "tiny", seed=0, progress=False, mtp=False)
+    plan = compile_plan(CompileOptions(bare, tmp_path / "plan.yaml", "cpu-only", kernel_dir=tmp_path / "k",
+                                       build_kernels=False)).plan
+    s = plan.predictions.speculative
+    assert not s.pays and s.gain is None and "no MTP block" in s.reason

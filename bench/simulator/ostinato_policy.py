@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from ostinato.compiler.cost_model import CostModel
+from ostinato.compiler.cost_model import MTP_ACCEPTANCE, CostModel
 
 from .ktransformers import with_gpu_set
 from .policy import Forward, Policy, bucket_pass, speculative_decode, split_pass, static_decode, upload_pass
 
-MTP_ACCEPTANCE = 0.9   # KTransformers' published acceptance with V4-Flash's MTP block (PUBLISHED.md)
 MTP_NAME = f"Ostinato + MTP ({MTP_ACCEPTANCE:.0%} acceptance)"
 
 
