@@ -28,7 +28,7 @@ from starlette.routing import Route
 from .chat_encoding import ChatOptions, ConversationError, encode, encode_chat, render_parts
 from .completions import Completions
 from .dsml import BLOCK_START, DSML, SEPARATOR
-from .errors import APIError, http_error
+from .errors import APIError, engine_error, http_error
 from .events import ClientGone, next_event
 from .fields import CHAT, check_fields, flag
 from .logprobs import chat_entry
@@ -41,12 +41,7 @@ from .sampling import Sampling, constraint_for
 from .stop import stop_sequences
 from .tokens import TokenEndpoints
 from .tool_choice import tool_choice
-from .worker import ENGINE_ERROR, Job, Worker, log
-
-
-def engine_error(message: str = ENGINE_ERROR) -> APIError:
-    return APIError(500, message, None, "engine_error", "server_error")
-
+from .worker import Job, Worker, log
 
 RETRY_AFTER_S = 1   # told to clients turned away by a full queue
 

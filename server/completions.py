@@ -19,7 +19,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from tokenizers.decoders import DecodeStream
 
 from .chat_encoding import encode
-from .errors import APIError
+from .errors import APIError, engine_error
 from .events import ClientGone, next_event
 from .fields import COMPLETIONS, check_fields, flag
 from .logprobs import legacy
@@ -109,7 +109,7 @@ class Completions:
         finally:
             job.cancel.set()  # a no-op when finished; stops the worker if this handler was cancelled
         if ev[0] == "error":
-            return APIError(500, ev[1], None, "engine_error", "server_error").response()
+            return engine_error(ev[1]).response()
         text.append(reply.finish())
         lp = legacy(self.s.tok, picks, offsets) if job.sampling.logprobs else None
         choice = {"index": 0, "text": "".join(text), "logprobs": lp, "finish_reason": ev[1]}
@@ -132,7 +132,7 @@ class Completions:
                 lp = legacy(self.s.tok, [ev[2]], [ev[3][1]]) if job.sampling.logprobs else None
                 yield chunk(ev[3][0], ids=[ev[1]], lp=lp)
             if ev[0] == "error":
-                yield APIError(500, ev[1], None, "engine_error", "server_error").sse()  # ends with [DONE]
+                yield engine_error(ev[1]).sse()  # ends with [DONE]
                 return
             yield chunk(reply.finish(), ev[1], ids=[])
             if include_usage:

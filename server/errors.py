@@ -38,6 +38,14 @@ class APIError(Exception):
         return "event: error\ndata: " + json.dumps(self.anthropic_body()) + "\n\n"
 
 
+ENGINE_ERROR = "the engine failed on this request; the server log has the details"
+
+
+def engine_error(message: str = ENGINE_ERROR) -> APIError:
+    """A 500 for a failed forward or a handler's bug: the client learns nothing more than the log's place."""
+    return APIError(500, message, None, "engine_error", "server_error")
+
+
 # Anthropic's error type per HTTP status (its API reference, "Errors"); a busy queue is "overloaded".
 ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                    404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 500: "api_error",

@@ -27,14 +27,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from .chat_encoding import END_THINK, encode_chat
-from .errors import APIError
+from .errors import APIError, engine_error
 from .events import ClientGone, next_event
 from .messages_blocks import ContentBlocks, stop_reason
 from .messages_request import ChatRequest, parse_messages
 from .reply import ReplyBuilder
 from .sampling import Sampling
 from .tool_choice import tool_choice
-from .worker import ENGINE_ERROR, Job
+from .worker import Job
 
 KEEPALIVE_S = 10.0
 
@@ -54,11 +54,8 @@ class Messages:
         return encode_chat(self.s.tok, req.prompt_parts())
 
     def _sampling(self, body: dict, req: ChatRequest, banned) -> Sampling:
-        t = body.get("temperature")
-        if isinstance(t, (int, float)) and not isinstance(t, bool) and t > 1:  # Anthropic's range is [0, 1]
-            raise APIError(400, f"temperature must be a number in [0, 1], got {t!r}", "temperature")
         fields = {k: body[k] for k in ("temperature", "top_p", "top_k") if k in body}
-        sampling = Sampling.from_body(fields, self.s.engine.model.config.vocab_size, banned)
+        sampling = Sampling.from_body(fields, self.s.engine.model.config.vocab_size, banned, max_temperature=1.0)
         if req.think_budget is None:
             return sampling
         return dataclasses.replace(sampling, think_budget=req.think_budget, end_think=self.s.tok.token_to_id(END_THINK))
@@ -121,7 +118,7 @@ class Messages:
         finally:
             job.cancel.set()  # a no-op when finished; stops the worker if this handler was cancelled
         if ev[0] == "error":
-            return APIError(500, ev[1] or ENGINE_ERROR, None, "engine_error", "server_error").anthropic_response()
+            return engine_error(ev[1]).anthropic_response()
         blocks.feed(reply.finish())
         blocks.close()
         reason, sequence = stop_reason(reply, ev[1])
@@ -138,7 +135,7 @@ class Messages:
                     yield _event({"type": "ping"}) if started else ": waiting for the engine\n\n"
                     continue
                 if ev[0] == "error":
-                    yield APIError(500, ev[1] or ENGINE_ERROR, None, "engine_error", "server_error").anthropic_sse()
+                    yield engine_error(ev[1]).anthropic_sse()
                     return
                 if ev[0] == "done" and not started:  # cancelled while queued: nobody is reading
                     return

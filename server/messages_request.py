@@ -101,11 +101,11 @@ def _blocks(content, param: str) -> list[dict]:
     return content
 
 
-def _text_of(content, param: str, allowed: tuple[str, ...] = ("text",)) -> str:
+def _text_of(content, param: str) -> str:
     """The text of content given as a string or text blocks, joined with newlines."""
     out = []
     for j, b in enumerate(_blocks(content, param)):
-        if b["type"] not in allowed:
+        if b["type"] != "text":
             _fail(f"a {b['type']} block is not allowed here (only text)", f"{param}[{j}].type")
         out.append(_string(b.get("text"), f"{param}[{j}].text"))
     return "\n".join(out)

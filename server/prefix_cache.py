@@ -67,8 +67,7 @@ class Entry:
         short of the last prompt token unless its logits are kept, cut back to where the session can
         rewind to without re-prefilling (a snapshot)."""
         n = common_prefix(self.tokens, ids)
-        whole = n == len(ids) and self.end_logits is not None and self.end_logits[0] == n
-        n = n if whole else min(n, len(ids) - 1)
+        n = n if n == len(ids) and self.logits_at(n) is not None else min(n, len(ids) - 1)
         return self.session.rewind_point(n)
 
     def logits_at(self, n: int):

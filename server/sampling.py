@@ -82,9 +82,11 @@ class Sampling:
     end_think: int | None = None
 
     @classmethod
-    def from_body(cls, body: dict, vocab: int, banned: tuple[int, ...] = (), legacy: bool = False) -> Sampling:
+    def from_body(cls, body: dict, vocab: int, banned: tuple[int, ...] = (), legacy: bool = False,
+                  max_temperature: float = 2.0) -> Sampling:
         """The checked sampling fields of a request body; `legacy`: /v1/completions' `logprobs` (an int 0..5)
-        instead of chat's `logprobs` (a bool) + `top_logprobs` (0..20). vocab: the logits' length."""
+        instead of chat's `logprobs` (a bool) + `top_logprobs` (0..20). vocab: the logits' length.
+        max_temperature: the API's bound (OpenAI's 2, the Messages API's 1)."""
         if body.get("n") is not None and (type(body["n"]) is not int or body["n"] != 1):
             raise APIError(400, f"only n=1 is supported, got {body.get('n')!r}", "n")
         if legacy:
@@ -97,7 +99,7 @@ class Sampling:
             top = _integer(body, "top_logprobs", 0, MAX_TOP_LOGPROBS)
             if top and not logprobs:
                 raise APIError(400, "top_logprobs needs logprobs: true", "top_logprobs")
-        return cls(temperature=_number(body, "temperature", 0, 2, 0.0),
+        return cls(temperature=_number(body, "temperature", 0, max_temperature, 0.0),
                    top_p=_number(body, "top_p", 0, 1, 1.0, lo_open=True),
                    top_k=_integer(body, "top_k", 1, vocab) or 0,
                    seed=_integer(body, "seed", -2**63, 2**63 - 1),

@@ -16,12 +16,12 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .errors import ENGINE_ERROR
 from .metrics import Metrics
 from .prefix_cache import PrefixCache
 from .sampling import Pick, Sampler, Sampling
 
 log = logging.getLogger("ostinato.server")
-ENGINE_ERROR = "the engine failed on this request; the server log has the details"
 
 
 @dataclass

@@ -27,6 +27,7 @@ from .attention import attention
 from .fp8_matrix import linear
 from .fused import using
 from .kv_cache import LayerCache
+from .model import decoder_block
 from .moe import moe
 from .norms import rms_norm
 
@@ -37,8 +38,6 @@ def mtp_logits(model, streams: torch.Tensor, next_ids: torch.Tensor, start: int,
     """MTP block k over T pairs at positions start..start+T-1: streams [T, N, D] float32 (the main model's,
     Model.forward(with_streams=True)), next_ids [T] -> draft logits [T, V] float32 ([1, V] with last_only)
     for the tokens after next_ids; advances `cache` by T."""
-    from .model import decoder_block  # model.py builds on this module's callers, not the reverse
-
     cfg, mw = model.config, model.weights.mtp[k]
     eps, dev, t = cfg.rms_norm_eps, model.layer_devices[-1], streams.shape[0]
     lw = mw.block
