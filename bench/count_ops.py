@@ -1,9 +1,11 @@
 """Torch ops per layer that a plan's engine dispatches on the CPU: split-route prefills of 1, 16 and 128
-tokens after a 300-token context (tool outputs), and a decode step. This is the figure behind the cost
-model's EAGER_OPS_PER_LAYER (compiler/cost_model.py); `--sources` adds where the ops come from.
+tokens after a 300-token context (tool outputs), a decode step, and a fixed-shape 2-token step when the plan
+has one (a bucket, or the speculative verify). These are the figures behind the cost model's
+EAGER_OPS_PER_LAYER and EAGER_STEP_OPS_PER_LAYER (compiler/cost_model.py); `--sources` adds where the ops
+come from. Plain decoding (speculation off): the decode step as every plan runs it.
 
 Usage: python -m ostinato.bench.count_ops PLAN [--sources] [--top N]
-Last line: `ops_per_layer prefill1=A prefill16=B prefill128=C decode=D`.
+Last line: `ops_per_layer prefill1=A prefill16=B prefill128=C decode=D [step2=S]`.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ def main() -> None:
     p.add_argument("--sources", action="store_true", help="ops per layer by the runtime function that issued them")
     p.add_argument("--top", type=int, default=12, help="rows of the --sources table (default 12)")
     a = p.parse_args()
-    engine = load_engine(a.plan, device="cpu")
+    engine = load_engine(a.plan, device="cpu", speculative="off")
     try:
         counts = ops_per_layer(engine, sources=a.sources)
     finally:

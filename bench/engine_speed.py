@@ -31,7 +31,7 @@ def main() -> None:
     p.add_argument("--vs-decode", type=float, help="the other system's decode tokens/s")
     p.add_argument("--vs-label", default="the other system")
     a = p.parse_args()
-    engine = load_engine(a.plan, device="cpu")
+    engine = load_engine(a.plan, device="cpu", speculative="off")  # plain decoding: what it measures
     vocab = engine.model.config.vocab_size
     prompt = torch.randint(0, vocab, (a.prompt,), generator=torch.Generator().manual_seed(0))
     best_prompt = best_decode = float("inf")

@@ -75,7 +75,7 @@ def child(plan_path: str, context_tokens: int, tool_tokens: int, decode_tokens: 
     from ostinato.runtime.engine.resident import resident
 
     t0 = time.perf_counter()
-    engine = load_engine(plan_path, device="cpu", dtype=getattr(torch, dtype))
+    engine = load_engine(plan_path, device="cpu", dtype=getattr(torch, dtype), speculative="off")
     load_s = time.perf_counter() - t0
     after_load = resident()
     gen = torch.Generator().manual_seed(0)
@@ -113,7 +113,7 @@ def serve_check(plan_path: str, ckpt: str) -> dict:
     from ostinato.server.background import serve_in_background
     from ostinato.server.chat_encoding import encode, render
 
-    engine = load_engine(plan_path, device="cpu")
+    engine = load_engine(plan_path, device="cpu", speculative="off")
     tok = Tokenizer.from_file(str(Path(ckpt) / "tokenizer.json"))
     app = create_app(engine, tok, Path(ckpt).name)
     server, url = serve_in_background(app)

@@ -83,7 +83,8 @@ class GpuSetup:
         return _expert_kernels(shape, self.work / "kernels")
 
     def engine(self, graphs: bool, plan: Plan | None = None) -> Engine:
-        return load_engine(plan or self.plan, self.ckpt, device=self.device.type, decode_graphs=graphs)
+        return load_engine(plan or self.plan, self.ckpt, device=self.device.type, decode_graphs=graphs,
+                           speculative="off")  # the plain steps these benches time
 
 
 def make_setup(device: torch.device, work: Path, host_isa: str = "avx2") -> GpuSetup:

@@ -78,12 +78,12 @@ def run_measured(all_sessions, out: Path, seed: int = 0) -> str:
     res = {}
     variants = _variants(plan, plan.model.routed_experts)
     for name, variant in variants.items():
-        engine = load_engine(variant, ckpt, device="cpu")
+        engine = load_engine(variant, ckpt, device="cpu", speculative="off")
         res[name] = _replay(engine, shrunk, ckpt, build.config.vocab_size, seed)
         engine.close()
     # llama.cpp's LRU expert cache: as many experts per layer as Ostinato's hot set, warm with it
-    engine = lru_cache_engine(load_engine(variants["all-cold (KTransformers-like)"], ckpt, device="cpu"),
-                              [list(lp.hot_experts) for lp in plan.layers])
+    cold = load_engine(variants["all-cold (KTransformers-like)"], ckpt, device="cpu", speculative="off")
+    engine = lru_cache_engine(cold, [list(lp.hot_experts) for lp in plan.layers])
     res["LRU expert cache (llama.cpp-like)"] = _replay(engine, shrunk, ckpt, build.config.vocab_size, seed)
     engine.close()
     base = res["Ostinato"]

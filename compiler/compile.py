@@ -1,10 +1,16 @@
 """ostinato-compile as one visible, ordered list of named passes: (model, profile, hardware) -> plan.
 
   read_model -> read_profile -> read_hardware -> memory -> placement -> cost_model -> buckets -> replan
-  -> policy -> kernels -> plan
+  -> speculation -> policy -> kernels -> plan
 
 Each pass reads what earlier passes put in the `Build` and adds its own result; each is logged.
 Planning reads only config.json, the index and safetensors headers, never weights.
+
+The MTP block (speculative decoding's draft, `--speculative`): unless off, the memory and placement
+passes place it beside the head (its dense part, cache and hot experts on the last GPU, chosen from the
+profile's MTP row like any layer's; its cold experts on the host), so the cost model prices its draft as
+placed. The speculation pass then keeps it where the cost model says speculation pays (auto) or where it
+is forced (mtp); where it does not pay it plans again without it, the memory going back to the layers.
 """
 
 from __future__ import annotations
@@ -41,13 +47,26 @@ from ostinato.validation import SchemaError, validate
 
 from .codegen.plan_kernels import build_plan_kernels
 from .cost_model import MAX_BUCKET, MTP_ACCEPTANCE, CostModel, LayerCostInputs, MtpCostInputs
-from .memory_model import MemoryPolicy, gpu_fixed_bytes, held_bytes, layer_resident_bytes, workspace_bytes
+from .memory_model import (
+    MemoryPolicy,
+    gpu_fixed_bytes,
+    held_bytes,
+    layer_resident_bytes,
+    mtp_resident_bytes,
+    workspace_bytes,
+)
 from .placement import DoesNotFit, Placement, PlacementProblem, place
 from .profile import PHASES, RoutingProfile, load_profile, synthetic_profile, uniform_profile
 
 log = logging.getLogger("ostinato.compile")
 
 PREDICTED_TURNS = (8, 16, 64, 120, 512, 1500, 4096, 16384)
+SPECULATIVE = ("auto", "off", "mtp")  # --speculative: the cost model decides, never, always (the block must exist)
+# The fewest measured drafts (a recorded profile's mtp_drafts) whose acceptance replaces the published one
+# (MTP_ACCEPTANCE). A rate measured on n drafts has a standard error of at most 0.5 / sqrt(n): 5 points at
+# 100, well inside the gap between the published 90% and where speculation stops paying (about 68% in
+# docs/benchmarks.md), while a handful of drafts (a short test recording) could land anywhere by chance.
+MIN_MEASURED_DRAFTS = 100
 
 
 class CompileError(ValueError):
@@ -69,6 +88,7 @@ class CompileOptions:
     max_hot_per_layer: int | None = None
     objective_phases: tuple[str, ...] = ("decode", "short_prefill")
     prefill_buckets: tuple[int, ...] | None = None  # None: the cost model chooses (CostModel.choose_buckets)
+    speculative: str = "auto"                # SPECULATIVE: decode with the MTP block where it pays / never / always
     build_kernels: bool = True
     kernel_dir: Path | None = None           # content-addressed build folder (default: build/kernels here)
 
@@ -82,6 +102,8 @@ class Build:
     weights: WeightFingerprint | None = None     # None: no weights in the folder (planning only)
     has_weights: bool = False
     has_mtp: bool = False       # the checkpoint's MTP block (from its index; from the config without one)
+    mtp_placed: bool = False    # the passes place the MTP block (memory, placement, cost model): the plan's `mtp`
+    mtp_bytes: dict = field(default_factory=dict)          # {kind: bytes} of the MTP block on the last GPU
     profile: RoutingProfile | None = None
     hardware: HardwareSpec | None = None
     policy: MemoryPolicy | None = None
@@ -93,6 +115,7 @@ class Build:
     bucket_reserve: int | None = None  # the largest bucket whose graph pool the memory pass reserves
     buckets: list[int] = field(default_factory=list)       # the plan's prefill buckets, ascending
     execution: Policy | None = None                        # the plan's policy (validated by the schema)
+    speculative: SpeculativePrediction | None = None       # the speculation pass's decision, and why
     kernels: list = field(default_factory=list)
     templates: dict = field(default_factory=dict)
     notes: list = field(default_factory=list)
@@ -109,6 +132,14 @@ def read_model(b: Build) -> None:
         b.config = ModelConfig.from_json(root)
         b.has_mtp = b.config.num_nextn_predict_layers > 0
         b.notes.append("no weight index: sizes computed from config.json alone")
+    o = b.options
+    if o.speculative not in SPECULATIVE:
+        raise CompileError(f"--speculative is {o.speculative!r}: one of {', '.join(SPECULATIVE)}")
+    if o.speculative == "mtp" and not b.has_mtp:
+        raise CompileError(f"--speculative mtp: {root} has no MTP block to draft with (no mtp.0.* tensors; its "
+                           f"config's num_nextn_predict_layers is {b.config.num_nextn_predict_layers}): use "
+                           "--speculative auto or off")
+    b.mtp_placed = b.has_mtp and o.speculative != "off"
     b.fingerprint = model_fingerprint(root)
     b.weights = weight_fingerprint(root)  # the shards' bytes: a plan runs on exactly these weights
     if not b.has_weights:
@@ -169,6 +200,7 @@ def memory(b: Build) -> None:
                             max_bucket=b.bucket_reserve)
     expert = model_sizes(cfg).expert_bytes
     b.layer_bytes = [layer_resident_bytes(cfg, l, b.policy) for l in range(cfg.n_layers)]
+    b.mtp_bytes = mtp_resident_bytes(cfg, b.policy) if b.mtp_placed else {}
     G = hw.gpus.count
     b.gpu_fixed = [gpu_fixed_bytes(cfg, b.policy, hw.gpus.usable_bytes, expert, first=g == 0, last=g == G - 1,
                                    cuda=not hw.cpu_only) for g in range(G)]
@@ -195,8 +227,11 @@ def _place(b: Build) -> None:
     expert = model_sizes(cfg).expert_bytes
     counts = b.profile.phase_counts(b.options.objective_phases).numpy()
     budgets = tuple(hw.gpus.usable_bytes - sum(f.values()) for f in b.gpu_fixed)
+    mtp_counts = _mtp_counts(b)
     problem = PlacementProblem(counts=counts, layer_bytes=tuple(sum(l.values()) for l in b.layer_bytes),
-                               gpu_budget=budgets, expert_bytes=expert, max_hot_per_layer=b.options.max_hot_per_layer)
+                               gpu_budget=budgets, expert_bytes=expert, max_hot_per_layer=b.options.max_hot_per_layer,
+                               mtp_bytes=sum(b.mtp_bytes.values()),
+                               mtp_counts=None if mtp_counts is None else mtp_counts.numpy())
     if cfg.n_layers < hw.gpus.count:
         raise CompileError(f"{hw.gpus.count} GPUs for {cfg.n_layers} layers: plan with at most {cfg.n_layers} GPUs")
     try:
@@ -207,9 +242,11 @@ def _place(b: Build) -> None:
                            f"(context {b.options.context:,d} x {b.options.sessions} session(s)) and buffers. "
                            f"Use a shorter --context, fewer --sessions, a smaller --prefill-chunk, "
                            f"or more GPUs.") from None
-    if sum(len(h) for h in b.placement.hot) == 0 and b.options.max_hot_per_layer != 0:
-        short = expert - max(budgets[g] - sum(problem.layer_bytes[l] for l in range(cfg.n_layers)
-                                              if b.placement.layer_gpu[l] == g) for g in range(hw.gpus.count))
+    if sum(len(h) for h in b.placement.hot) + len(b.placement.mtp_hot) == 0 and b.options.max_hot_per_layer != 0:
+        G = hw.gpus.count
+        short = expert - max(budgets[g] - (problem.mtp_bytes if g == G - 1 else 0)
+                             - sum(problem.layer_bytes[l] for l in range(cfg.n_layers) if b.placement.layer_gpu[l] == g)
+                             for g in range(G))
         raise CompileError(f"no hot expert fits: every GPU is short by at least {short:,d} bytes of one expert "
                            f"({expert:,d} B). Use a shorter --context, fewer --sessions or more GPUs.")
     _check_host(b, expert)
@@ -227,10 +264,18 @@ def _check_host(b: Build, expert: int) -> None:
 def _host_components(b: Build, expert: int) -> dict[str, int]:
     cfg = b.config
     n_cold = sum(cfg.n_routed_experts - len(h) for h in b.placement.hot)
+    if b.mtp_placed:  # the MTP block's cold experts, like a layer's
+        n_cold += cfg.n_routed_experts - len(b.placement.mtp_hot)
     # Cold experts: the checkpoint's mapped pages on a CPU run, pinned copies (the upload and host-task
     # source) with GPUs; either way held once.
     return {"cold_experts": n_cold * expert,
             "cpu_workspace": workspace_bytes(cfg, b.policy.prefill_chunk)}
+
+
+def _mtp_counts(b: Build):
+    """[E] the MTP block's route counts in the objective phases, when the plan places it and the profile has
+    its row (ostinato-record with the block; synthetic and uniform profiles); else None."""
+    return b.profile.mtp_counts(b.options.objective_phases) if b.mtp_placed else None
 
 
 def _matmul_params(dense) -> int:
@@ -254,8 +299,12 @@ def cost_model(b: Build) -> None:
     mtp = None
     if cfg.num_nextn_predict_layers:  # the first MTP block (speculative decoding drafts with it), by the head
         dense = mtp_block_specs(cfg, 0, with_experts=False)
+        row = _mtp_counts(b)  # its experts as placed: none hot when the plan leaves it out or has no row for it
+        row = row.double().numpy() if row is not None and row.sum() > 0 else np.ones(cfg.n_routed_experts)
+        hot = np.zeros(cfg.n_routed_experts, dtype=bool)
+        hot[list(pl.mtp_hot)] = True
         mtp = MtpCostInputs(pl.layer_gpu[-1], sum(held_bytes(s, dense_format(b.options, b.hardware)) for s in dense),
-                            _matmul_params(dense))
+                            _matmul_params(dense), hot, row / row.sum())
     b.cost = CostModel(cfg, b.hardware, layers, model_sizes(cfg).expert_bytes, head, b.options.context,
                        b.options.prefill_chunk, mtp)
     b.threshold = b.cost.crossover()
@@ -284,6 +333,44 @@ def replan(b: Build) -> None:
         again(b)
 
 
+def speculation(b: Build) -> None:
+    """Whether the plan decodes with the MTP block (policy.speculative), from the cost model's price of a
+    speculative step with the block as placed (--speculative auto), or as forced (mtp, off). Where it does
+    not pay, the plan is made again without it: its memory goes back to the layers' hot experts."""
+    o, pl = b.options, b.placement
+    if not b.has_mtp:
+        b.speculative = _speculative(b, "")
+        return
+    p = b.profile
+    if p.mtp_drafts >= MIN_MEASURED_DRAFTS:
+        b.notes.append(f"speculation is priced at the MTP block's draft acceptance measured on the routing profile: "
+                       f"{_percent(p.mtp_acceptance)} ({p.mtp_agreed} of {p.mtp_drafts} depth-1 greedy drafts kept), "
+                       f"not the published {MTP_ACCEPTANCE:.0%}")
+    elif p.mtp_drafts:
+        b.notes.append(f"the routing profile measured the MTP block's draft acceptance on only {p.mtp_drafts} drafts "
+                       f"(fewer than {MIN_MEASURED_DRAFTS}): speculation is priced at the published "
+                       f"{MTP_ACCEPTANCE:.0%}")
+    if o.speculative == "off":
+        b.speculative = _speculative(b, "; --speculative off: the plan leaves the MTP block out")
+        return
+    on = f"the plan places the MTP block on gpu{pl.layer_gpu[-1]} and decodes with it (policy.speculative: mtp)"
+    if o.speculative == "mtp":
+        b.speculative = _speculative(b, f"; --speculative mtp: {on}")
+    elif _speculative(b, "").pays:
+        b.speculative = _speculative(b, f"; {on}")
+    else:
+        b.speculative = _speculative(b, "; the plan leaves the MTP block out (policy.speculative: off; "
+                                        "--speculative mtp forces it)")
+        b.mtp_placed = False
+        for again in (memory, placement, cost_model, buckets):
+            log.info("pass speculation: %s without the MTP block", again.__name__)
+            again(b)
+        return
+    if _mtp_counts(b) is None:
+        b.notes.append("the routing profile has no row for the MTP block: its experts are all cold (record a "
+                       "profile with ostinato-record to place the MTP block's experts)")
+
+
 def policy(b: Build) -> None:
     """The plan's execution policy, validated by the plan schema before any kernel is built."""
     cfg, hw, o = b.config, b.hardware, b.options
@@ -291,7 +378,8 @@ def policy(b: Build) -> None:
         b.execution = validate(Policy, dict(
             context=o.context, sessions=o.sessions, prefill_threshold=b.threshold, prefill_chunk=o.prefill_chunk,
             upload_group=o.upload_group, snapshots=o.snapshots, decode_graph_routes=cfg.num_experts_per_tok,
-            prefill_buckets=list(b.buckets), cpu_threads=hw.host.cores, objective_phases=list(o.objective_phases)),
+            prefill_buckets=list(b.buckets), cpu_threads=hw.host.cores, objective_phases=list(o.objective_phases),
+            speculative="mtp" if b.mtp_placed else "off"),
             "the plan's policy")
     except SchemaError as e:
         raise CompileError(str(e)) from None
@@ -317,7 +405,12 @@ def plan(b: Build) -> None:
             if pl.layer_gpu[l] == g:
                 for k, v in b.layer_bytes[l].items():
                     comps[k] += v
-        comps["hot_experts"] = sum(len(pl.hot[l]) for l in range(cfg.n_layers) if pl.layer_gpu[l] == g) * expert
+        hot = sum(len(pl.hot[l]) for l in range(cfg.n_layers) if pl.layer_gpu[l] == g)
+        if b.mtp_placed and g == pl.layer_gpu[-1]:  # the MTP block, beside the head: a layer's components
+            for k, v in b.mtp_bytes.items():
+                comps[k] = comps.get(k, 0) + v
+            hot += len(pl.mtp_hot)
+        comps["hot_experts"] = hot * expert
         comps.update(b.gpu_fixed[g])
         memory_rows.append(_device_memory(f"gpu{g}", hw.gpus.usable_bytes, comps))
     memory_rows.append(_device_memory("host", hw.host.usable_bytes, _host_components(b, expert)))
@@ -348,14 +441,15 @@ def plan(b: Build) -> None:
         hardware=hw,
         memory=memory_rows,
         layers=layer_rows,
+        mtp=_mtp_plan(b) if b.mtp_placed else None,
         policy=b.execution,
         kernels=b.kernels,
         predictions=_predictions(b),
     ).located_at(Path(o.output).resolve().parent)
 
 
-PASSES = (read_model, read_profile, read_hardware, memory, placement, cost_model, buckets, replan, policy,
-          kernels, plan)
+PASSES = (read_model, read_profile, read_hardware, memory, placement, cost_model, buckets, replan, speculation,
+          policy, kernels, plan)
 
 
 def compile_plan(options: CompileOptions) -> Build:
@@ -367,6 +461,16 @@ def compile_plan(options: CompileOptions) -> Build:
 
 
 # ----- helpers ----------------------------------------------------------------------------------
+def _mtp_plan(b: Build) -> LayerPlan:
+    """The MTP block's row: layer index model.layers, beside the head; its share of its own routes (0 without
+    a profile row)."""
+    cfg, pl, row = b.config, b.placement, _mtp_counts(b)
+    total = int(row.sum()) if row is not None else 0
+    covered = int(row[list(pl.mtp_hot)].sum()) if total and pl.mtp_hot else 0
+    return LayerPlan(layer=cfg.n_layers, gpu=pl.layer_gpu[-1], attention=cfg.attention_kind(cfg.n_layers),
+                     hot_experts=list(pl.mtp_hot), hot_route_share=_round(covered / total if total else 0.0))
+
+
 def _round(x: float) -> float:
     return float(f"{x:.6g}")
 
@@ -409,22 +513,45 @@ def _predictions(b: Build) -> Predictions:
     return Predictions(hot_route_share=_round(c.hot_share()), hot_route_share_by_phase=shares,
                        decode_ms_per_token=_round(decode * 1e3), decode_tokens_per_s=_round(1.0 / decode),
                        wait_after_tool_output_120_tokens_ms=next(x.wait_ms for x in turns if x.tokens == 120),
-                       prefill=turns, speculative=_speculative(b))
+                       prefill=turns, speculative=b.speculative)
 
 
-def _speculative(b: Build) -> SpeculativePrediction:
-    """Does depth-1 MTP speculation pay here (cost_model.speculative_decode at MTP_ACCEPTANCE), and why."""
-    a = MTP_ACCEPTANCE
+def _acceptance(b: Build) -> tuple[float, str]:
+    """The draft acceptance speculation is priced at, and where it comes from: the profile's measured rate
+    (ostinato-record: depth-1 greedy drafts kept) on at least MIN_MEASURED_DRAFTS drafts, else the
+    published MTP_ACCEPTANCE ("90% until real weights say otherwise")."""
+    p = b.profile
+    if p is not None and p.mtp_drafts >= MIN_MEASURED_DRAFTS:
+        return p.mtp_acceptance, f"measured on the profile's {p.mtp_drafts} drafts"
+    if p is not None and p.mtp_drafts:
+        return MTP_ACCEPTANCE, (f"the published figure; the profile's {p.mtp_drafts} measured drafts are fewer "
+                                f"than {MIN_MEASURED_DRAFTS}")
+    return MTP_ACCEPTANCE, "the published figure; the profile measured none"
+
+
+def _percent(x: float) -> str:
+    """90% as 90%, 0.5859% as 0.6%."""
+    return f"{x:.0%}" if round(x * 100, 1) == round(x * 100) else f"{x:.1%}"
+
+
+def _speculative(b: Build, then: str) -> SpeculativePrediction:
+    """Does depth-1 MTP speculation pay here (cost_model.speculative_decode at the acceptance _acceptance
+    gives: measured on the profile or published) with the MTP block as now placed, and why; `then`: what
+    the plan does about it (appended to the reason)."""
+    a, source = _acceptance(b)
     if not b.has_mtp:
-        return SpeculativePrediction(pays=False, acceptance=a, decode_tokens_per_s=None, gain=None,
+        return SpeculativePrediction(pays=False, acceptance=_round(a), decode_tokens_per_s=None, gain=None,
                                      reason="the checkpoint has no MTP block (mtp.0.*) to draft with")
-    plain, step = b.cost.speculative_decode(a, b.threshold, b.buckets)
+    plain, step = b.cost.speculative_decode(a)
     gain = step.tokens_per_s / plain
     parts = (f"a step of {step.tokens:.2f} tokens: draft {step.draft_s * 1e3:.3g} ms + 2-token verify "
              f"{step.verify_s * 1e3:.3g} ms + re-run on rejection {step.rerun_s * 1e3:.3g} ms, against "
              f"{1e3 / plain:.3g} ms a token decoding plainly")
     verdict = "pays" if gain > 1 else "does not pay"
+    hot = len(b.placement.mtp_hot)
+    experts = (f"{hot} of the MTP block's experts hot" if b.mtp_placed else "none of the MTP block's experts hot")
     return SpeculativePrediction(
-        pays=gain > 1, acceptance=a, decode_tokens_per_s=_round(step.tokens_per_s), gain=_round(gain),
-        reason=f"speculation {verdict} here: {gain:.2f}x decode at {a:.0%} acceptance ({parts}); modeled, and "
-               "the engine does not run it yet (the plain model does: runtime/model/speculative.py)")
+        pays=gain > 1, acceptance=_round(a), decode_tokens_per_s=_round(step.tokens_per_s), gain=_round(gain),
+        reason=f"speculation {verdict} here: {gain:.2f}x decode at {_percent(a)} acceptance ({source}) with "
+               f"{experts} ({parts})"
+               + then)

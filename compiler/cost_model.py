@@ -35,9 +35,11 @@ dispatch and device work; on the CPU they add up.
 
 Speculative decoding with the MTP block (runtime/model/speculative.py), priced from the pieces above
 (speculative_step): a step drafts `depth` tokens with the MTP block (each draft: one more decoder layer,
-its dense part on the GPU that holds the head, its routed experts hot or cold as an average layer's,
-plus e_proj/h_proj and the head), then verifies them in ONE forward of depth + 1 tokens (the plan's
-own T-token pricing: a bucket step when T is a bucket; the expected distinct experts of T tokens).
+its dense part on the GPU that holds the head, its routed experts hot or cold as the plan places them,
+priced from its own route shares (its cold routes through the host task like any layer's; without a
+placement, as an average layer's), plus e_proj/h_proj and the head), then verifies them in ONE forward
+of depth + 1 tokens (the plan's own T-token pricing: a bucket step when T is a bucket; the expected
+distinct experts of T tokens).
 Each draft is accepted with probability a (independently). Ostinato's runtime (depth 1) rolls the
 session back on a rejection and runs the pending token alone as a plain decode step:
     tokens per step = 1 + a,   seconds per step = draft + verify(T=2) + (1 - a) x decode(T=1).
@@ -66,11 +68,18 @@ EXPERT_FLOPS_PER_TOKEN_FACTOR = 2 * 3   # 3 matmuls (gate, up, down), 2 FLOP per
 # kernels and the CPU's hot pools went to the CPU kernel). tests/test_cost_model_dispatch.py recounts
 # it; bench/count_ops.py reports it.
 EAGER_OPS_PER_LAYER = 215
+# ...and per layer of a fixed-shape step of 2 or more tokens (a bucket, the speculative verify step), run
+# eagerly on a cpu-only spec: the general paths of its windows and compressors (the decode step has a
+# shorter one). Measured: 272 per layer on the tiny plan against 194 for its decode step; recounted by
+# tests/test_cost_model_dispatch.py, reported by bench/count_ops.py ("step2").
+EAGER_STEP_OPS_PER_LAYER = 270
 # A PyTorch DSV4 forward without those two fusions: what the KTransformers-like baseline is priced with
 # (our runtime's own count before them; KTransformers' real count is not measured here).
 UNFUSED_EAGER_OPS_PER_LAYER = 600
 MTP_ACCEPTANCE = 0.9  # draft acceptance until real weights say otherwise: KTransformers' published figure for
-                      # V4-Flash's MTP block (PUBLISHED.md); plans predict speculation at it, the simulator too
+                      # V4-Flash's MTP block (PUBLISHED.md); plans predict speculation at it unless their
+                      # recorded profile measured the block's own (compile.py, MIN_MEASURED_DRAFTS); the
+                      # simulator always
 MAX_BUCKET = 256  # the largest prefill bucket the compiler considers (its graph pool: 172 MB on V4-Flash)
 
 
@@ -79,10 +88,13 @@ MAX_BUCKET = 256  # the largest prefill bucket the compiler considers (its graph
 class MtpCostInputs:
     """The MTP block's dense part (its decoder layer's dense weights, e_proj, h_proj, norms, mHC head):
     bytes read per forward and multiply-adds per token, on the GPU holding the head (mtp.py runs it on
-    the last layer's device). Its routed experts are priced as an average layer's (CostModel.mtp_draft)."""
+    the last layer's device); its routed experts as placed, `hot` [E] bool with the route `share` [E]
+    of its profile row (summing to 1); without them, priced as an average layer's (CostModel.mtp_draft)."""
     gpu: int
     dense_bytes: int
     dense_params: int
+    hot: np.ndarray | None = None
+    share: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -233,10 +245,12 @@ class CostModel:
         launches = len(set(l.gpu for l in self.layers)) * self.hw.gpus.launch_overhead_s if decode else 0.0
         return self._hops(n) + self._head_time(1) + launches
 
-    def dispatch_time(self, n: int) -> float:
-        """Host seconds to issue an eager forward of n tokens op by op (one pass per prefill chunk)."""
+    def dispatch_time(self, n: int, ops_per_layer: int | None = None) -> float:
+        """Host seconds to issue an eager forward of n tokens op by op (one pass per prefill chunk), of
+        `ops_per_layer` (default: the dynamic forward's) per layer."""
         chunks = max(1, -(-n // self.prefill_chunk))
-        return chunks * len(self.layers) * self.eager_ops_per_layer * self.hw.host.op_dispatch_s
+        ops = self.eager_ops_per_layer if ops_per_layer is None else ops_per_layer
+        return chunks * len(self.layers) * ops * self.hw.host.op_dispatch_s
 
     def with_host_kernel(self, rates: KernelRates | None) -> CostModel:
         """The same model for a system whose CPU expert kernel runs at `rates` (host_kernel.py's rule)."""
@@ -250,13 +264,13 @@ class CostModel:
         other.eager_ops_per_layer = ops_per_layer
         return other
 
-    def forward_time(self, device_s, n: int, decode: bool, eager: bool):
+    def forward_time(self, device_s, n: int, decode: bool, eager: bool, ops_per_layer: int | None = None):
         """Wall time of a forward whose layers take device_s (a float, or an array of decode steps):
         its overheads added, and the host's op dispatch when it runs eagerly (see the module docstring)."""
         busy = device_s + self.forward_overheads(n, decode)
         if not eager:
             return busy
-        host = self.dispatch_time(n)
+        host = self.dispatch_time(n, ops_per_layer)
         return busy + host if self.hw.cpu_only else np.maximum(busy, host)
 
     def decode_is_eager(self) -> bool:
@@ -317,9 +331,11 @@ class CostModel:
         return gpu, self.cpu_experts_time(T, self.distinct(layer, T, False), self.routes(layer, T, False))
 
     def bucket_step(self, T: int) -> float:
-        """One T-token step: replayed graphs on GPUs (eager on a cpu-only spec), the head once."""
+        """One T-token step: replayed graphs on GPUs (eager on a cpu-only spec, EAGER_STEP_OPS_PER_LAYER
+        ops a layer for T >= 2), the head once."""
         layers = sum(self.overlap(*self.bucket_layer(l, T)) for l in range(len(self.layers)))
-        return float(self.forward_time(layers, T, decode=True, eager=self.decode_is_eager()))
+        ops = EAGER_STEP_OPS_PER_LAYER if T >= 2 else None
+        return float(self.forward_time(layers, T, decode=True, eager=self.decode_is_eager(), ops_per_layer=ops))
 
     def bucket_prefill(self, n: int, buckets: list[int]) -> float:
         """n tokens as the steps bucket_pieces picks from `buckets`."""
@@ -362,24 +378,30 @@ class CostModel:
     def mtp_draft(self) -> float:
         """One draft: the MTP block's forward of one token. Its decoder layer is priced like a layer (index
         num_hidden_layers: its attention kind), dense part `self.mtp` (else the last layer's) on the GPU
-        holding the head, so no hop; its routed experts hot or cold in an average layer's proportion (the
-        mean over the layers of their one-token split); then the main model's head, and one graph launch
-        (op by op on a cpu-only spec, as its decode step)."""
+        holding the head, so no hop; its routed experts as placed (`self.mtp.hot`, its own shares: the hot ones
+        on that GPU, the cold ones through the host task), else hot or cold in an average layer's proportion
+        (the mean over the layers of their one-token split); then the main model's head, and one graph
+        launch (op by op on a cpu-only spec, as its decode step)."""
         m = self.mtp or MtpCostInputs(self.layers[-1].gpu, self.layers[-1].dense_bytes, self.layers[-1].dense_params)
         dense = self._dense_time(len(self.layers), m.dense_bytes, m.dense_params, 1)
-        experts = [(self.gpu_experts_time(self.distinct(l, 1, True), self.routes(l, 1, True)),
-                    self.cpu_experts_time(1, self.distinct(l, 1, False), self.routes(l, 1, False)))
-                   for l in range(len(self.layers))]
+        if m.hot is not None:
+            q, k = np.minimum(1.0, self.cfg.num_experts_per_tok * m.share), self.cfg.num_experts_per_tok
+            split = [(float(q[mask].sum()), float(k * m.share[mask].sum())) for mask in (m.hot, ~m.hot)]
+            experts = [(self.gpu_experts_time(*split[0]), self.cpu_experts_time(1, *split[1]))]
+        else:
+            experts = [(self.gpu_experts_time(self.distinct(l, 1, True), self.routes(l, 1, True)),
+                        self.cpu_experts_time(1, self.distinct(l, 1, False), self.routes(l, 1, False)))
+                       for l in range(len(self.layers))]
         layer = float(np.mean([self.overlap(dense + g, c) for g, c in experts]))
         busy = layer + self._head_time(1)
         if self.decode_is_eager():
             return busy + self.eager_ops_per_layer * self.hw.host.op_dispatch_s
         return busy + self.hw.gpus.launch_overhead_s
 
-    def verify_step(self, T: int, threshold: int | None, buckets: list[int]) -> float:
-        """The verify forward of T tokens as the plan runs any T-token forward (prefill(): a bucket step
-        when T is within the buckets)."""
-        return self.prefill(T, threshold, buckets)
+    def verify_step(self, T: int) -> float:
+        """The verify forward of T tokens: a fixed-shape step of T tokens, which the engine makes whether or not
+        T is a prefill bucket (runtime/engine/step_runner.py), captured on GPUs."""
+        return self.bucket_step(T)
 
     def graph_verify_step(self, T: int) -> float:
         """A verify forward of T tokens captured as a graph with split routes (an EAGLE-style server's
@@ -387,12 +409,11 @@ class CostModel:
         layers = sum(self.overlap(*self.split_layer(l, T)) for l in range(len(self.layers)))
         return float(self.forward_time(layers, T, decode=True, eager=self.decode_is_eager()))
 
-    def speculative_decode(self, acceptance: float, threshold: int | None, buckets: list[int]
-                           ) -> tuple[float, SpeculativeStep]:
+    def speculative_decode(self, acceptance: float) -> tuple[float, SpeculativeStep]:
         """Expected decode tokens/s (without MTP, and the speculative step with it) of the runtime's depth-1
         speculative decoding: draft + verify(T=2) + (1 - a) x decode, 1 + a tokens."""
         decode = self.decode_step()
-        step = speculative_step(acceptance, self.mtp_draft(), self.verify_step(2, threshold, buckets), decode)
+        step = speculative_step(acceptance, self.mtp_draft(), self.verify_step(2), decode)
         return 1.0 / decode, step
 
     def hot_share(self) -> float:

@@ -26,6 +26,10 @@ def explain(plan: Plan) -> str:
         span = f"{layers[0].layer}-{layers[-1].layer}" if layers else "-"
         out.append(f"{dev.device:7s} {span:9s} " + "".join(f"{dev.components.get(k, 0) / GIB:12.3f}G" for k in kinds)
                    + f" {dev.total_bytes / GIB:11.3f}G {hot:5d}  {share:10.1%}")
+    if plan.mtp is not None:  # counted in its GPU's row above (and its cold experts in the host's)
+        t = plan.mtp
+        out.append(f"mtp     {t.layer:<9d} on gpu{t.gpu} beside the head ({t.attention}): {len(t.hot_experts)} hot "
+                   f"experts, {t.hot_route_share:.1%} of its routes")
     host = next(d for d in plan.memory if d.device == "host")
     out.append("host    " + ", ".join(f"{k} {v / GIB:.3f}G" for k, v in host.components.items())
                + f"; total {host.total_bytes / GIB:.3f}G of {host.usable_bytes / GIB:.1f}G")
@@ -37,5 +41,5 @@ def explain(plan: Plan) -> str:
             f"prefill: {steps}split-route up to {t if t is not None else 'any number of'} tokens, upload-once above",
             f"predicted wait after a 120-token tool output: {p.wait_after_tool_output_120_tokens_ms:.1f} ms",
             f"predicted decode: {p.decode_ms_per_token:.2f} ms/token = {p.decode_tokens_per_s:.1f} tokens/s",
-            f"MTP speculative decoding: {p.speculative.reason}"]
+            f"MTP speculative decoding ({plan.policy.speculative}): {p.speculative.reason}"]
     return "\n".join(out)

@@ -21,7 +21,7 @@ import math
 from dataclasses import dataclass
 
 from ostinato.checkpoint.config import ModelConfig
-from ostinato.checkpoint.tensor_specs import TensorSpec, global_specs, layer_specs
+from ostinato.checkpoint.tensor_specs import TensorSpec, global_specs, layer_specs, mtp_block_specs
 
 # dense format -> bytes per element of the compute dtype (activations and KV rows; FP8 matrices too,
 # unless the format keeps them as stored)
@@ -151,6 +151,51 @@ def layer_resident_bytes(cfg: ModelConfig, layer: int, policy: MemoryPolicy) -> 
             # activations its captured graph keeps in its memory pool
             "decode_state": decode_state_bytes(cfg, layer, policy.context, policy.dense_format),
             "decode_graph": workspace_bytes(cfg, 1)}
+
+
+def mtp_resident_bytes(cfg: ModelConfig, policy: MemoryPolicy, k: int = 0) -> dict[str, int]:
+    """Bytes the GPU holding the head holds for MTP block k before its hot experts: its dense part (its
+    decoder layer's, e_proj, h_proj, its norms and mHC head) and one session's cache filled to the planned
+    context, as a layer's (index num_hidden_layers + k: its attention kind); and `speculative_steps`,
+    what the fixed-shape steps add for speculation (speculative_steps_bytes). No snapshots: the engine's
+    drafter (runtime/engine/drafter.py) restarts on an empty cache where a session is cut; its dynamic
+    forwards' activations are a layer's, within the workspace bound."""
+    dense = sum(held_bytes(s, policy.dense_format) for s in mtp_block_specs(cfg, k, with_experts=False))
+    return {"dense_weights": dense,
+            "kv_cache": policy.sessions * kv_cache_bytes(cfg, cfg.n_layers + k, policy.context, policy.dense_format),
+            "speculative_steps": speculative_steps_bytes(cfg, policy, k)}
+
+
+def speculative_steps_bytes(cfg: ModelConfig, policy: MemoryPolicy, k: int = 0) -> int:
+    """The static buffers speculation adds on the head's GPU (runtime/engine/step_runner.py): the MTP block's
+    static state (a layer's decode state) and its steps' inputs and outputs for 1 and 2 pairs (streams,
+    token ids, embeddings, offsets, routes, a [V] logits row each); the 2-token verify step's logits of
+    both tokens; every step's last-layer streams out, for the decode step, the verify step and the
+    buckets (powers of two up to max_bucket: 2 x max_bucket - 1 token rows with the decode step's); and
+    what a rejected verify is undone from (rollback_bytes, every layer's; counted here, on the head's GPU,
+    though each layer's lives on its own: a few KB per layer)."""
+    N, D, V, top = cfg.hc_mult, cfg.hidden_size, cfg.vocab_size, cfg.num_experts_per_tok
+    pairs = 1 + 2  # the steps of 1 and of 2 pairs
+    draft_io = pairs * (N * D * 4 + D * 4 + 8 + 8 + top * (8 + 4)) + 2 * V * 4
+    rows = 2 * policy.max_bucket - 1 if policy.max_bucket >= 2 else 1 + 2
+    return (decode_state_bytes(cfg, cfg.n_layers + k, policy.context, policy.dense_format) + draft_io
+            + 2 * V * 4 + rows * N * D * 4
+            + sum(rollback_bytes(cfg, layer, policy.dense_format) for layer in range(cfg.n_layers)))
+
+
+def rollback_bytes(cfg: ModelConfig, layer: int, dense_format: str, tokens: int = 2) -> int:
+    """What undoing a step of `tokens` tokens keeps of `layer` (runtime/model/static_decode/rollback.py): its
+    window slots (rows, positions, offsets) and per compressor its window buffer's slots (kv and gate
+    [n, C] float32, offsets) and, for CSA, the previous window's first halves (kv and gate [m, width])."""
+    n = min(tokens, cfg.sliding_window)
+    total = n * (cfg.head_dim * DENSE_FORMATS[dense_format] + 8 + 8)
+    ratio = cfg.compress_ratio(layer)
+    if ratio:
+        overlap, c = ratio == 4, min(tokens, ratio)
+        for width in (cfg.head_dim, cfg.index_head_dim) if overlap else (cfg.head_dim,):
+            C = width * (2 if overlap else 1)
+            total += c * (2 * C * STATE_BYTES + 8) + (2 * ratio * width * STATE_BYTES if overlap else 0)
+    return total
 
 
 def gpu_fixed_bytes(cfg: ModelConfig, policy: MemoryPolicy, usable: int, expert_bytes: int, first: bool,

@@ -10,11 +10,15 @@ The partition into contiguous layer ranges is an exact dynamic program over spli
 Ties are broken deterministically: by count (larger first), then layer, then expert id
 (smaller first); among partitions of equal value the one with the smaller largest dense load,
 then the earliest split points.
+
+The MTP block (speculative decoding's draft) runs beside the head, on the last layer's GPU: its bytes
+come out of the last GPU's budget, and with a profile row (`mtp_counts`) it is one more layer of that
+GPU, index L, whose experts compete for its slots by count under the same cap; without one it gets none.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -26,13 +30,16 @@ class PlacementProblem:
     gpu_budget: tuple[int, ...]     # [G] usable bytes per GPU after its fixed (layer-independent) costs
     expert_bytes: int
     max_hot_per_layer: int | None = None
+    mtp_bytes: int = 0                       # the MTP block's bytes on the last GPU before hot experts (0: none)
+    mtp_counts: np.ndarray | None = None     # [E] its route counts (None: no hot experts for it)
 
 
 @dataclass(frozen=True)
 class Placement:
     layer_gpu: tuple[int, ...]            # [L] GPU index of each layer
     hot: tuple[tuple[int, ...], ...]      # [L] sorted hot expert ids of each layer
-    covered: int                          # routes landing on hot experts (objective value)
+    covered: int                          # routes landing on hot experts (objective value), the MTP block's too
+    mtp_hot: tuple[int, ...] = ()         # sorted hot expert ids of the MTP block (on the last GPU)
 
 
 class DoesNotFit(ValueError):
@@ -59,9 +66,8 @@ def select_hot(counts: np.ndarray, layers: range, n: int, cap: int | None) -> li
 class _RangeValues:
     """Covered routes of the best hot set for any layer range and slot count, from cached cumsums."""
 
-    def __init__(self, problem: PlacementProblem):
-        cap = problem.max_hot_per_layer
-        self.per_layer = [np.sort(row)[::-1][:cap] for row in problem.counts]  # each [<=E] desc
+    def __init__(self, counts: np.ndarray, cap: int | None):
+        self.per_layer = [np.sort(row)[::-1][:cap] for row in counts]  # each [<=E] desc
         self.cache: dict[tuple[int, int], np.ndarray] = {}
 
     def covered(self, start: int, stop: int, slots: int) -> int:
@@ -81,9 +87,13 @@ def place(problem: PlacementProblem) -> Placement:
     L, G = len(problem.layer_bytes), len(problem.gpu_budget)
     if G > L:
         raise ValueError(f"{G} GPUs for {L} layers: use at most {L} GPUs")
+    if problem.mtp_bytes:
+        problem = replace(problem, gpu_budget=(*problem.gpu_budget[:-1], problem.gpu_budget[-1] - problem.mtp_bytes))
+    counts = problem.counts if problem.mtp_counts is None else np.vstack((problem.counts, problem.mtp_counts[None]))
+    end = len(counts)  # the last GPU's range runs to here: its layers' rows, then the MTP block's
     # best[g][j]: best (covered, -max_load) for layers [0, j) on GPUs [0, g); back[g][j]: split point
     NEG = (-1, 0)
-    values = _RangeValues(problem)
+    values = _RangeValues(counts, problem.max_hot_per_layer)
     prefix = np.concatenate(([0], np.cumsum(problem.layer_bytes)))
     best = [[NEG] * (L + 1) for _ in range(G + 1)]
     back = [[-1] * (L + 1) for _ in range(G + 1)]
@@ -97,7 +107,7 @@ def place(problem: PlacementProblem) -> Placement:
                 free = problem.gpu_budget[g - 1] - load
                 if free < 0:
                     continue
-                covered = values.covered(i, j, free // problem.expert_bytes)
+                covered = values.covered(i, end if j == L else j, free // problem.expert_bytes)
                 cand = (best[g - 1][i][0] + covered, min(best[g - 1][i][1], -load))
                 if cand > best[g][j]:
                     best[g][j], back[g][j] = cand, i
@@ -110,17 +120,18 @@ def place(problem: PlacementProblem) -> Placement:
         j = i
     splits.reverse()
     layer_gpu = [0] * L
-    hot: list[list[int]] = [[] for _ in range(L)]
+    hot: list[list[int]] = [[] for _ in range(end)]
     covered = 0
     for g, (i, j) in enumerate(splits):
         free = problem.gpu_budget[g] - sum(problem.layer_bytes[i:j])
-        for count, layer, expert in select_hot(problem.counts, range(i, j), free // problem.expert_bytes,
+        for count, layer, expert in select_hot(counts, range(i, end if j == L else j), free // problem.expert_bytes,
                                                problem.max_hot_per_layer):
             hot[layer].append(expert)
             covered += count
         for layer in range(i, j):
             layer_gpu[layer] = g
-    return Placement(tuple(layer_gpu), tuple(tuple(sorted(h)) for h in hot), covered)
+    return Placement(tuple(layer_gpu), tuple(tuple(sorted(h)) for h in hot[:L]), covered,
+                     tuple(sorted(hot[L])) if end > L else ())
 
 
 def _explain_misfit(problem: PlacementProblem) -> DoesNotFit:

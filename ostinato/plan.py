@@ -1,4 +1,4 @@
-"""plan.yaml: the one contract between the compiler and the runtime (schema version 5).
+"""plan.yaml: the one contract between the compiler and the runtime (schema version 6).
 
 A plan is fully resolved: which GPU runs each layer, which expert ids are resident there, every
 device's bytes by kind, the execution policy, the generated kernels and the cost model's
@@ -27,8 +27,9 @@ from .hardware import HardwareSpec
 from .validation import Bytes, Count, Index, Name, Record, SchemaError, Sha256, Share, validate
 from .yaml_files import dump_yaml, read_yaml
 
-SCHEMA_VERSION = 5  # 4: provenance.weights_sha256 and shard_sha256 (the weights themselves);
-                    # 5: predictions.speculative (does MTP speculative decoding pay on this hardware)
+SCHEMA_VERSION = 6  # 4: provenance.weights_sha256 and shard_sha256 (the weights themselves);
+                    # 5: predictions.speculative (does MTP speculative decoding pay on this hardware);
+                    # 6: the MTP block's placement (`mtp`) and policy.speculative (the engine drafts with it)
 
 AttentionKind = Literal["sliding", "csa", "hca"]
 Phase = Literal["decode", "short_prefill", "long_prefill"]
@@ -121,6 +122,8 @@ class Policy(Record):
                                          # two); prompts up to the largest run as those steps, exactly
     cpu_threads: Count
     objective_phases: list[Phase]
+    speculative: Literal["off", "mtp"]   # decode drafts with the MTP block and verifies 2 tokens per step
+                                         # ("mtp": the block is placed, `mtp`, and its memory counted)
 
     @model_validator(mode="after")
     def _buckets_rule(self) -> Policy:
@@ -153,7 +156,8 @@ class SpeculativePrediction(Record):
     """Whether speculative decoding with the checkpoint's MTP block pays on this hardware, by the cost
     model (cost_model.speculative_decode: depth 1, draft + 2-token verify + a re-run on rejection)."""
     pays: bool
-    acceptance: Share                    # the draft acceptance assumed (cost_model.MTP_ACCEPTANCE)
+    acceptance: Share                    # the draft acceptance priced: the profile's measured rate (enough
+                                         # drafts) or the published cost_model.MTP_ACCEPTANCE; reason says which
     decode_tokens_per_s: float | None    # with speculation; None: no MTP block to draft with
     gain: float | None                   # over plain decoding (predictions.decode_tokens_per_s)
     reason: str
@@ -170,13 +174,15 @@ class Predictions(Record):
 
 
 class Plan(Record):
-    schema_version: Literal[5]
+    schema_version: Literal[6]
     notes: list[str]                     # what a reader must know (synthetic profile, skipped steps, ...)
     provenance: Provenance
     model: ModelSummary
     hardware: HardwareSpec
     memory: list[DeviceMemory]           # gpu0.., then host
     layers: list[LayerPlan]
+    mtp: LayerPlan | None                # the MTP block (layer index model.layers), placed like a layer; None:
+                                         # the checkpoint has none, or the plan leaves it out
     policy: Policy
     kernels: list[KernelEntry]
     predictions: Predictions
@@ -190,19 +196,14 @@ class Plan(Record):
         if len(self.layers) != m.layers:
             raise ValueError(f"field 'layers' has {len(self.layers)} entries, model.layers is {m.layers}")
         for i, lp in enumerate(self.layers):
-            where = f"field 'layers[{i}]"
-            if lp.layer != i:
-                raise ValueError(f"{where}.layer' is {lp.layer}, expected {i} (layers in order)")
-            if lp.gpu >= gpus:
-                raise ValueError(f"{where}.gpu' is {lp.gpu}, the hardware has {gpus} GPU(s) (hardware.gpus.count)")
             if lp.attention != m.attention[i]:
-                raise ValueError(f"{where}.attention' is {lp.attention}, model.attention says {m.attention[i]}")
-            bad = [e for e in lp.hot_experts if e >= m.routed_experts]
-            if bad:
-                raise ValueError(f"{where}.hot_experts' holds expert id {bad[0]}, the model has "
-                                 f"{m.routed_experts} experts (ids 0..{m.routed_experts - 1})")
-            if lp.hot_experts != sorted(set(lp.hot_experts)):
-                raise ValueError(f"{where}.hot_experts' must be sorted ids without repeats")
+                raise ValueError(f"field 'layers[{i}].attention' is {lp.attention}, model.attention says "
+                                 f"{m.attention[i]}")
+            self._check_layer(f"field 'layers[{i}]", lp, i)
+        if self.mtp is not None:
+            self._check_layer("field 'mtp", self.mtp, m.layers)
+        if self.policy.speculative == "mtp" and self.mtp is None:
+            raise ValueError("field 'policy.speculative' is mtp, but the plan places no MTP block (field 'mtp')")
         devices = [d.device for d in self.memory]
         if devices != [f"gpu{g}" for g in range(gpus)] + ["host"]:
             raise ValueError(f"field 'memory' lists devices {devices}, expected gpu0..gpu{gpus - 1} then host")
@@ -210,6 +211,20 @@ class Plan(Record):
         if len(set(names)) != len(names):
             raise ValueError(f"field 'kernels' names a kernel twice: {[n.value for n in names]}")
         return self
+
+    def _check_layer(self, where: str, lp: LayerPlan, index: int) -> None:
+        """One placed layer (`where`: "field 'layers[3]"): its index, GPU and hot expert ids."""
+        m, gpus = self.model, self.hardware.gpus.count
+        if lp.layer != index:
+            raise ValueError(f"{where}.layer' is {lp.layer}, expected {index}")
+        if lp.gpu >= gpus:
+            raise ValueError(f"{where}.gpu' is {lp.gpu}, the hardware has {gpus} GPU(s) (hardware.gpus.count)")
+        bad = [e for e in lp.hot_experts if e >= m.routed_experts]
+        if bad:
+            raise ValueError(f"{where}.hot_experts' holds expert id {bad[0]}, the model has "
+                             f"{m.routed_experts} experts (ids 0..{m.routed_experts - 1})")
+        if lp.hot_experts != sorted(set(lp.hot_experts)):
+            raise ValueError(f"{where}.hot_experts' must be sorted ids without repeats")
 
     # ----- paths ---------------------------------------------------------------------------------
     @property

@@ -8,6 +8,19 @@ a turn's prefill ("short_prefill" up to `phase_boundary` tokens, "long_prefill" 
 Token ids: real text through the model's tokenizer when the checkpoint has one (the package's
 own corpus, or --text), cut into the turn's length from a seeded offset; else ids drawn from the
 seed. Generated tokens come from the model itself.
+
+A model loaded with its MTP block (load_model(..., mtp=True)) also has the block follow the session as
+speculative decoding runs it (model/speculative.py): over each prefill chunk's pairs (the streams of a
+position with the token after it), and with each decoded token the pair before it. Its routes (the
+routing observer's layer n_layers) are counted in the pass that ran them, as the profile's MTP row
+(ostinato/profile_format.py); the main layers' counts are the same as without it.
+
+With the block the recording also measures its depth-1 greedy acceptance: at every decode step, the
+block's draft for the next position (the argmax of the logits of the pair it runs with the decoded token)
+against the main model's own greedy pick from that step's logits, teacher-forced along the recorded
+greedy path: exactly whether greedy speculative decoding would keep the draft. Prompts do not count (their
+tokens are not the model's picks). The counts go to the profile (mtp_drafts, mtp_agreed), and the
+compiler prices speculation at that rate instead of the published one.
 """
 
 from __future__ import annotations
@@ -20,6 +33,8 @@ from tqdm import tqdm
 from ostinato.checkpoint.fingerprint import model_fingerprint
 from ostinato.profile_format import PHASES, RoutingProfile, pack_touched
 from ostinato.workload import SessionShape, TokenSource
+
+from .model.mtp import mtp_logits
 
 DEFAULT_BOUNDARY = 1024
 
@@ -55,29 +70,69 @@ class RouteCounter:
             self._phase = None
 
 
+class MtpFollower:
+    """The MTP block over a session's tokens, one pair behind the main model (SpeculativeDecoder._follow's
+    bookkeeping): `hidden` holds the streams [1, N, D] of the last position run, whose next token is not
+    known yet. `drafts` / `agreed`: the decode steps' greedy drafts, and those equal to the main model's pick."""
+
+    def __init__(self, model):
+        self.model, self.cache, self.next, self.hidden = model, model.new_mtp_cache(), 0, None
+        self.drafts = self.agreed = 0
+
+    def chunk(self, ids: torch.Tensor, streams: torch.Tensor) -> torch.Tensor | None:
+        """A chunk of tokens ids [t] the main model ran, with its streams [t, N, D]: the draft logits [1, V]
+        of the last pair it ran (for the token after the chunk's last), None when it ran none."""
+        pairs = streams[:-1] if self.hidden is None else torch.cat((self.hidden, streams[:-1]))
+        nxt = ids[1:] if self.hidden is None else ids
+        drafted = None
+        if nxt.numel():
+            drafted = mtp_logits(self.model, pairs, nxt, self.next, self.cache)
+            self.next += nxt.numel()
+        self.hidden = streams[-1:]
+        return drafted
+
+    def decode(self, session, token: int) -> torch.Tensor:
+        """One decode step of `session` (token at position P) followed by the block: the token's logits [V].
+        The pair (streams of P-1, token) drafts position P+1, which the main model picks from these logits."""
+        logits, streams = session.extend([token])
+        drafted = self.chunk(torch.tensor([token]), streams)
+        if drafted is not None:
+            self.drafts += 1
+            self.agreed += int(drafted[-1].argmax()) == int(logits[0].argmax())
+        return logits[0]
+
+
 def record_profile(model, model_dir: str | Path, sessions: list[SessionShape], phase_boundary: int = DEFAULT_BOUNDARY,
                    seed: int = 0, text: Path | None = None, progress: bool = True) -> RoutingProfile:
     """Replay `sessions` through `model` (a runtime Model) and return their routing profile."""
     model_dir = Path(model_dir)
     cfg = model.config
-    counter = RouteCounter(cfg.n_layers, cfg.n_routed_experts)
+    mtp = len(model.weights.mtp)  # the MTP blocks loaded with the model: their rows follow the layers'
+    counter = RouteCounter(cfg.n_layers + mtp, cfg.n_routed_experts)
     tokens = TokenSource(model_dir, cfg.vocab_size, seed, text)
     total = sum(len(s.turns) for s in sessions)
     bar = tqdm(total=total, desc="profiling", unit="turn", disable=not progress)
     model.set_observer(counter)
+    drafts = agreed = 0
     try:
         for shape in sessions:
             session, nxt = model.new_session(), None
+            follow = MtpFollower(model) if mtp else None
+            prefill = session.prefill if follow is None else \
+                (lambda ids, last_only: session.prefill(ids, last_only=last_only, on_chunk=follow.chunk))
+            decode = session.decode if follow is None else (lambda token: follow.decode(session, token))
             for turn in shape.turns:
                 if turn.appended:
                     ids = tokens.take(turn.appended)
                     phase = "short_prefill" if turn.appended <= phase_boundary else "long_prefill"
-                    logits = counter.run(phase, turn.appended, lambda: session.prefill(ids, last_only=True))
+                    logits = counter.run(phase, turn.appended, lambda: prefill(ids, last_only=True))
                     nxt = int(logits[-1].argmax())
                 for _ in range(turn.generated if nxt is not None else 0):
-                    logits = counter.run("decode", 1, lambda: session.decode(nxt))
+                    logits = counter.run("decode", 1, lambda: decode(nxt))
                     nxt = int(logits.argmax())
                 bar.update(1)
+            if follow is not None:
+                drafts, agreed = drafts + follow.drafts, agreed + follow.agreed
     finally:
         model.set_observer(None)
         bar.close()
@@ -87,4 +142,5 @@ def record_profile(model, model_dir: str | Path, sessions: list[SessionShape], p
                           model_fingerprint=fp.combined, sessions=tuple(s.name for s in sessions),
                           pass_tokens=torch.tensor(counter.pass_tokens, dtype=torch.int64),
                           pass_phase=torch.tensor(counter.pass_phase, dtype=torch.int64),
-                          pass_touched=torch.stack(counter.pass_touched) if counter.pass_touched else None)
+                          pass_touched=torch.stack(counter.pass_touched) if counter.pass_touched else None,
+                          mtp_layers=mtp, mtp_drafts=drafts, mtp_agreed=agreed)

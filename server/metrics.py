@@ -16,6 +16,8 @@ class Metrics:
     prefilled_tokens: int = 0       # prompt tokens actually run through the model
     reused_tokens: int = 0          # prompt tokens served from a cached session
     generated_tokens: int = 0
+    drafted_tokens: int = 0         # MTP drafts verified (speculative decoding)
+    accepted_tokens: int = 0        # drafts the model's own pick agreed with
     routes_hot: int = 0
     routes_cold: int = 0
     wait_sum: float = 0.0           # request arrival -> first token (queue + prefill + first pick)
@@ -45,6 +47,9 @@ class Metrics:
                 ("ostinato_reused_tokens_total", "counter", "prompt tokens reused from cached sessions",
                  self.reused_tokens),
                 ("ostinato_generated_tokens_total", "counter", "generated tokens", self.generated_tokens),
+                ("ostinato_drafted_tokens_total", "counter", "MTP draft tokens verified (speculative decoding)",
+                 self.drafted_tokens),
+                ("ostinato_accepted_tokens_total", "counter", "MTP draft tokens accepted", self.accepted_tokens),
                 ("ostinato_hot_route_share", "gauge", "share of expert routes computed from resident hot experts",
                  self.routes_hot / routes if routes else 0.0),
                 ("ostinato_cache_hits_total", "counter", "requests that reused a cached session", cache_stats.hits),

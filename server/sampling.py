@@ -11,6 +11,14 @@ generated so far (frequency_penalty x count + presence_penalty x [count > 0], su
 banned tokens (tool_choice "none") and the structured-output mask set to -inf. The token is the argmax
 of that (temperature 0) or drawn from softmax(adjusted / temperature), cut to the top_k most likely
 (renormalized) when top_k is set, then to the top_p nucleus.
+
+A draw is the Gumbel-max trick: argmax over the kept tokens of log p + G, with G a vector of Gumbel
+noise that depends only on the seed and the token's index in the reply (a generator seeded by both).
+That is an exact draw from p, and a pure function of (logits, seed, index): so a seed repeats a reply
+whatever else happened (a cached session, a retried step), and speculative decoding (worker.py) picks
+the draft with the same noise and checks it against the model's pick exactly as greedy decoding does,
+so a sampled reply is token for token the one plain decoding draws.
+
 Logprobs are log_softmax of the adjusted logits in float32, before temperature and top_p: the model's
 distribution as the request reshaped it, the same numbers whether the token was drawn greedily or
 sampled, and comparable between requests that differ only in temperature.
@@ -18,6 +26,7 @@ sampled, and comparable between requests that differ only in temperature.
 
 from __future__ import annotations
 
+import hashlib
 import secrets
 from dataclasses import dataclass
 
@@ -150,10 +159,10 @@ class Sampler:
 
     def __init__(self, params: Sampling, constraint=None):
         self.p, self.constraint = params, constraint
-        self.generator = None
+        self.seed = None  # greedy
         if params.temperature > 0:
-            seed = params.seed if params.seed is not None else secrets.randbits(63)
-            self.generator = torch.Generator().manual_seed(seed)  # on the CPU: the same draws on any device
+            self.seed = params.seed if params.seed is not None else secrets.randbits(63)
+        self.index = 0  # the reply's tokens accepted so far: the next pick's index
         self.counts: torch.Tensor | None = None   # [vocab] float32, on the logits' device
         self.think_left = params.think_budget      # reasoning tokens still allowed (None: no budget, or ended)
         self.bias: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -177,18 +186,19 @@ class Sampler:
             x = self.constraint.mask(x)
         return x
 
-    def pick(self, logits: torch.Tensor, forced: int | None = None) -> Pick:
-        """The next token (`forced` if given, whatever the logits say) and its logprob info."""
+    def pick(self, logits: torch.Tensor, forced: int | None = None, peek: bool = False) -> Pick:
+        """The next token (`forced` if given, whatever the logits say) and its logprob info (not with `peek`:
+        a speculative draft's token only). Changes no state: accept() does."""
         x = self.adjust(logits)
         if forced is None and self.think_left == 0:  # the thinking budget is spent: the reasoning ends here
             forced = self.p.end_think
         if forced is not None:
             token = forced
-        elif self.generator is None:
+        elif self.seed is None:
             token = int(x.argmax())
         else:
             token = self._draw(x)
-        if not self.p.logprobs:
+        if peek or not self.p.logprobs:
             return Pick(token)
         lp = torch.log_softmax(x, dim=-1)
         top = ()
@@ -197,23 +207,42 @@ class Sampler:
             top = tuple((int(i), _logprob(float(v))) for i, v in zip(ids.tolist(), vals.tolist()))
         return Pick(token, _logprob(float(lp[token])), top)
 
-    def _draw(self, x: torch.Tensor) -> int:
-        """A draw from softmax(x / temperature) within the top_p nucleus: the most likely tokens, best first,
-        until their mass reaches top_p (the one crossing it included). One uniform from the CPU generator,
-        inverted through the cumulative distribution."""
-        probs, order = torch.softmax(x / self.p.temperature, dim=-1).sort(descending=True)
-        if self.p.top_k:  # the k most likely, renormalized; top_p then cuts within them
+    def probs(self, logits: torch.Tensor, forced: int | None = None) -> torch.Tensor:
+        """[vocab] logits -> the distribution pick() draws from, [vocab] float64 on the CPU: a point mass on
+        the forced token (or on the argmax, greedy), else softmax(adjusted / temperature) cut to top_k and
+        to the top_p nucleus (the most likely tokens, best first, until their mass reaches top_p, the one
+        crossing it included), renormalized."""
+        x = self.adjust(logits)
+        if forced is None and self.think_left == 0:
+            forced = self.p.end_think
+        out = torch.zeros(x.numel(), dtype=torch.float64)
+        if forced is not None or self.seed is None:
+            out[int(x.argmax()) if forced is None else forced] = 1.0
+            return out
+        return self._nucleus(x)
+
+    def _nucleus(self, x: torch.Tensor) -> torch.Tensor:
+        probs, order = torch.softmax(x.double().cpu() / self.p.temperature, dim=-1).sort(descending=True)
+        if self.p.top_k:
             probs, order = probs[:self.p.top_k], order[:self.p.top_k]
-            probs = probs / probs.sum()
         cum = probs.cumsum(0)
-        kept = int(((cum - probs < self.p.top_p) & (probs > 0)).sum().clamp(min=1))
-        u = torch.rand(1, generator=self.generator, dtype=torch.float64).item()
-        at = torch.tensor([u * float(cum[kept - 1])], dtype=cum.dtype, device=x.device)
-        i = int(torch.searchsorted(cum[:kept], at, right=True))
-        return int(order[min(i, kept - 1)])
+        kept = int(((cum - probs < self.p.top_p * cum[-1]) & (probs > 0)).sum().clamp(min=1))
+        out = torch.zeros(x.numel(), dtype=torch.float64)
+        out[order[:kept]] = probs[:kept] / probs[:kept].sum()
+        return out
+
+    def _draw(self, x: torch.Tensor) -> int:
+        """argmax of log p + G over the kept tokens, G this index's Gumbel noise (see the module docstring)."""
+        p = self._nucleus(x)
+        key = hashlib.sha256(f"{self.seed}:{self.index}".encode()).digest()
+        g = torch.Generator().manual_seed(int.from_bytes(key[:8], "little") >> 1)  # on the CPU: the same anywhere
+        u = torch.rand(p.numel(), generator=g, dtype=torch.float64).clamp_(min=1e-300)
+        score = p.log() - (-u.log()).log()  # log p + Gumbel(0, 1); -inf where p = 0
+        return int(score.argmax())
 
     def accept(self, token: int) -> None:
         """Record a generated token (forced ones too): penalty counts, the constraint's state."""
+        self.index += 1
         if self.counts is not None:  # made at the first adjust when a penalty is set
             self.counts[token] += 1
         if self.think_left is not None:

@@ -3,6 +3,14 @@
 Owning the engine and the prefix cache from a single thread is what keeps the cache consistent:
 a cancelled job stops between two forwards, so its session holds exactly the tokens it processed
 and goes back into the cache; a job that fails inside a forward drops its session instead.
+
+With a speculative engine (the plan's policy.speculative "mtp", engine/session.py) each forward after
+a pick drafts the token after it with the MTP block and runs both in one step; the step's first
+logits give the pick the draft is checked against, through the same sampler (penalties, bias, forced
+tokens, constraints, and for sampled replies the same per-token noise, sampling.py). A kept draft is
+the pick the model makes; after a rejected one the pick is made again from the logits of the token
+run alone, as plain decoding makes it. So a reply, greedy or sampled under a seed, is token for token
+the one plain decoding gives (up to the last bits of a 2-token step's logits, as with the buckets).
 """
 
 from __future__ import annotations
@@ -92,11 +100,35 @@ class Worker:
         except Exception:
             log.exception("writing the cached sessions to the session store failed")
 
-    def _pick(self, job: Job, gen: list[int], logits: torch.Tensor, sampler: Sampler) -> Pick:
+    def _pick(self, job: Job, gen: list[int], logits: torch.Tensor, sampler: Sampler, peek: bool = False) -> Pick:
+        """The next token's Pick from `logits` (a pure function of them and the sampler's state); `peek`:
+        the token only (a draft's), no logprobs."""
         if self.logits_hook is not None:
             logits = self.logits_hook(gen, logits)
         step = len(gen)
-        return sampler.pick(logits, job.forced[step] if step < len(job.forced) else None)
+        return sampler.pick(logits, job.forced[step] if step < len(job.forced) else None, peek)
+
+    @property
+    def speculative(self) -> bool:
+        return bool(getattr(self.engine, "speculative", False))
+
+    def _forward(self, job: Job, session, gen: list[int], sampler: Sampler) -> tuple[torch.Tensor, Pick | None]:
+        """Run the last picked token -> (the logits of the next pick, None), or with an accepted draft
+        (the logits after it, its Pick: the next token, already decided and run)."""
+        tok = gen[-1]
+        last = len(gen) + 1 >= job.max_tokens  # one token left: a draft could not be used
+        draft_logits = None if last or not self.speculative else session.draft(tok)
+        if draft_logits is None:
+            return session.decode(tok), None
+        # the draft: the pick this request would make from the MTP block's logits (same hook, penalties,
+        # constraint, forced token and, sampled, the same noise: sampling.py), so it is kept exactly when the
+        # model's own pick from the verify step's logits is the same token
+        d = self._pick(job, gen, draft_logits, sampler, peek=True).token
+        logits = session.verify(tok, d)
+        pick = self._pick(job, gen, logits[0], sampler)
+        if pick.token == d:
+            return logits[1], pick
+        return session.reject(), None  # picked again from the token's own logits, as plain decoding does
 
     def _run(self, job: Job) -> None:
         counters = self.engine.executor.counters
@@ -113,12 +145,15 @@ class Worker:
             entry.end_logits = (len(job.ids), logits.clone())
         entry.tokens = list(job.ids)
         gen, reason = [], "length"
+        queued: Pick | None = None  # the next token, already decided by a speculative step
+        spec_before = (entry.session.drafted, entry.session.accepted) if self.speculative else (0, 0)
         try:
             while len(gen) < job.max_tokens:
                 if job.cancel.is_set():
                     reason = "cancelled"
                     break
-                pick = self._pick(job, gen, logits, sampler)
+                pick = queued if queued is not None else self._pick(job, gen, logits, sampler)
+                ran, queued = queued is not None, None  # ran: an accepted draft, run by the step that verified it
                 tok = pick.token
                 gen.append(tok)
                 sampler.accept(tok)
@@ -131,13 +166,16 @@ class Worker:
                     break
                 if len(gen) == job.max_tokens:
                     break
-                logits = entry.session.decode(tok)
-                entry.tokens.append(tok)
+                if not ran:  # else `logits` are already the ones after it
+                    logits, queued = self._forward(job, entry.session, gen, sampler)
         except Exception:
             entry = None  # the session may hold a half-processed token: never reuse it
             raise
         finally:
             if entry is not None:
+                entry.tokens = list(job.ids) + gen[:len(entry.session) - len(job.ids)]  # what the session ran
+                drafted = entry.session.drafted - spec_before[0] if self.speculative else 0
+                accepted = entry.session.accepted - spec_before[1] if self.speculative else 0
                 self.cache.release(entry)
             d = counters.minus(before)
             with self.metrics.lock:
@@ -149,4 +187,7 @@ class Worker:
                 m.routes_hot += d.routes_hot
                 m.routes_cold += d.routes_cold
                 m.cancelled += reason == "cancelled"
+                if entry is not None:
+                    m.drafted_tokens += drafted
+                    m.accepted_tokens += accepted
         job.emit(("done", reason, reused))

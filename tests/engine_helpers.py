@@ -20,7 +20,8 @@ def _variant(plan, placement: str, threshold, seed=0):
         hot = {"all-hot": list(range(E)), "all-cold": [], "mixed": lp.hot_experts,
                "random": sorted(rng.sample(range(E), rng.randint(1, E - 1)))}[placement]
         layers.append(lp.replace(hot_experts=hot))
-    policy = plan.policy.replace(prefill_threshold=threshold, upload_group=3)
+    # plain decoding: these placements are the main model's (test_engine_speculative.py places the MTP block)
+    policy = plan.policy.replace(prefill_threshold=threshold, upload_group=3, speculative="off")
     return plan.replace(layers=layers, policy=policy)
 
 
@@ -49,3 +50,19 @@ def pipeline_engine(compiled, tiny_ckpt, placement: str, gpus: int, threshold=No
     plan, _ = compiled
     return load_engine(on_gpus(_variant(plan, placement, threshold), gpus), tiny_ckpt, device="cpu",
                        hot_backend=hot_backend)
+
+
+def caches_equal(a, b) -> None:
+    """Two KvCaches hold the same tensors, bit for bit: windows, rows, compressor and indexer states."""
+    assert a.position == b.position
+    for i, (x, y) in enumerate(zip(a.layers, b.layers)):
+        assert torch.equal(x.window, y.window), f"layer {i}: window"
+        for name in ("rows", "index_rows"):
+            rx, ry = getattr(x, name), getattr(y, name)
+            assert (rx is None) == (ry is None) and (rx is None or torch.equal(rx.view(), ry.view())), (i, name)
+        for name in ("comp", "index_comp"):
+            cx, cy = getattr(x, name), getattr(y, name)
+            assert (cx is None) == (cy is None), (i, name)
+            for fx, fy in zip(*(() if c is None else vars(c).values() for c in (cx, cy))):
+                assert (fx is None) == (fy is None) and (not isinstance(fx, torch.Tensor) or torch.equal(fx, fy)), \
+                    (i, name)

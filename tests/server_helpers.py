@@ -24,11 +24,12 @@ class Script:
         return out
 
 
-def tiny_server(ckpt, work, kernel_dir, logits_hook, **app_options):
+def tiny_server(ckpt, work, kernel_dir, logits_hook, engine_options=None, **app_options):
     """(uvicorn server, base URL ending in /v1, app, engine, tokenizer): a cpu-only plan of `ckpt` compiled
-    into `work` (context 1024), served in a background thread. Stop it with `server.should_exit = True`."""
+    into `work` (context 1024), served in a background thread. Stop it with `server.should_exit = True`.
+    `engine_options`: load_engine's keywords (speculative="mtp", ...)."""
     compile_tiny_plan(ckpt, work, kernel_dir, context=1024)
-    engine = load_engine(work / "plan.yaml", ckpt, device="cpu")
+    engine = load_engine(work / "plan.yaml", ckpt, device="cpu", **(engine_options or {}))
     tok = Tokenizer.from_file(str(ckpt / "tokenizer.json"))
     app = create_app(engine, tok, "tiny", logits_hook=logits_hook, **app_options)
     srv, base = serve_in_background(app)

@@ -22,12 +22,15 @@ pytestmark = pytest.mark.slow  # compiled plans, sessions filled to the planned 
 CONTEXT = 512
 
 
-@pytest.mark.parametrize("dense_format", ["float32", "bf16", "fp8"])
-def test_a_two_gpu_plan_holds_what_it_counted(tiny_ckpt, tmp_path, kernel_dir, dense_format):
+@pytest.mark.parametrize("dense_format,speculative", [("float32", "off"), ("bf16", "mtp"), ("fp8", "mtp")])
+def test_a_two_gpu_plan_holds_what_it_counted(tiny_ckpt, tmp_path, kernel_dir, dense_format, speculative):
+    """With speculation the MTP block too: its dense part, hot experts and cache, the drafts' static state."""
     plan = _compile(tiny_ckpt, tmp_path, TWO_GPUS, kernel_dir, context=CONTEXT, prefill_chunk=256,
-                    max_hot_per_layer=5, dense_format=dense_format)
+                    max_hot_per_layer=5, dense_format=dense_format, speculative=speculative)
+    assert (plan.mtp is not None) == (speculative == "mtp")
     assert {lp.gpu for lp in plan.layers} == {0, 1} and all(lp.hot_experts for lp in plan.layers)
     engine = load_engine(tmp_path / "plan.yaml", device="cpu")  # the plan's dtype
+    assert engine.speculative == (speculative == "mtp")
     assert engine.model.dtype == {"float32": torch.float32, "bf16": torch.bfloat16, "fp8": torch.bfloat16}[dense_format]
     _check(engine, _filled_session(engine, CONTEXT))
     engine.close()

@@ -46,6 +46,12 @@ def _a_file(tmp_path):
     return str(tmp_path / "afile")
 
 
+def _without_mtp(tmp_path):
+    from ostinato.tiny import write_tiny_checkpoint
+
+    return write_tiny_checkpoint(tmp_path / "nomtp", "tiny", seed=0, progress=False, mtp=False)
+
+
 def _run_plan(edit):
     return lambda ckpt, plan, tmp: (run_cli.main, [str(_edited_plan(plan, tmp, edit)), "--device", "cpu",
                                                    "--prompt", "hi", "--max-new", "1"])
@@ -81,7 +87,17 @@ CASES = {
         r"field 'policy\.cpu_thread' is not a known field \(known fields here: context, "),
     "plan of schema version 1": (
         _run_plan(lambda d: d.update(schema_version=1)),
-        r"field 'schema_version' is 1; this Ostinato reads 5: recompile the plan"),
+        r"field 'schema_version' is 1; this Ostinato reads 6: recompile the plan"),
+    "plan that decodes with MTP but places no block": (
+        _run_plan(lambda d: (d.update(mtp=None), d["policy"].update(speculative="mtp"))),
+        r"field 'policy\.speculative' is mtp, but the plan places no MTP block \(field 'mtp'\)"),
+    "plan whose MTP block is on a GPU the hardware lacks": (
+        _run_plan(lambda d: d.update(mtp={**d["layers"][-1], "layer": 4, "gpu": 1})),
+        r"field 'mtp\.gpu' is 1, the hardware has 1 GPU\(s\)"),
+    "compile --speculative mtp for a checkpoint without the block": (
+        lambda ckpt, plan, tmp: (compile_cli.main, [str(_without_mtp(tmp)), str(tmp / "p.yaml"), "--hardware",
+                                                    "cpu-only", "--speculative", "mtp", "--no-kernels"]),
+        r"--speculative mtp: .*nomtp has no MTP block to draft with .*use --speculative auto or off"),
     "plan whose memory does not add up": (
         _run_plan(lambda d: d["memory"][0].update(total_bytes=5)),
         r"field 'memory\[0\]': gpu0: total_bytes 5 is not the sum of its components"),
@@ -140,7 +156,28 @@ def test_device_cuda_without_cuda_is_refused(compiled, capsys):
     assert "--device cuda: this machine has no CUDA device" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("edit, says", [
+    (lambda d: (d.update(mtp=None), d["policy"].update(speculative="mtp")),
+     r"field 'policy\.speculative' is mtp, but the plan places no MTP block \(field 'mtp'\)"),
+    (lambda d: d["mtp"].update(layer=3), r"field 'mtp\.layer' is 3, expected 4"),
+    (lambda d: d["mtp"].update(gpu=2), r"field 'mtp\.gpu' is 2, the hardware has 1 GPU\(s\)"),
+    (lambda d: d["mtp"].update(hot_experts=[16]), r"field 'mtp\.hot_experts' holds expert id 16, the model has 16"),
+])
+def test_the_plan_schema_refuses_a_misplaced_mtp_block(tiny_ckpt, tmp_path, edit, says):
+    from ostinato.compiler.compile import CompileOptions, compile_plan
+    from ostinato.plan import PlanError, plan_from_dict
+
+    plan = compile_plan(CompileOptions(tiny_ckpt, tmp_path / "p.yaml", "cpu-only", context=1024,
+                                       speculative="mtp", build_kernels=False)).plan
+    data = yaml.safe_load(plan.dumps())
+    plan_from_dict(data)  # as compiled: valid
+    edit(data)
+    with pytest.raises(PlanError, match=says):
+        plan_from_dict(data, "edited.yaml")
+
+
 @pytest.mark.parametrize("argv", [[], ["MODEL"], ["MODEL", "p.yaml", "--context", "0", "--hardware", "cpu-only"],
+                                  ["MODEL", "p.yaml", "--hardware", "cpu-only", "--speculative", "maybe"],
                                   ["MODEL", "p.yaml", "--hardware", "cpu-only", "--prefill-buckets", "8,12"],
                                   ["MODEL", "p.yaml", "--hardware", "cpu-only", "--prefill-buckets", "eight"]])
 def test_usage_errors_exit_2(argv, capsys):

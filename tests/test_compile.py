@@ -1,18 +1,22 @@
 """ostinato-compile: exact memory totals, determinism, committed plans, refusals, the plan contract."""
 
+import dataclasses
 import os
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
 from ostinato.checkpoint import ModelConfig, model_sizes
 from ostinato.checkpoint.fingerprint import model_fingerprint
-from ostinato.checkpoint.tensor_specs import global_specs, layer_specs
+from ostinato.checkpoint.tensor_specs import global_specs, layer_specs, mtp_block_specs
 from ostinato.compiler.cli import compile as compile_cli
 from ostinato.compiler.compile import CompileError, CompileOptions, compile_plan
-from ostinato.compiler.memory_model import held_bytes, kv_cache_bytes
+from ostinato.compiler.explain import explain
+from ostinato.compiler.memory_model import held_bytes, kv_cache_bytes, speculative_steps_bytes
+from ostinato.compiler.profile import RoutingProfile, synthetic_profile
 from ostinato.plan import (
     KernelName,
     PlanError,
@@ -48,8 +52,10 @@ def test_committed_flash_plan_regenerates_byte_identically(tmp_path, monkeypatch
         f"{FLASH_PLAN} is stale: regenerate it with ostinato-compile (see docs/commands.md)"
 
 
-def test_flash_memory_adds_up_to_the_checkpoint_bytes(in_repo):
-    plan = compile_plan(_flash_options()).plan
+@pytest.mark.parametrize("speculative", ["mtp", "off"])
+def test_flash_memory_adds_up_to_the_checkpoint_bytes(in_repo, speculative):
+    plan = compile_plan(_flash_options(speculative=speculative)).plan
+    assert plan.policy.speculative == speculative and (plan.mtp is not None) == (speculative == "mtp")
     sizes = model_sizes(ModelConfig.from_json(FLASH / "config.json"))
     for dev in plan.memory:
         assert sum(dev.components.values()) == dev.total_bytes <= dev.usable_bytes
@@ -63,13 +69,125 @@ def test_flash_memory_adds_up_to_the_checkpoint_bytes(in_repo):
     assert fmt == "fp8"  # the default with GPUs: FP8 matrices as stored
     held = sum(held_bytes(s, fmt) for s in global_specs(cfg)) + sum(
         held_bytes(s, fmt) for l in range(cfg.n_layers) for s in layer_specs(cfg, l, with_experts=True))
+    mtp = mtp_block_specs(cfg, 0, with_experts=True) if plan.mtp else []  # the MTP block: counted only when placed
+    held += sum(held_bytes(s, fmt) for s in mtp)
     assert weights == held  # every tensor of the model is placed exactly once, as the runtime holds it
     dense = list(global_specs(cfg)) + [s for l in range(cfg.n_layers) for s in layer_specs(cfg, l, with_experts=False)]
+    dense += [s for s in mtp if s.role != "routed_expert"]
     grown = sum(held_bytes(s, fmt) - s.nbytes for s in dense)  # bf16 norms, compressors, router held in float32
-    assert held - sizes.total_bytes == grown and 0 < grown < 0.05 * sizes.total_bytes
-    hot = sum(len(l.hot_experts) for l in plan.layers)
+    total = sizes.total_bytes + (sum(s.nbytes for s in mtp) if mtp else 0)
+    assert held - total == grown and 0 < grown < 0.05 * total
+    hot = sum(len(l.hot_experts) for l in plan.layers) + (len(plan.mtp.hot_experts) if plan.mtp else 0)
     assert sum(d.components["hot_experts"] for d in gpus) == hot * 13_369_344
-    assert host.components["cold_experts"] == (43 * 256 - hot) * 13_369_344
+    assert host.components["cold_experts"] == ((43 + bool(plan.mtp)) * 256 - hot) * 13_369_344
+
+
+def test_the_mtp_block_is_placed_beside_the_head_from_its_profile_row(in_repo):
+    on, off = (compile_plan(_flash_options(speculative=s)) for s in ("mtp", "off"))
+    cfg, mtp = on.config, on.plan.mtp
+    assert off.plan.mtp is None and off.plan.policy.speculative == "off"
+    assert mtp.layer == 43 and mtp.gpu == on.plan.layers[-1].gpu == 3 and mtp.attention == "sliding"
+    # its hot experts are its synthetic row's most routed ones, and as many as a layer of its GPU gets
+    routes = on.profile.mtp_counts(on.options.objective_phases)
+    hot = np.zeros(256, dtype=bool)
+    hot[mtp.hot_experts] = True
+    assert routes is not None and routes.numpy()[hot].min() >= routes.numpy()[~hot].max()
+    assert 0.5 < mtp.hot_route_share < 1 and 0 < len(mtp.hot_experts) < 256
+    # its dense part, its cache and the speculative steps' buffers, in the last GPU's row beside its layers';
+    # nothing when left out
+    assert off.mtp_bytes == {} and on.mtp_bytes == {
+        "dense_weights": sum(held_bytes(s, "fp8") for s in mtp_block_specs(cfg, 0, with_experts=False)),
+        "kv_cache": kv_cache_bytes(cfg, 43, 65536, "fp8"),
+        "speculative_steps": speculative_steps_bytes(cfg, on.policy)}
+    row = on.plan.memory[3].components
+    assert row["speculative_steps"] == on.mtp_bytes["speculative_steps"] and "speculative_steps" not in \
+        off.plan.memory[3].components
+    for kind in ("dense_weights", "kv_cache"):
+        layers = sum(on.layer_bytes[l.layer][kind] for l in on.plan.layers if l.gpu == 3)
+        assert row[kind] == layers + on.mtp_bytes[kind]
+    assert row["hot_experts"] == (sum(len(l.hot_experts) for l in on.plan.layers if l.gpu == 3)
+                                  + len(mtp.hot_experts)) * on.cost.expert_bytes
+    # the cost model prices the draft with the block's experts as placed: all cold costs more
+    on.cost.mtp = dataclasses.replace(on.cost.mtp, hot=np.zeros(256, dtype=bool))
+    assert on.cost.mtp_draft() > compile_plan(_flash_options(speculative="mtp")).cost.mtp_draft()
+
+
+def test_speculative_auto_keeps_the_block_only_where_it_pays(in_repo, monkeypatch):
+    auto = compile_plan(_flash_options())
+    assert auto.plan.predictions.speculative.pays and auto.plan.policy.speculative == "mtp" and auto.plan.mtp
+    assert "the plan places the MTP block on gpu3" in auto.plan.predictions.speculative.reason
+    monkeypatch.setattr("ostinato.compiler.compile.MTP_ACCEPTANCE", 0.0)  # a draft never kept never pays
+    never = compile_plan(_flash_options())
+    s = never.plan.predictions.speculative
+    assert not s.pays and never.plan.policy.speculative == "off" and never.plan.mtp is None
+    assert "the plan leaves the MTP block out" in s.reason and "--speculative mtp forces it" in s.reason
+    forced = compile_plan(_flash_options(speculative="mtp"))
+    assert forced.plan.policy.speculative == "mtp"
+    assert "--speculative mtp:" in forced.plan.predictions.speculative.reason
+    # left out, its memory goes back to the layers: the plan is the one --speculative off gives
+    assert never.plan.memory == compile_plan(_flash_options(speculative="off")).plan.memory
+
+
+def test_speculation_is_priced_at_the_profiles_measured_acceptance(in_repo, tmp_path):
+    from ostinato.compiler.compile import MIN_MEASURED_DRAFTS
+    from ostinato.compiler.cost_model import MTP_ACCEPTANCE
+
+    synth = synthetic_profile(ModelConfig.from_json(FLASH / "config.json"), alpha=0.9)
+
+    def measured(drafts, agreed):
+        path = tmp_path / f"m{drafts}-{agreed}.safetensors"
+        dataclasses.replace(synth, mtp_drafts=drafts, mtp_agreed=agreed).save(path)
+        return compile_plan(_flash_options(profile=str(path)))
+
+    # none measured (synthetic): the published figure, and speculation pays on this preset
+    published = compile_plan(_flash_options()).plan
+    s = published.predictions.speculative
+    assert s.acceptance == MTP_ACCEPTANCE == 0.9 and s.pays and published.policy.speculative == "mtp"
+    assert "at 90% acceptance (the published figure; the profile measured none)" in s.reason
+    # a block whose drafts are rarely kept: measured on enough drafts, it is what the plan prices, and auto
+    # leaves the block out (the plan --speculative off gives)
+    rare = measured(1000, 6)
+    s = rare.plan.predictions.speculative
+    assert s.acceptance == 0.006 and not s.pays and rare.plan.policy.speculative == "off" and rare.plan.mtp is None
+    assert "at 0.6% acceptance (measured on the profile's 1000 drafts)" in s.reason
+    assert "the plan leaves the MTP block out" in s.reason
+    assert any("measured on the routing profile: 0.6% (6 of 1000 depth-1 greedy drafts kept), not the published "
+               "90%" in n for n in rare.plan.notes)
+    assert rare.plan.memory == compile_plan(_flash_options(speculative="off")).plan.memory
+    # as good as published: the same decision and gain as the published figure gives
+    same = measured(1000, 900).plan.predictions.speculative
+    assert same.acceptance == 0.9 and same.pays and same.gain == published.predictions.speculative.gain
+    # too few drafts to trust (MIN_MEASURED_DRAFTS): the published figure, and the note says why
+    few = measured(MIN_MEASURED_DRAFTS - 1, 0)
+    s = few.plan.predictions.speculative
+    assert s.acceptance == 0.9 and s.pays and f"measured drafts are fewer than {MIN_MEASURED_DRAFTS}" in s.reason
+    assert any(f"only {MIN_MEASURED_DRAFTS - 1} drafts" in n for n in few.plan.notes)
+
+
+def test_a_profile_without_the_mtp_row_gives_it_no_hot_experts_and_says_so(tiny_ckpt, tmp_path):
+    profile = synthetic_profile(ModelConfig.from_json(tiny_ckpt), alpha=1.0)
+    assert profile.mtp_layers == 1
+    without = RoutingProfile(counts=profile.counts[:-1].clone(), top_k=profile.top_k, phase_boundary=0, source="old")
+    without.save(tmp_path / "old.safetensors")
+    opts = dict(model=tiny_ckpt, output=tmp_path / "p.yaml", hardware="cpu-only", build_kernels=False,
+                context=1024, speculative="mtp")
+    b = compile_plan(CompileOptions(profile=str(tmp_path / "old.safetensors"), **opts))
+    assert b.plan.mtp.hot_experts == [] and b.plan.mtp.hot_route_share == 0.0
+    assert any("record a profile with ostinato-record to place the MTP block's experts" in n for n in b.plan.notes)
+    synth = compile_plan(CompileOptions(profile="synthetic:1.0", **opts)).plan
+    assert synth.mtp.hot_experts and synth.mtp.hot_route_share > 0
+    assert not any("MTP block's experts" in n for n in synth.notes)
+
+
+def test_speculative_mtp_without_the_block_names_the_flag(tmp_path):
+    from ostinato.tiny import write_tiny_checkpoint
+
+    ckpt = write_tiny_checkpoint(tmp_path / "nomtp", "tiny", seed=0, progress=False, mtp=False)
+    opts = dict(model=ckpt, output=tmp_path / "p.yaml", hardware="cpu-only", build_kernels=False, context=1024)
+    with pytest.raises(CompileError, match=r"--speculative mtp: .* has no MTP block .*--speculative auto or off"):
+        compile_plan(CompileOptions(speculative="mtp", **opts))
+    plan = compile_plan(CompileOptions(**opts)).plan
+    assert plan.mtp is None and plan.policy.speculative == "off" and not plan.predictions.speculative.pays
 
 
 def test_kv_cache_matches_the_model_card():
@@ -93,6 +211,11 @@ def test_flash_plan_content(in_repo):
     assert any("SYNTHETIC" in n for n in plan.notes) and plan.provenance.profile_source.startswith("synthetic zipf")
     assert plan.provenance.index_sha256 is None  # config.json alone: said in the plan
     assert 0.5 < plan.predictions.hot_route_share < 1.0
+    # speculation pays on this preset: the MTP block is placed beside the head, and --explain says where
+    assert plan.policy.speculative == "mtp" and plan.predictions.speculative.pays
+    assert plan.mtp.layer == 43 and plan.mtp.gpu == plan.layers[-1].gpu and plan.mtp.hot_experts
+    assert (f"on gpu{plan.mtp.gpu} beside the head (sliding): {len(plan.mtp.hot_experts)} hot experts, "
+            f"{plan.mtp.hot_route_share:.1%} of its routes") in explain(plan)
     t, buckets = plan.policy.prefill_threshold, plan.policy.prefill_buckets
     assert (buckets and buckets == [2 ** i for i in range(1, len(buckets) + 1)]
             and 3 * buckets[-1] <= plan.policy.context)

@@ -6,7 +6,7 @@ import copy
 import pytest
 from conftest import compile_tiny_plan
 
-from ostinato.compiler.cost_model import EAGER_OPS_PER_LAYER
+from ostinato.compiler.cost_model import EAGER_OPS_PER_LAYER, EAGER_STEP_OPS_PER_LAYER
 from ostinato.runtime.engine.loader import load_engine
 from ostinato.runtime.engine.op_count import ops_per_layer
 
@@ -16,12 +16,16 @@ from ostinato.runtime.engine.op_count import ops_per_layer
 def test_eager_ops_per_layer_matches_the_runtime(preset, tiny_ckpt, small_ckpt, tmp_path, kernel_dir):
     ckpt = tiny_ckpt if preset == "tiny" else small_ckpt
     plan = compile_tiny_plan(ckpt, tmp_path, kernel_dir, context=4096, max_hot_per_layer=4)
-    engine = load_engine(plan, ckpt, device="cpu")
+    plan = plan.replace(policy=plan.policy.replace(prefill_buckets=[2]))  # a 2-token fixed-shape step to count
+    engine = load_engine(plan, ckpt, device="cpu", speculative="off")
     counts = ops_per_layer(engine)  # split-route prefills of 1, 16, 128 tokens on top of a context, a decode step
     engine.close()
     per_layer = [v for k, (v, _) in counts.items() if k.startswith("prefill")]
     # observed: tiny 191-229, small 182-228 per layer (decode 195, 194)
     assert all(0.7 * EAGER_OPS_PER_LAYER <= p <= 1.3 * EAGER_OPS_PER_LAYER for p in per_layer), per_layer
+    step = counts["step2"][0]  # observed: tiny 272
+    assert 0.85 * EAGER_STEP_OPS_PER_LAYER <= step <= 1.15 * EAGER_STEP_OPS_PER_LAYER, step
+    assert step > 1.2 * counts["decode"][0]  # the fixed-shape step's general path: more ops than decode's
 
 
 def test_dispatch_is_added_to_eager_forwards_only(tiny_ckpt, tmp_path):

@@ -26,8 +26,10 @@ KEY = {"x-api-key": "secret", "anthropic-version": "2023-06-01"}
 @pytest.fixture(scope="module")
 def server(tiny_ckpt, tmp_path_factory, kernel_dir):
     script = Script()
+    # plain decoding: the route counts below are the main model's alone (the MTP block would add its own
+    # pairs' routes; tests/test_server_speculative.py serves with it)
     srv, base, _, engine, tok = tiny_server(tiny_ckpt, tmp_path_factory.mktemp("messages"), kernel_dir, script,
-                                            api_key="secret", cache_sessions=2)
+                                            {"speculative": "off"}, api_key="secret", cache_sessions=2)
     url = base.removesuffix("/v1")
     yield {"url": url, "client": anthropic.Anthropic(base_url=url, api_key="secret", max_retries=0),
            "openai": openai.OpenAI(base_url=base, api_key="secret", max_retries=0),

@@ -87,3 +87,65 @@ def test_misfit_names_the_device_and_shortfall():
     with pytest.raises(DoesNotFit) as e:
         place(p)
     assert e.value.device == 1 and e.value.short_by == 30
+
+
+def _brute_best_with_mtp(problem):
+    """_brute_best_partition with the MTP block: its bytes on the last GPU, its row one more layer there."""
+    L, G = len(problem.layer_bytes), len(problem.gpu_budget)
+    counts = np.vstack((problem.counts, problem.mtp_counts[None]))
+    best = -1
+    for cuts in itertools.combinations(range(1, L), G - 1):
+        bounds = (0,) + cuts + (L,)
+        total = 0
+        for g in range(G):
+            last = g == G - 1
+            free = (problem.gpu_budget[g] - (problem.mtp_bytes if last else 0)
+                    - sum(problem.layer_bytes[bounds[g]:bounds[g + 1]]))
+            if free < 0:
+                total = -1
+                break
+            rows = range(bounds[g], L + 1 if last else bounds[g + 1])
+            chosen = select_hot(counts, rows, free // problem.expert_bytes, problem.max_hot_per_layer)
+            total += sum(c[0] for c in chosen)
+        best = max(best, total)
+    return best
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_the_mtp_block_competes_for_the_last_gpus_slots_optimally(seed):
+    rng = np.random.default_rng(200 + seed)
+    L, E = int(rng.integers(2, 6)), 4
+    G = min(int(rng.integers(1, 4)), L)
+    problem = PlacementProblem(counts=rng.integers(0, 50, size=(L, E)),
+                               layer_bytes=tuple(int(x) for x in rng.integers(10, 40, size=L)),
+                               gpu_budget=tuple(int(x) for x in rng.integers(80, 160, size=G)), expert_bytes=10,
+                               max_hot_per_layer=None if seed % 2 else 2, mtp_bytes=int(rng.integers(5, 30)),
+                               mtp_counts=rng.integers(0, 80, size=E))
+    best = _brute_best_with_mtp(problem)
+    if best < 0:
+        with pytest.raises(DoesNotFit):
+            place(problem)
+        return
+    result = place(problem)
+    assert result.covered == best
+    assert result.covered == (sum(int(problem.counts[l, e]) for l, hot in enumerate(result.hot) for e in hot)
+                              + sum(int(problem.mtp_counts[e]) for e in result.mtp_hot))
+    assert problem.max_hot_per_layer is None or len(result.mtp_hot) <= problem.max_hot_per_layer
+
+
+def test_the_mtp_block_takes_its_bytes_and_its_best_experts_from_the_last_gpu():
+    counts = np.array([[5, 4, 3], [5, 4, 3]])
+    base = dict(counts=counts, layer_bytes=(10, 10), gpu_budget=(40, 40), expert_bytes=10)  # 3 slots per GPU
+    assert place(PlacementProblem(**base)).hot == ((0, 1, 2), (0, 1, 2))
+    # its bytes take a slot of the last GPU; without a row it gets no experts, whatever is free
+    without_row = place(PlacementProblem(**base, mtp_bytes=10))
+    assert without_row.hot == ((0, 1, 2), (0, 1)) and without_row.mtp_hot == ()
+    assert place(PlacementProblem(**base, mtp_bytes=0, mtp_counts=np.zeros(3, dtype=np.int64))).hot[1] == (0, 1, 2)
+    # with a row, its experts compete by routes with the last GPU's layers only
+    placed = place(PlacementProblem(**base, mtp_bytes=10, mtp_counts=np.array([0, 9, 1])))
+    assert placed.hot == ((0, 1, 2), (0,)) and placed.mtp_hot == (1,)
+    assert placed.covered == 12 + 5 + 9
+    # too big for the last GPU: named as that GPU's shortfall
+    with pytest.raises(DoesNotFit) as e:
+        place(PlacementProblem(**base, mtp_bytes=35))
+    assert e.value.device == 1 and e.value.short_by == 5

@@ -99,6 +99,161 @@ def test_passes_and_phases(recorded):
     assert (profile.pass_distinct[profile.pass_tokens == 1] == k).all()  # one token touches exactly k experts
 
 
+@pytest.fixture(scope="module")
+def recorded_with_mtp(tiny_ckpt):
+    """The same session recorded by the model without and with its MTP block."""
+    shape = SessionShape("test/one", (Turn(37, 4), Turn(9, 3), Turn(20, 0)))
+    plain = record_profile(load_model(tiny_ckpt), tiny_ckpt, [shape], phase_boundary=16, seed=3, progress=False)
+    mtp = record_profile(load_model(tiny_ckpt, mtp=True), tiny_ckpt, [shape], phase_boundary=16, seed=3,
+                         progress=False)
+    return plain, mtp
+
+
+def test_recording_with_the_mtp_block_adds_its_row(recorded_with_mtp, tmp_path):
+    plain, mtp = recorded_with_mtp
+    L, k = plain.n_layers, plain.top_k
+    assert plain.mtp_layers == 0 and mtp.mtp_layers == 1 and mtp.n_layers == L and mtp.counts.shape[0] == L + 1
+    # the main layers route exactly as without the block (the block only follows them)
+    assert torch.equal(mtp.counts[:L], plain.counts)
+    assert torch.equal(mtp.phase_counts(PHASES), plain.phase_counts(PHASES))
+    assert torch.equal(mtp.touched(), plain.touched()) and torch.equal(mtp.pass_tokens, plain.pass_tokens)
+    # one pair per token the session ran but the last (whose next token is never known), in the pass that ran it:
+    # the first prefill's 37 tokens give 36 pairs, every later token one
+    row = mtp.counts[L]                                                        # [3, E]
+    assert int(row.sum()) == (int(plain.pass_tokens.sum()) - 1) * k
+    assert int(row[PHASES.index("decode")].sum()) == 7 * k
+    assert int(row[PHASES.index("short_prefill")].sum()) == 9 * k
+    assert int(row[PHASES.index("long_prefill")].sum()) == (36 + 20) * k
+    assert torch.equal(mtp.mtp_counts(("decode",)), row[0]) and plain.mtp_counts(("decode",)) is None
+    # stored as version 2 with its row count; read back whole
+    mtp.save(tmp_path / "m.safetensors")
+    back = load_profile(tmp_path / "m.safetensors")
+    assert back.metadata()["version"] == "2" and back.mtp_layers == 1 and back.sha256() == mtp.sha256()
+    with pytest.raises(ProfileError, match="field 'mtp_layers' is 1, profile 0 has 0"):
+        merge_profiles([plain, mtp])
+
+
+def test_a_profile_without_mtp_rows_is_version_1_as_before(recorded_with_mtp, tmp_path):
+    p = _random_profile(4)
+    assert set(p.metadata()) == {"format", "version", "n_layers", "n_experts", "top_k", "phase_boundary", "source",
+                                 "model_fingerprint", "sessions"} and p.metadata()["version"] == "1"
+    p.save(tmp_path / "p.safetensors")
+    back = load_profile(tmp_path / "p.safetensors")
+    assert back.mtp_layers == 0 and back.mtp_drafts == 0 and back.mtp_acceptance is None
+    # its content hash (the tensors and metadata; safetensors orders the header's metadata at random) as before
+    # version 2 existed
+    assert back.sha256() == p.sha256() == "80f07ce42279593e51b2294491f75947493f001f8fb10e4dfb427466d7f31897"
+    # recorded without the block: version 1, no acceptance (it measures nothing without the block's drafts)
+    plain, _ = recorded_with_mtp
+    assert plain.metadata()["version"] == "1" and plain.mtp_acceptance is None and "mtp_drafts" not in plain.metadata()
+    with pytest.raises(ProfileError, match="field 'mtp_drafts' is 5 but the profile has no MTP rows"):
+        RoutingProfile(counts=p.counts, top_k=2, phase_boundary=0, source="x", mtp_drafts=5, mtp_agreed=1)
+
+
+def _decoded_positions(profile: RoutingProfile) -> list[int]:
+    """The positions of the tokens the recorded decode steps ran (one token each)."""
+    ends = torch.cumsum(profile.pass_tokens, 0)
+    return [int(e) - 1 for e, ph in zip(ends, profile.pass_phase) if PHASES[int(ph)] == "decode"]
+
+
+def _forcing(real, fed: list[int], forced: set[int]):
+    """mtp_logits whose draft for each position in `forced` is the model's own pick there (fed[q]), by a large
+    bias: so the drafts agree there and the count can be checked at positions known in advance."""
+    def mtp_logits(model, streams, next_ids, start, cache, k=0, last_only=True):
+        out = real(model, streams, next_ids, start, cache, k, last_only).clone()
+        first = start + streams.shape[0] - out.shape[0]  # the pair of out's first row
+        for i in range(out.shape[0]):
+            if first + i + 2 in forced:                  # pair t drafts position t + 2
+                out[i, fed[first + i + 2]] += 1e4
+        return out
+    return mtp_logits
+
+
+def _recount(model, fed: list[int], decoded: list[int], draft_logits) -> tuple[int, int]:
+    """Drafts and agreements, recounted from one forward of the whole token sequence: the decode step that ran
+    the token at P drafts P+1 from pair P-1 and keeps it if the main model's pick from the logits of P is it."""
+    logits, streams = model.new_session().extend(fed)                       # [T, V], [T, N, D]
+    drafts = draft_logits(model, streams[:-1], torch.tensor(fed[1:]), 0, model.new_mtp_cache(),
+                          last_only=False)                                  # [T-1, V]: row t drafts t + 2
+    agreed = sum(int(drafts[p - 1].argmax()) == int(logits[p].argmax()) for p in decoded)
+    return len(decoded), agreed
+
+
+def test_recording_measures_the_mtp_blocks_greedy_acceptance(recorded, recorded_with_mtp, tiny_ckpt, monkeypatch,
+                                                            tmp_path):
+    from ostinato.runtime import profile_recording
+    from ostinato.runtime.model.mtp import mtp_logits
+
+    plain, fed = recorded            # every token the session ran, in order (the same with the block)
+    _, mtp = recorded_with_mtp
+    decoded = _decoded_positions(plain)
+    assert decoded == [37, 38, 39, 40, 50, 51, 52]
+    model = load_model(tiny_ckpt, mtp=True)
+    # the block as it is (random weights: its drafts are almost never the model's pick)
+    assert (mtp.mtp_drafts, mtp.mtp_agreed) == _recount(model, fed, decoded, mtp_logits) and mtp.mtp_drafts == 7
+    assert mtp.mtp_acceptance == mtp.mtp_agreed / 7
+    # drafts forced to the model's own pick at every other position whose pick the session shows (a decoded
+    # token after a decoded token): exactly those agree more, where the recount says
+    forced = {q for q in decoded if q - 1 in decoded}
+    forced = set(sorted(forced)[::2])
+    forcing = _forcing(mtp_logits, fed, forced)
+    monkeypatch.setattr(profile_recording, "mtp_logits", forcing)
+    shape = SessionShape("test/one", (Turn(37, 4), Turn(9, 3), Turn(20, 0)))
+    got = record_profile(model, tiny_ckpt, [shape], phase_boundary=16, seed=3, progress=False)
+    assert torch.equal(got.counts, mtp.counts)   # the bias changes drafts only, not what runs
+    assert (got.mtp_drafts, got.mtp_agreed) == _recount(model, fed, decoded, forcing)
+    assert got.mtp_agreed >= len(forced) == 3
+    # stored in version 2's metadata, read back; merging adds the counts
+    got.save(tmp_path / "g.safetensors")
+    back = load_profile(tmp_path / "g.safetensors")
+    assert back.metadata()["mtp_drafts"] == "7" and back.metadata()["mtp_agreed"] == str(got.mtp_agreed)
+    assert (back.mtp_drafts, back.mtp_agreed) == (got.mtp_drafts, got.mtp_agreed) and back.sha256() == got.sha256()
+    both = merge_profiles([mtp, got])
+    assert (both.mtp_drafts, both.mtp_agreed) == (14, mtp.mtp_agreed + got.mtp_agreed)
+    # imported, synthetic and uniform profiles measured none
+    assert synthetic_profile(ModelConfig.from_json(tiny_ckpt)).mtp_acceptance is None
+    report = build_report(back, None, 4).text
+    assert f"MTP draft acceptance (depth 1, greedy): {got.mtp_agreed / 7:.1%} ({got.mtp_agreed} of 7" in report
+    assert "MTP draft acceptance" not in build_report(plain, None, 4).text
+
+
+def test_the_shipped_profiles_have_the_mtp_row_and_its_measured_acceptance():
+    for name in ("tiny-planted", "tiny-planted-holdout", "tiny-uniform"):
+        shipped = load_profile(plans_dir() / "profiles" / f"{name}.safetensors")
+        assert shipped.mtp_layers == 1 and shipped.mtp_counts(PHASES) is not None
+        # random weights: the block's drafts are the model's pick about as often as chance (the compiler then
+        # leaves speculation off; tests/test_compile.py)
+        assert shipped.mtp_drafts >= 100 and shipped.mtp_acceptance < 0.05
+
+
+def test_synthetic_profiles_give_the_mtp_block_a_row_and_keep_the_layers_rows(tiny_ckpt):
+    import dataclasses
+
+    cfg = ModelConfig.from_json(tiny_ckpt)
+    assert cfg.num_nextn_predict_layers == 1
+    with_row = synthetic_profile(cfg, alpha=1.0)
+    without = synthetic_profile(dataclasses.replace(cfg, num_nextn_predict_layers=0), alpha=1.0)
+    assert with_row.mtp_layers == 1 and without.mtp_layers == 0
+    assert torch.equal(with_row.counts[:cfg.n_layers], without.counts)
+    row = with_row.mtp_counts(("decode",))
+    assert sorted(row.tolist()) == sorted(without.counts[0, 0].tolist())  # the same Zipf law, its own ranking
+
+
+def test_csv_and_npz_carry_the_mtp_row(tmp_path):
+    p = _random_profile(6)
+    with_row = RoutingProfile(counts=torch.cat((p.counts, p.counts[:1] + 1)), top_k=2, phase_boundary=0,
+                              source="m", mtp_layers=1)
+    export_csv(with_row, tmp_path / "m.csv")
+    back = import_counts(tmp_path / "m.csv", 3, 10, 2, mtp_layers=1)
+    assert back.mtp_layers == 1 and torch.equal(back.counts, with_row.counts)
+    export_csv(p, tmp_path / "p.csv")  # no row for the block: a profile without it, not a row of zeros
+    assert import_counts(tmp_path / "p.csv", 3, 10, 2, mtp_layers=1).mtp_layers == 0
+    with pytest.raises(ProfileError, match=r"field 'layer' is 3; the model has 3 layers$"):
+        import_counts(tmp_path / "m.csv", 3, 10, 2)
+    np.savez(tmp_path / "dense.npz", counts=with_row.counts.numpy())
+    assert torch.equal(import_counts(tmp_path / "dense.npz", 3, 10, 2, mtp_layers=1).counts, with_row.counts)
+
+
 def _random_profile(seed, passes=3):
     g = torch.Generator().manual_seed(seed)
     return RoutingProfile(counts=torch.randint(0, 100, (3, 3, 10), generator=g), top_k=2, phase_boundary=64,

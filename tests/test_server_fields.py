@@ -243,8 +243,10 @@ def test_top_k_draws_among_the_k_most_likely_only():
     """The Messages API's top_k: with k = 2 only the two best tokens are ever drawn, in the proportion of
     their renormalized probabilities (0.5 / 0.5 here); the thinking budget forces </think> once spent."""
     logits = torch.tensor([3.0, 3.0, 2.9, 2.9, -1.0])
-    s = Sampler(Sampling(temperature=1.0, top_k=2, seed=0))
-    draws = [s.pick(logits).token for _ in range(400)]
+    s, draws = Sampler(Sampling(temperature=1.0, top_k=2, seed=0)), []
+    for _ in range(400):  # a reply's 400 tokens: each index draws its own noise
+        draws.append(s.pick(logits).token)
+        s.accept(draws[-1])
     assert set(draws) == {0, 1} and 150 < draws.count(0) < 250
     s = Sampler(Sampling(think_budget=2, end_think=4))
     picks = []

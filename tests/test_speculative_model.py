@@ -49,11 +49,11 @@ def test_the_mtp_block_is_priced_like_an_average_layer_plus_its_dense_part():
 
 def test_with_no_acceptance_it_is_slower_than_plain_decoding_and_the_gain_grows_with_a():
     c = cost(layers=2)
-    plain, none = c.speculative_decode(0.0, None, [2])
+    plain, none = c.speculative_decode(0.0)
     assert none.tokens == 1.0
     assert none.seconds == pytest.approx(c.mtp_draft() + c.bucket_step(2) + c.decode_step())
     assert none.tokens_per_s < plain                      # drafting and verifying for nothing
-    rates = [c.speculative_decode(a, None, [2])[1].tokens_per_s for a in np.linspace(0, 1, 11)]
+    rates = [c.speculative_decode(a)[1].tokens_per_s for a in np.linspace(0, 1, 11)]
     assert all(b > a for a, b in zip(rates, rates[1:]))
 
 
@@ -108,7 +108,7 @@ def test_the_preset_world_has_the_mtp_rows_and_gains_from_them():
     for config in ("best", "documented"):
         assert [p.name for p in w.policies(config)][:2] == ["Ostinato", MTP_NAME]
     assert any(p.name.startswith("+ MTP") and p.mtp_acceptance == MTP_ACCEPTANCE for p in w.ablations())
-    plain, step = w.cost.speculative_decode(MTP_ACCEPTANCE, w.build.threshold, w.build.buckets)
+    plain, step = w.cost.speculative_decode(MTP_ACCEPTANCE)
     assert 1.0 < step.tokens_per_s / plain < 1 + MTP_ACCEPTANCE
 
 

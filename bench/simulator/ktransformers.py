@@ -93,9 +93,13 @@ class KTransformers(Policy):
 
 
 def with_gpu_set(cost: CostModel, gpu: np.ndarray) -> CostModel:
-    """The cost model with `gpu` [L, E] as each layer's GPU-resident set (for expected-value timings)."""
+    """The cost model with `gpu` [L, E] as each layer's GPU-resident set (for expected-value timings). The
+    MTP block keeps the plan's own hot set only with the plan's layers' (Ostinato); another system's draft
+    is priced as an average layer of its set (CostModel.mtp_draft without a placement)."""
     other = copy.copy(cost)
     other.layers = [replace(l, hot=gpu[i]) for i, l in enumerate(cost.layers)]  # shares, so _q, unchanged
+    if cost.mtp is not None and not all(np.array_equal(l.hot, gpu[i]) for i, l in enumerate(cost.layers)):
+        other.mtp = replace(cost.mtp, hot=None, share=None)
     return other
 
 

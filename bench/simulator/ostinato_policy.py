@@ -49,6 +49,6 @@ class Ostinato(Policy):
         eager = None if self.decode_graphs else True
         if self.mtp_acceptance is None:
             return static_decode(self.cost, self.hot, ids, eager=eager)
-        bucket = bool(self.buckets) and 2 <= self.buckets[-1]   # the plan's two-token forward (prefill())
-        verify = (True, False) if bucket else (False, True)
-        return speculative_decode(self.cost, self.hot, ids, self.mtp_acceptance, self._draft_s, verify, eager=eager)
+        # the verify: the engine's fixed-shape 2-token step, made whether or not 2 is a prefill bucket
+        return speculative_decode(self.cost, self.hot, ids, self.mtp_acceptance, self._draft_s, (True, False),
+                                  eager=eager)

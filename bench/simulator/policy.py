@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ostinato.buckets import bucket_pieces
-from ostinato.compiler.cost_model import CostModel, speculative_step
+from ostinato.compiler.cost_model import EAGER_STEP_OPS_PER_LAYER, CostModel, speculative_step
 
 
 @dataclass(frozen=True)
@@ -172,7 +172,8 @@ def verify_steps(cost: CostModel, gpu: np.ndarray, ids: np.ndarray, size: int, p
     att = np.array([cost.attention_time(l, size) for l in range(L)])     # [L]
     g, c = gtab[reads, hot_r], ctab[cold_d, cold_r]                       # [T, L]
     layers = (att[None] + g + c) if cost.hw.cpu_only else np.maximum(att[None] + g, c)
-    steps = cost.forward_time(layers.sum(axis=1), size, not eager, eager if eager else cost.decode_is_eager())
+    ops = EAGER_STEP_OPS_PER_LAYER if per_route else None  # a fixed-shape step's own ops, when eager
+    steps = cost.forward_time(layers.sum(axis=1), size, not eager, eager if eager else cost.decode_is_eager(), ops)
     return np.asarray(steps, dtype=float), float(g.sum()), float(c.sum())
 
 

@@ -15,7 +15,7 @@ from ostinato.plan import PlanError
 from ostinato.profile_format import ProfileError
 
 from ..codegen.cxx import KernelCompileError
-from ..compile import CompileError, CompileOptions, compile_plan
+from ..compile import SPECULATIVE, CompileError, CompileOptions, compile_plan
 from ..explain import explain
 
 
@@ -62,6 +62,10 @@ def parse_args(argv: list[str] | None) -> tuple[CompileOptions, bool]:
                    help="token counts of the captured short-prefill steps, powers of two (e.g. 8,16,32,64), or "
                         "'none' (default: the cost model keeps those predicted faster than an eager forward)")
     p.add_argument("--max-hot-per-layer", type=int, help="cap on hot experts per layer (default: memory decides)")
+    p.add_argument("--speculative", choices=SPECULATIVE, default="auto",
+                   help="decode with the checkpoint's MTP block (speculative decoding): auto: where the cost model "
+                        "says it pays, the block placed beside the head with its hot experts from the profile; "
+                        "off: never (no memory for it); mtp: always (the checkpoint must have it) (auto)")
     p.add_argument("--no-kernels", action="store_true", help="skip rendering and building the expert kernels")
     p.add_argument("--kernel-dir", type=Path, help="content-addressed folder for generated kernels "
                                                    "(default: build/kernels in the working directory)")
@@ -78,6 +82,7 @@ def parse_args(argv: list[str] | None) -> tuple[CompileOptions, bool]:
                           sessions=a.sessions, prefill_chunk=a.prefill_chunk, upload_group=a.upload_group,
                           snapshots=a.snapshots, prefill_buckets=a.prefill_buckets,
                           dense_format=a.dense_format, max_hot_per_layer=a.max_hot_per_layer,
+                          speculative=a.speculative,
                           build_kernels=not a.no_kernels, kernel_dir=a.kernel_dir), a.explain
 
 

@@ -94,7 +94,8 @@ def _import(argv: list[str]) -> int:
     from ..profile.counts_io import import_counts
 
     cfg = ModelConfig.from_json(a.model)
-    profile = import_counts(a.counts, cfg.n_layers, cfg.n_routed_experts, cfg.num_experts_per_tok)
+    profile = import_counts(a.counts, cfg.n_layers, cfg.n_routed_experts, cfg.num_experts_per_tok,
+                            mtp_layers=cfg.num_nextn_predict_layers)
     profile.save(a.output)
     print(f"wrote {a.output}: {int(profile.counts.sum()):,d} routes")
     return 0

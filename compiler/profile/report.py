@@ -109,6 +109,11 @@ def _format(profile, holdout, ks, rows, budget, layers, cold) -> str:
         lines.append(f"distinct cold experts per short prefill at k = {budget} ({cold['passes']} passes, median "
                      f"{cold['median_tokens']:.0f} tokens): median {cold['median_cold']:.0f} over all layers "
                      f"({cold['median_cold_per_layer']:.1f} per layer), p90 {cold['p90_cold']:.0f}")
+    if profile.mtp_acceptance is not None:
+        lines.append(f"MTP draft acceptance (depth 1, greedy): {profile.mtp_acceptance:.1%} ({profile.mtp_agreed} of "
+                     f"{profile.mtp_drafts} decode-step drafts equal to the model's own pick)")
+    elif profile.mtp_layers:
+        lines.append("MTP draft acceptance: not measured (ostinato-compile assumes the published figure)")
     return "\n".join(lines)
 
 

@@ -25,6 +25,10 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--decode", choices=("graph", "eager", "dynamic"), default="graph",
                    help="decode steps: graph = the fixed-shape step, one CUDA graph per GPU (eager on the CPU); "
                         "eager = that step without graphs; dynamic = the model's own forward (growing cache)")
+    p.add_argument("--speculative", choices=("off", "mtp"),
+                   help="mtp: draft each next token with the checkpoint's MTP block and verify it with the one "
+                        "before in one 2-token step (greedy output unchanged, sampled output distributed as "
+                        "without); off: plain decoding (default: the plan's policy.speculative)")
 
 
 def _decode_label(mode: str, engine) -> str:
@@ -42,10 +46,11 @@ def load_engine_from_args(a: argparse.Namespace):
 
     engine = load_engine(a.plan, a.model, a.device, DTYPES[a.dtype], a.hot_backend,
                          static_decode=a.decode != "dynamic", decode_graphs=a.decode == "graph",
-                         progress=None)  # a bar on a terminal's stderr
+                         progress=None, speculative=a.speculative)  # a bar on a terminal's stderr
     print(f"plan {a.plan}: {engine.plan.model.layers} layers on {engine.plan.hardware.name} "
           f"(devices: {', '.join(sorted({str(d) for d in engine.devices}))}), "
-          f"prefill threshold {engine.plan.policy.prefill_threshold}, decode: {_decode_label(a.decode, engine)}, "
+          f"prefill threshold {engine.plan.policy.prefill_threshold}, decode: {_decode_label(a.decode, engine)}"
+          f"{' with MTP speculation' if engine.speculative else ''}, "
           f"{engine.cpu_threads.describe()}")
     print(resident_line(resident(), engine.plan, engine.devices), flush=True)
     return engine

@@ -3,7 +3,11 @@
   ostinato-record MODEL --sessions FILE -o profile.safetensors [--limit-sessions N] [--scale S] ...
 
 It runs the model, so it lives on the runtime side; reading, merging and importing profiles is
-offline work (ostinato-profile).
+offline work (ostinato-profile). A checkpoint with an MTP block (mtp.0.*) is loaded with it, and the
+block follows every session as speculative decoding runs it: the profile gets its routes as one more
+row, from which ostinato-compile places the block's hot experts (--no-mtp: without it), and its
+depth-1 greedy draft acceptance is measured at every decode step (the profile's mtp_drafts/mtp_agreed),
+which ostinato-compile prices speculation at.
 """
 
 from __future__ import annotations
@@ -35,6 +39,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--scale", type=float, default=1.0, help="multiply appended tokens by this factor (1.0)")
     p.add_argument("--text", type=Path, help="text to draw token ids from (default: the package's corpus)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-mtp", action="store_true",
+                   help="leave the checkpoint's MTP block out (default: it follows the sessions and the profile "
+                        "gets its routes as one more row, for ostinato-compile to place its experts)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     a = p.parse_args(argv)
     for name in ("phase_boundary", "limit_sessions", "limit_turns"):
@@ -60,16 +67,23 @@ def main(argv: list[str] | None = None) -> int:
                                    a.limit_turns, a.max_generated)
         if not sessions:
             raise InputError(f"{a.sessions}: no sessions selected (check --first-session and --limit-sessions)")
+        from ostinato.checkpoint.reader import Checkpoint
+
         from ..model.model import load_model  # the model and torch: only once the arguments are good
         from ..profile_recording import record_profile
 
-        model = load_model(a.model)
+        with Checkpoint.open(a.model, weights=False) as ckpt:
+            mtp = ckpt.has_mtp and not a.no_mtp
+        model = load_model(a.model, mtp=mtp)
         profile = record_profile(model, a.model, sessions, a.phase_boundary, a.seed, a.text, progress=not a.quiet)
         profile.save(a.output)
     except (InputError, ProfileError, CheckpointError, WorkloadError) as e:
         return refuse("ostinato-record", e)
+    acc = profile.mtp_acceptance
     print(f"wrote {a.output}: {len(sessions)} sessions, {profile.pass_tokens.numel()} forward passes, "
-          f"{int(profile.counts.sum()):,d} routes")
+          f"{int(profile.counts.sum()):,d} routes" + (", the MTP block's included" if profile.mtp_layers else "")
+          + ("" if acc is None else f"; MTP draft acceptance {acc:.1%} ({profile.mtp_agreed} of "
+                                    f"{profile.mtp_drafts} greedy drafts kept)"))
     return 0
 
 

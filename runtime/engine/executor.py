@@ -134,17 +134,18 @@ class PlacementExecutor:
             out = out + bridge.finish(T)
         return out.to(x.dtype)
 
-    def count_decode(self, expert_ids: torch.Tensor, seconds: float) -> None:
-        """Host side, after a fixed-shape step: count its routes (expert_ids [L, T, k] or [L, k] on the CPU)
-        and check that every cold task succeeded."""
+    def count_decode(self, expert_ids: torch.Tensor, seconds: float, first_layer: int = 0) -> None:
+        """Host side, after a fixed-shape step: count its routes (expert_ids [L, T, k] or [L, k] on the CPU, of
+        layers first_layer ..) and check that every cold task succeeded."""
         c = self._counters
         expert_ids = expert_ids.reshape(expert_ids.shape[0], -1)  # [L, T * k]
-        hot = self._hot_of.gather(1, expert_ids)  # [L, k]
-        touched = torch.zeros_like(self._hot_of).scatter_(1, expert_ids, True)  # [L, E]
+        hot_of = self._hot_of[first_layer:first_layer + expert_ids.shape[0]]  # [L, E]
+        hot = hot_of.gather(1, expert_ids)  # [L, T * k]
+        touched = torch.zeros_like(hot_of).scatter_(1, expert_ids, True)  # [L, E]
         c.forwards += expert_ids.shape[0]
         c.routes_hot += int(hot.sum())
         c.routes_cold += int((~hot).sum())
-        c.distinct_cold += int((touched & ~self._hot_of).sum())
+        c.distinct_cold += int((touched & ~hot_of).sum())
         for bridge in self.bridges:
             if bridge is not None:
                 bridge.check()

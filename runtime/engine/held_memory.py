@@ -112,6 +112,8 @@ def held_memory(engine, sessions=()) -> HeldMemory:
             held.add(gpu[l], "kv_cache", tensors_in(s.session.cache.layers[l]))
             held.add(gpu[l], "kv_snapshots", tensors_in([snap.layers[l] for snap in s.session.snapshots]))
     runner = engine.step_runner
+    if engine.speculative:
+        _speculative(held, engine, f"gpu{plan.mtp.gpu}", sessions)
     if runner is not None:
         for T, s in runner.steps.items():
             if T > 1:  # the buckets' own I/O buffers, per segment (the state is the decode step's)
@@ -128,3 +130,22 @@ def held_memory(engine, sessions=()) -> HeldMemory:
     held.add(gpu[-1], "head", tensors_in((w.head, w.norm, w.hc_head)))
     held.claim_rest(tensors_in(engine, "engine"))
     return held
+
+
+def _speculative(held: HeldMemory, engine, row: str, sessions) -> None:
+    """The MTP block (layer index model.layers) and what the steps keep for speculation, on `row`."""
+    model, ex, runner = engine.model, engine.executor, engine.step_runner
+    le = ex.layers[model.config.n_layers]
+    held.add(row, "dense_weights", tensors_in(model.weights.mtp))
+    held.add(row, "hot_experts", tensors_in(le.hot_pool))
+    held.add("host", "cold_experts", tensors_in(le.cold), view_bytes=True)
+    for s in sessions:
+        held.add(row, "kv_cache", tensors_in(s.drafter.cache))
+    if runner is not None:
+        held.add(row, "speculative_steps", tensors_in(runner.drafts[1].state.layer))  # its position tensor too
+        for d in runner.drafts.values():
+            held.add(row, "speculative_steps", tensors_in([d.streams, d.next_ids, d.embedded, d.offsets, d.expert_ids,
+                                                           d.expert_weights, d.logits]))
+        for s in runner.steps.values():
+            held.add(row, "speculative_steps", tensors_in([s.streams] + ([s.all_logits] if s.every_logit else [])))
+        held.add(row, "speculative_steps", tensors_in([runner.rollback.layers, runner.rollback.positions]))

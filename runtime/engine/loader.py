@@ -28,7 +28,16 @@ from ostinato.checkpoint.fingerprint import model_fingerprint
 from ostinato.checkpoint.reader import Checkpoint, PackedExpert
 from ostinato.checkpoint.weight_fingerprint import weight_fingerprint
 from ostinato.isa import detect_isa, supports
-from ostinato.plan import KernelEntry, KernelName, Plan, PlanError, check_fingerprint, check_weights, load_plan
+from ostinato.plan import (
+    KernelEntry,
+    KernelName,
+    LayerPlan,
+    Plan,
+    PlanError,
+    check_fingerprint,
+    check_weights,
+    load_plan,
+)
 
 from ..kernels.cpu_experts import CpuExpertKernel
 from ..kernels.dense_ops import DenseOpsKernel
@@ -54,10 +63,11 @@ class Engine:
     devices: list
     step_runner: StepRunner | None      # the fixed-shape steps (decode, prefill buckets); None: dynamic
     cpu_threads: CpuThreads             # the cold kernel's threads: the plan's, clamped to this machine
+    speculative: bool = False           # sessions draft with the MTP block (engine/drafter.py)
 
     def new_session(self) -> EngineSession:
         return EngineSession(self.model.new_session(), self.executor, self.plan.policy.prefill_threshold,
-                             self.step_runner)
+                             self.step_runner, self.speculative)
 
     def close(self) -> None:
         self.executor.close()
@@ -133,13 +143,13 @@ def _packed(ckpt: Checkpoint, layer: int, experts: list[int]) -> list[PackedExpe
     return out
 
 
-def _cold_packed(ckpt: Checkpoint, plan: Plan, devices: list[torch.device],
+def _cold_packed(ckpt: Checkpoint, placed: list[LayerPlan], devices: list[torch.device],
                  disable: bool | None) -> list[list[PackedExpert]]:
-    """Each planned layer's cold experts (the ones not hot, by id): views of the checkpoint's mmap; with
+    """Each placed layer's cold experts (the ones not hot, by id): views of the checkpoint's mmap; with
     GPUs, copies in one pinned arena per NUMA node (pinned_arena.py), which the uploads DMA from.
     A CPU run copies nothing: it holds the experts once, in the page cache."""
     E = ckpt.config.n_routed_experts
-    layers = [_packed(ckpt, lp.layer, sorted(set(range(E)) - set(lp.hot_experts))) for lp in plan.layers]
+    layers = [_packed(ckpt, lp.layer, sorted(set(range(E)) - set(lp.hot_experts))) for lp in placed]
     if not pinned_arena.pinning(devices):
         return layers
     total = sum(e.nbytes for experts in layers for e in experts)
@@ -168,16 +178,35 @@ def compute_dtype(plan: Plan, dtype: torch.dtype | None, cuda: bool) -> torch.dt
     return dtype
 
 
+def speculating(plan: Plan, speculative: str | None) -> bool:
+    """Whether the engine drafts with the MTP block: the plan's policy.speculative, or `speculative`
+    ("off" / "mtp", ostinato-run --speculative) when given; "mtp" needs the plan to have placed the block."""
+    choice = plan.policy.speculative if speculative is None else speculative
+    if choice not in ("off", "mtp"):
+        raise ValueError(f"speculative must be 'off' or 'mtp', got {speculative!r}")
+    if choice == "mtp" and plan.mtp is None:
+        raise PlanError("--speculative mtp: the plan places no MTP block (field 'mtp' is null: the checkpoint has "
+                        "none, or the plan was compiled with --speculative off); recompile with "
+                        "ostinato-compile --speculative mtp")
+    if choice == "mtp" and plan.mtp.gpu != plan.layers[-1].gpu:
+        raise PlanError(f"field 'mtp.gpu' is {plan.mtp.gpu}: the MTP block runs by the head, on the last layer's "
+                        f"GPU ({plan.layers[-1].gpu})")
+    return choice == "mtp"
+
+
 def load_engine(plan: str | Path | Plan, model_dir: str | Path | None = None, device: str | None = None,
                 dtype: torch.dtype | None = None, hot_backend: str | None = None, static_decode: bool = True,
-                decode_graphs: bool = True, progress: bool | None = False) -> Engine:
+                decode_graphs: bool = True, progress: bool | None = False, speculative: str | None = None) -> Engine:
     """The plan's engine. `dtype`: the compute dtype, default the plan's dense format (see compute_dtype).
     `static_decode`: decode through the fixed-shape step sized for the plan's context (else the
     dynamic model); `decode_graphs`: capture that step as CUDA graphs on GPUs. `progress`: bars over
     the layers on stderr while weights are placed (routed experts, then the rest of each layer);
-    None: only when stderr is a terminal."""
+    None: only when stderr is a terminal. `speculative`: "off" / "mtp" instead of the plan's
+    policy.speculative (see speculating())."""
     if not isinstance(plan, Plan):
         plan = load_plan(plan)
+    spec = speculating(plan, speculative)
+    placed = [*plan.layers, plan.mtp] if spec else list(plan.layers)  # the MTP block is layer index model.layers
     model_dir = model_directory(plan, model_dir)
     fp = model_fingerprint(model_dir)
     check_fingerprint(plan, fp.config_sha256, fp.index_sha256)  # cheap: refuses another layout before any hashing
@@ -197,7 +226,7 @@ def load_engine(plan: str | Path | Plan, model_dir: str | Path | None = None, de
     threads = cpu_threads(plan.policy.cpu_threads, cuda)
     layers = []
     disable = None if progress is None else not progress  # tqdm: None = only on a terminal
-    with Checkpoint.open(model_dir) as ckpt, tqdm(total=len(plan.layers), desc="placing experts", unit="layer",
+    with Checkpoint.open(model_dir) as ckpt, tqdm(total=len(placed), desc="placing experts", unit="layer",
                                                  file=sys.stderr, disable=disable) as bar:
         cfg = ckpt.config
         if backend == "triton":
@@ -209,10 +238,10 @@ def load_engine(plan: str | Path | Plan, model_dir: str | Path | None = None, de
         else:
             compute = CpuPoolCompute(cpu_kernel, threads.threads)
         E, D, I = cfg.n_routed_experts, cfg.hidden_size, cfg.moe_intermediate_size
-        cold_layers = _cold_packed(ckpt, plan, devices, disable)
+        cold_layers = _cold_packed(ckpt, placed, devices, disable)
         staging = {}  # planned GPU -> its two upload buffers, shared by its layers (the plan counts one pair per
         # GPU; keyed by the plan's index so a CPU run holds what the GPUs would)
-        for lp, cold_packed in zip(plan.layers, cold_layers):
+        for lp, cold_packed in zip(placed, cold_layers):
             dev = devices[lp.gpu]
             compute.prepare(dev, dtype)
             if lp.gpu not in staging:
@@ -229,21 +258,21 @@ def load_engine(plan: str | Path | Plan, model_dir: str | Path | None = None, de
             bar.update()
     executor = PlacementExecutor(layers, compute, cpu_kernel, threads.threads, plan.policy.upload_group,
                                  plan.model.expert_bytes, dtype, cfg.num_experts_per_tok,
-                                 [1, *plan.policy.prefill_buckets])
+                                 sorted({1, *plan.policy.prefill_buckets} | ({2} if spec else set())))
     with tqdm(total=len(plan.layers), desc="loading layers", unit="layer", file=sys.stderr, disable=disable) as bar:
         model = load_model(model_dir, dtype=dtype, device=devices[plan.layers[0].gpu], executor=executor,
                            prefill_chunk=plan.policy.prefill_chunk,
                            layer_devices=[devices[lp.gpu] for lp in plan.layers], on_layer=lambda layer: bar.update(),
-                           fp8=plan.model.dense_format == "fp8")
+                           fp8=plan.model.dense_format == "fp8", mtp=spec)
     model.max_context, model.max_snapshots = plan.policy.context, plan.policy.snapshots  # what the plan sized
     model.hc_mix = _hc_mix_kernel(plan, cfg, cuda)
     model.dense_ops = DenseOpsKernel(_artifact(plan, plan.kernel(KernelName.DENSE_OPS_CPU)), load_triton_module(
         _artifact(plan, plan.kernel(KernelName.DENSE_OPS_TRITON))) if cuda else None)
     runner = StepRunner(model, executor, plan.policy.context, decode_graphs, [lp.gpu for lp in plan.layers],
-                        plan.policy.prefill_buckets) if static_decode else None
+                        plan.policy.prefill_buckets, spec) if static_decode else None
     if runner is not None and runner.use_graphs:  # now, not on the first request: seconds of capture
         with tqdm(total=len(runner.steps), desc="capturing CUDA graphs", unit="step", file=sys.stderr,
                   disable=disable) as bar:
             runner.capture_graphs(lambda T: bar.update())
-    return Engine(plan, model_dir, model, executor, devices, runner, threads)
+    return Engine(plan, model_dir, model, executor, devices, runner, threads, spec)
 

@@ -17,6 +17,7 @@ import numpy as np
 from ostinato.plan import Plan
 from ostinato.workload import SessionShape, TokenSource
 
+from .greedy import greedy_tokens
 from .loader import Engine
 
 
@@ -31,6 +32,8 @@ class TurnResult:
     hot_share: float
     distinct_cold: int
     predicted_wait_s: float | None
+    drafted: int = 0                     # MTP drafts verified in the turn (speculative engines)
+    accepted: int = 0
 
 
 def predicted_wait(plan: Plan, tokens: int) -> float | None:
@@ -49,6 +52,7 @@ def replay(engine: Engine, shape: SessionShape, tokens: TokenSource, on_turn=Non
     results, nxt = [], None
     for i, turn in enumerate(shape.turns):
         before = counters.copy()
+        drafts_before = session.drafted, session.accepted
         start = time.perf_counter()
         mode = "none"
         if turn.appended:
@@ -62,15 +66,16 @@ def replay(engine: Engine, shape: SessionShape, tokens: TokenSource, on_turn=Non
             nxt = int(logits.argmax())
             wait = time.perf_counter() - start
             t0 = time.perf_counter()
-            for _ in range(turn.generated - 1):
-                nxt = int(session.decode(nxt).argmax())
+            gen = greedy_tokens(session, nxt, turn.generated - 1)  # speculative when the plan says
             if turn.generated > 1:
                 speed = (turn.generated - 1) / (time.perf_counter() - t0)
+            nxt = gen[-1]
         else:
             wait = time.perf_counter() - start
         turn_counters = counters.minus(before)
         result = TurnResult(i, turn.appended, turn.generated, mode, wait, speed, turn_counters.hot_share,
-                            prefill.distinct_cold, predicted_wait(engine.plan, turn.appended))
+                            prefill.distinct_cold, predicted_wait(engine.plan, turn.appended),
+                            session.drafted - drafts_before[0], session.accepted - drafts_before[1])
         results.append(result)
         if on_turn is not None:
             on_turn(result)
@@ -92,11 +97,17 @@ def summary(results: list[TurnResult], plan: Plan, session_s: float) -> str:
     waits = np.array([r.wait_s for r in results[1:]] or [r.wait_s for r in results]) * 1e3
     speeds = [r.decode_tokens_per_s for r in results if r.decode_tokens_per_s]
     p = plan.predictions
+    drafted, accepted = sum(r.drafted for r in results), sum(r.accepted for r in results)
+    predicted = f"plan predicts {p.decode_tokens_per_s:.1f}"
+    if drafted:  # a speculative engine: its prediction assumes an acceptance; say what this replay saw
+        s = p.speculative
+        spec = "" if s.decode_tokens_per_s is None else \
+            f" plain, {s.decode_tokens_per_s:.1f} with MTP speculation at {s.acceptance:.0%} acceptance"
+        predicted += f"{spec}; {drafted} drafts, {accepted / drafted:.0%} accepted"
     return "\n".join([
         f"wait after tool output (turns after the first): median {np.median(waits):.1f} ms, "
         f"p90 {np.percentile(waits, 90):.1f} ms",
-        f"decode: median {np.median(speeds) if speeds else float('nan'):.1f} tokens/s "
-        f"(plan predicts {p.decode_tokens_per_s:.1f})",
+        f"decode: median {np.median(speeds) if speeds else float('nan'):.1f} tokens/s ({predicted})",
         f"session time: {session_s:.2f} s over {len(results)} turns",
         f"hot route share: plan (profiled) {p.hot_route_share:.1%}, measured "
         f"{np.mean([r.hot_share for r in results]):.1%} (mean over turns)"])

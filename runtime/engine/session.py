@@ -6,6 +6,16 @@ as its fixed-shape bucket steps instead, and decode steps as its decode step (a 
 GPU, eager on the CPU); without one, the dynamic model with the executor in decode mode.
 Everything else (cache kept across turns, truncate, fork) is the model session's; before any of it
 the decode runner stores back what its steps added to this session's cache.
+
+Speculation (a `drafter`, engine/drafter.py; the plan's policy.speculative "mtp"): the MTP block
+follows every token the session runs, and a caller that has decided the next token can instead
+
+    d_logits = session.draft(token)            # [V] the MTP block's logits for the token after it (or None)
+    logits = session.verify(token, d)          # [2, V]: token and its draft d in one step
+    logits = session.reject()                  # [V] d was wrong: back to before verify, token runs alone
+
+A rejection leaves the session exactly as plain decoding of `token` leaves it (the model session's
+or the static state's mark, then the same one-token step). `drafted` / `accepted` count drafts.
 """
 
 from __future__ import annotations
@@ -13,14 +23,19 @@ from __future__ import annotations
 import torch
 
 from ..model.session import Session
+from .drafter import MtpDrafter
 from .executor import PlacementExecutor
 from .step_runner import StepRunner
 
 
 class EngineSession:
     def __init__(self, session: Session, executor: PlacementExecutor, threshold: int | None,
-                 runner: StepRunner | None = None):
+                 runner: StepRunner | None = None, speculative: bool = False):
         self.session, self.executor, self.threshold, self.runner = session, executor, threshold, runner
+        self.drafter = MtpDrafter(session.model, executor, len(session), runner) if speculative else None
+        self._mark = None  # the state before the last verify (what reject() goes back to)
+        self._verified: int | None = None  # the token the last verify ran first
+        self.drafted = self.accepted = 0
 
     def __len__(self) -> int:
         return len(self.session)
@@ -34,41 +49,117 @@ class EngineSession:
 
     def prefill(self, token_ids, last_only: bool = False) -> torch.Tensor:
         ids = torch.as_tensor(token_ids, dtype=torch.long).reshape(-1)
+        self._settle()
+        follow = None if self.drafter is None else self._follow
         if self.prefill_mode(ids.numel(), last_only) == "bucket":
-            return self.runner.prefill(self.session, ids)
+            return self.runner.prefill(self.session, ids, follow)
         self._release()
-        self.executor.set_mode(self.prefill_mode(ids.numel()))
-        return self.session.prefill(ids, last_only)
+        mode = self.prefill_mode(ids.numel())
+        if follow is None:
+            self.executor.set_mode(mode)
+            return self.session.prefill(ids, last_only)
+
+        def chunk(chunk_ids, streams):  # the drafter's MTP forwards set their own mode
+            follow(chunk_ids, streams)
+            self.executor.set_mode(mode)
+        self.executor.set_mode(mode)
+        return self.session.prefill(ids, last_only, on_chunk=chunk)
 
     def decode(self, token_id) -> torch.Tensor:
+        self._settle()
+        if self.drafter is not None:
+            logits, streams = self._extend([int(token_id)])
+            self.drafter.ran([int(token_id)], streams)
+            return logits[0]
         if self.runner is not None:
             return self.runner.decode(self.session, int(token_id))
         self.executor.set_mode("decode")
         return self.session.decode(token_id)
 
+    # ----- speculation ---------------------------------------------------------------------------
+    def draft(self, token: int) -> torch.Tensor | None:
+        """The MTP block's logits [V] for the token after `token` (decided, to be run next); None without a
+        drafter or while it has no streams to draft from (the first token after a restart)."""
+        self._settle()
+        return None if self.drafter is None else self.drafter.draft(int(token))
+
+    def verify(self, token: int, draft: int) -> torch.Tensor:
+        """Run `token` and its draft in one step -> logits [2, V] (token's, the draft's). The session holds
+        both until reject(); anything else called next keeps them (the draft was accepted)."""
+        if self.drafter is None:
+            raise ValueError("verify() needs a speculative session (the plan's policy.speculative: mtp)")
+        self._settle()
+        self.drafted += 1
+        self.accepted += 1  # until reject() says otherwise
+        ids = [int(token), int(draft)]
+        self._mark = self.runner.mark(self.session) if self.runner is not None else self.session.mark()
+        self._verified = int(token)
+        logits, streams = self._extend(ids)
+        self.drafter.ran(ids, streams)
+        return logits
+
+    def reject(self) -> torch.Tensor:
+        """The last verify's draft was wrong: back to before it, and its first token alone -> logits [V]."""
+        if self._mark is None:
+            raise ValueError("reject() follows a verify()")
+        mark, token = self._mark, self._verified
+        self._mark = self._verified = None
+        self.accepted -= 1
+        if self.runner is not None:
+            self.runner.back_to(self.session, mark)
+        else:
+            self.session.back_to(mark)
+        self.drafter.cut(len(self.session))
+        return self.decode(token)
+
+    def _settle(self) -> None:
+        """Anything but reject() after a verify keeps its draft: the mark is no longer needed."""
+        self._mark = self._verified = None
+
+    def _follow(self, ids, streams) -> None:
+        self.drafter.ran(ids, streams)
+        self.drafter.catch_up()
+
+    def _extend(self, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.runner is not None:
+            return self.runner.extend(self.session, ids)
+        self.executor.set_mode("decode")
+        return self.session.extend(ids)
+
     def rewind_point(self, n: int) -> int:
+        self._settle()
         self._release()
         return self.session.rewind_point(n)
 
     def truncate(self, n: int) -> None:
+        self._settle()
         self._release()
         self.executor.set_mode(self.prefill_mode(max(0, n - len(self.session))))
         self.session.truncate(n)
+        if self.drafter is not None:  # the streams it holds below n stand
+            self.drafter.cut(n)
 
     def fork(self) -> EngineSession:
+        self._settle()
         self._release()
-        return EngineSession(self.session.fork(), self.executor, self.threshold, self.runner)
+        other = EngineSession(self.session.fork(), self.executor, self.threshold, self.runner)
+        other.drafter = None if self.drafter is None else self.drafter.fork()
+        return other
 
     def state(self) -> Session:
         """The model session with everything the decode steps added stored back: what a session file
-        writes (model/session_file.py). Read it, do not change it."""
+        writes (model/session_file.py; the MTP block's cache is not in it). Read it, do not change it."""
+        self._settle()
         self._release()
         return self.session
 
     def adopt(self, session: Session) -> None:
         """Continue from `session` (one read from a session file) instead of the one this holds."""
+        self._settle()
         self._release()
         self.session = session
+        if self.drafter is not None:
+            self.drafter.restart(len(session))
 
     def _release(self) -> None:
         if self.runner is not None:

@@ -15,6 +15,15 @@ bound) and the session snapshots there, as a dynamic prefill does, so truncate a
 cache and snapshots either way. Longer prompts run on the dynamic model (split-route or upload-once
 by the plan's threshold): at those lengths experts and attention, not dispatch, set the time.
 
+With speculation (the plan's policy.speculative "mtp", engine/drafter.py) every step also keeps its
+tokens' last-layer residual streams (the MTP block drafts from the streams of every token the model
+runs) and a 2-token step, which keeps both tokens' logits, verifies each draft: `mark()` before it
+and `back_to()` after a rejection put the buffers back exactly (static_decode/rollback.py, captured
+too), so the pending token runs alone as plain decoding would have run it. The drafts themselves run
+as the MTP block's fixed-shape steps of 1 and 2 pairs (static_decode/mtp_step.py, captured like the
+others), on one MTP state lent to one drafter at a time as the main state is lent to sessions
+(`draft()`, `release_drafter()`).
+
 On GPUs each segment of each step is captured once as a CUDA graph (decode_graphs.py, all in one
 memory pool on one capture stream per device: the steps never run at the same time) and replayed; on
 the CPU the same steps run eagerly. The capture runs when the engine loads (`capture_graphs()`, a
@@ -31,10 +40,14 @@ import torch
 from ostinato.buckets import bucket_pieces
 
 from ..model.session import Session
+from ..model.static_decode.mtp_step import MtpState, StaticMtpStep
+from ..model.static_decode.rollback import RollbackPass, StepRollback
 from ..model.static_decode.step import StaticStep
 from .decode_graphs import SegmentGraphs, graph_pool
 from .executor import PlacementExecutor
 from .streams import streams_for
+
+VERIFY_TOKENS = 2  # a verify step: the pending token and one draft (depth 1)
 
 
 def on_gpu(step: StaticStep) -> bool:
@@ -44,14 +57,25 @@ def on_gpu(step: StaticStep) -> bool:
 
 class StepRunner:
     def __init__(self, model, executor: PlacementExecutor, max_context: int, graphs: bool = True,
-                 layer_gpus: list[int] | None = None, buckets: list[int] = ()):
+                 layer_gpus: list[int] | None = None, buckets: list[int] = (), speculative: bool = False):
         """`layer_gpus`: the plan's GPU of each layer (the steps' segments, see StaticStep);
-        `buckets`: the prefill buckets' token counts (> 1; the decode step is T = 1)."""
+        `buckets`: the prefill buckets' token counts (> 1; the decode step is T = 1); `speculative`: every
+        step keeps its tokens' streams, the 2-token step (made if no bucket is one) every token's logits."""
         if any(b < 2 for b in buckets):
             raise ValueError(f"prefill buckets take at least 2 tokens, got {list(buckets)}")
-        self.step = StaticStep(model, max_context, layer_gpus)  # T = 1: the decode step
-        self.steps = {1: self.step} | {T: StaticStep(model, max_context, layer_gpus, tokens=T, state=self.step.state)
-                                       for T in sorted(set(buckets))}
+        self.step = StaticStep(model, max_context, layer_gpus, streams=speculative)  # T = 1: the decode step
+        sizes = sorted(set(buckets) | ({VERIFY_TOKENS} if speculative else set()))
+        self.steps = {1: self.step} | {T: StaticStep(model, max_context, layer_gpus, tokens=T, state=self.step.state,
+                                                     streams=speculative,
+                                                     all_logits=speculative and T == VERIFY_TOKENS)
+                                       for T in sizes}
+        self.speculative = speculative
+        self.drafts: dict[int, StaticMtpStep] = {}  # pairs -> the MTP block's step (speculative runners)
+        if speculative:
+            mtp_state = MtpState(model, max_context)
+            self.drafts = {P: StaticMtpStep(model, max_context, P, mtp_state) for P in (1, VERIFY_TOKENS)}
+        self.drafter = None  # the drafter whose MTP cache the MTP state holds
+        self.rollback = StepRollback(self.step.state, self.step.segments, VERIFY_TOKENS) if speculative else None
         self.buckets = sorted(set(buckets))
         self.executor = executor
         self.owner: Session | None = None
@@ -60,6 +84,9 @@ class StepRunner:
             streams_for(seg.device).named(seg.device, "capture")
         pool = graph_pool() if self.use_graphs else None
         self.graphs = {T: SegmentGraphs(step, pool) for T, step in self.steps.items()}
+        self.draft_graphs = {P: SegmentGraphs(step, pool) for P, step in self.drafts.items()}
+        self.rollback_graphs = {name: SegmentGraphs(RollbackPass(self.rollback, name == "restore"), pool)
+                                for name in ("save", "restore")} if speculative else {}
 
     def capture_graphs(self, on_step=lambda T: None) -> None:
         """Capture every step's graphs (at load: a no-op without GPU segments or with graphs off).
@@ -68,9 +95,12 @@ class StepRunner:
         if not self.use_graphs:
             return
         self.release()
+        self.release_drafter()
         for T, graphs in self.graphs.items():
             graphs.capture()
             on_step(T)
+        for graphs in (*self.draft_graphs.values(), *self.rollback_graphs.values()):
+            graphs.capture()
 
     @property
     def largest_bucket(self) -> int:
@@ -100,9 +130,37 @@ class StepRunner:
         return logits
 
     @torch.no_grad()
-    def prefill(self, session: Session, token_ids) -> torch.Tensor:
+    def extend(self, session: Session, token_ids) -> tuple[torch.Tensor, torch.Tensor]:
+        """T tokens of `session` in one step (T = 1, or 2 to verify a draft; speculative steps only) ->
+        (logits [T, V], last-layer residual streams [T, N, D]), copies; no snapshot, as decode."""
+        ids = [int(t) for t in torch.as_tensor(token_ids).reshape(-1)]
+        if not self.speculative or len(ids) not in (1, VERIFY_TOKENS):
+            raise ValueError(f"extend() takes 1 or {VERIFY_TOKENS} tokens on a speculative runner, got {len(ids)}")
+        self.bind(session)
+        self._run(len(ids), ids)
+        step = self.steps[len(ids)]
+        session.tokens.extend(ids)
+        return step.all_logits.clone(), step.streams.clone()
+
+    def mark(self, session: Session) -> int:
+        """Save `session`'s state now, for back_to() after steps of up to VERIFY_TOKENS tokens -> its length."""
+        self.bind(session)
+        self.rollback.mark(self.rollback_graphs["save"].run)
+        return len(session.tokens)
+
+    def back_to(self, session: Session, mark: int) -> None:
+        """Exactly the state of mark(): the steps since did not happen (the buffers, and the tokens)."""
+        if self.owner is not session:
+            raise ValueError("back_to: the session's steps were stored since its mark (a prefill, truncate or fork)")
+        self.rollback.back_to(self.rollback_graphs["restore"].run)
+        del session.tokens[mark:]
+
+    @torch.no_grad()
+    def prefill(self, session: Session, token_ids, on_piece=None) -> torch.Tensor:
         """n tokens of `session` (1 <= n <= the largest bucket) as bucket steps -> the last one's logits
-        [1, V] float32; the session's cache is current afterwards and snapshotted, as after a dynamic prefill."""
+        [1, V] float32; the session's cache is current afterwards and snapshotted, as after a dynamic prefill.
+        on_piece(ids [t], streams [t, N, D]): after each step, with its tokens' residual streams (speculative
+        runners only: the MTP block follows the prompt)."""
         ids = [int(t) for t in torch.as_tensor(token_ids).reshape(-1)]
         if not 1 <= len(ids) <= self.largest_bucket:
             raise ValueError(f"a bucketed prefill takes 1..{self.largest_bucket} tokens, not {len(ids)}")
@@ -111,12 +169,39 @@ class StepRunner:
         done = 0
         for T in bucket_pieces(len(ids), self.buckets):
             logits = self._run(T, ids[done:done + T])
+            if on_piece is not None:
+                on_piece(torch.tensor(ids[done:done + T]), self.steps[T].streams.clone())
             done += T
         logits = logits.clone()[None]  # [1, V]
         self.step.store(session.cache)  # stays bound: the next decode goes on without a reload
         session.tokens.extend(ids)
         session.snapshot()
         return logits
+
+    # ----- the MTP block's drafts ----------------------------------------------------------------
+    @torch.no_grad()
+    def draft(self, drafter, streams: torch.Tensor, next_ids: torch.Tensor) -> torch.Tensor:
+        """The draft of `drafter` (engine/drafter.py) from P = 1 or 2 pairs (streams [P, N, D], next ids [P])
+        at its position -> the last pair's draft logits [V] (a copy); its MTP cache stays in the buffers."""
+        if self.drafter is not drafter:
+            self.release_drafter()
+            self.drafts[1].state.load(drafter.cache, drafter.next - drafter.origin)
+            self.drafter = drafter
+        step = self.drafts[streams.shape[0]]
+        start = time.perf_counter()
+        step.set_pairs(streams, next_ids)
+        logits = self.draft_graphs[streams.shape[0]].run()
+        self.executor.count_decode(step.route_ids(), time.perf_counter() - start, step.segments[0].first_layer)
+        return logits.clone()
+
+    def release_drafter(self, drafter=None, keep: bool = True) -> None:
+        """Store the MTP buffers' additions into the lending drafter's cache (only if it is `drafter`, when
+        given); keep=False: drop them (the drafter restarts)."""
+        if self.drafter is None or (drafter is not None and self.drafter is not drafter):
+            return
+        if keep:
+            self.drafts[1].state.store(self.drafter.cache)
+        self.drafter = None
 
     def _run(self, T: int, ids: list[int]) -> torch.Tensor:
         """One step of T tokens -> its logits buffer [V]; counts its routes."""

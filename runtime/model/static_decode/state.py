@@ -16,7 +16,7 @@ Buffers start at zero: rows that are not visible still go through matmuls with w
 gathered and masked), and 0 * NaN would poison them; stale rows are finite for the same reason.
 
 `DecodeState.load(cache)` / `store(cache)` convert from / to a dynamic KvCache on the host (plain
-eager code, not meant to be captured).
+eager code, not meant to be captured). rollback.py undoes a step exactly (a rejected speculative draft).
 
 Legend: W sliding_window, hd head_dim, m ratio, C compressor projection width (2 * width when
 overlapped), width entry width (hd, or dI for index keys), R rows capacity.

@@ -40,9 +40,11 @@ class StaticStep:
     """One model's fixed-shape step of `tokens` tokens for contexts up to max_context tokens."""
 
     def __init__(self, model: Model, max_context: int, layer_gpus: list[int] | None = None, tokens: int = 1,
-                 state: DecodeState | None = None):
+                 state: DecodeState | None = None, streams: bool = False, all_logits: bool = False):
         """`layer_gpus`: the plan's GPU of each layer, for the segments (default: by torch device);
-        `state`: another step's buffers to share (same model and max_context), else new ones."""
+        `state`: another step's buffers to share (same model and max_context), else new ones;
+        `streams`: keep the tokens' last-layer residual streams (`streams` [T, N, D]: the MTP block drafts
+        from them); `all_logits`: every token's logits (`all_logits` [T, V]: a speculative verify step's)."""
         if tokens < 1:
             raise ValueError(f"a static step takes at least 1 token, not {tokens}")
         cfg, T = model.config, tokens
@@ -70,7 +72,10 @@ class StaticStep:
         self.expert_weights = [torch.zeros(s.end_layer - s.first_layer, T, k, device=s.device)
                                for s in self.segments]
         self.offsets = [torch.arange(T, device=s.device) for s in self.segments]  # [T]
-        self.logits = torch.zeros(cfg.vocab_size, device=last)  # [V] float32 output
+        self.every_logit = all_logits
+        self.all_logits = torch.zeros(T if all_logits else 1, cfg.vocab_size, device=last)  # [T or 1, V] float32
+        self.logits = self.all_logits[-1]  # [V]: the last token's logits (a view)
+        self.streams = torch.zeros(T, N, D, device=last) if streams else None  # [T, N, D] float32
 
     # Host side.
 
@@ -161,7 +166,9 @@ class StaticStep:
         if i + 1 < len(self.segments):
             self.streams_out[i].copy_(streams)
         else:
-            self.logits.copy_(self.model.head(streams[-1:])[0])
+            if self.streams is not None:
+                self.streams.copy_(streams)
+            self.all_logits.copy_(self.model.head(streams if self.every_logit else streams[-1:]))
         self.state.positions[i].add_(self.tokens)
 
     def _embed(self) -> torch.Tensor:
