@@ -25,6 +25,10 @@ from ostinato.bench.simulator.bench import (
     EDGE_END,
     HEADLINE_BEGIN,
     HEADLINE_END,
+    REPLACE_BEGIN,
+    REPLACE_END,
+    REPLACE_README_BEGIN,
+    REPLACE_README_END,
     doc_with,
     run_modeled,
 )
@@ -82,10 +86,14 @@ def main(argv=None) -> int:
     print(report)
     if a.doc:
         edge = (a.out / "edge_vs_coverage.md").read_text().strip()
-        a.doc.write_text(doc_with(doc_with(a.doc.read_text(), report), edge, EDGE_BEGIN, EDGE_END))
+        replaced = (a.out / "replacement.md").read_text().strip()
+        doc = doc_with(doc_with(a.doc.read_text(), report), edge, EDGE_BEGIN, EDGE_END)
+        a.doc.write_text(doc_with(doc, replaced, REPLACE_BEGIN, REPLACE_END))
         readme = a.doc.resolve().parents[1] / "README.md"
         head = (a.out / "headline.md").read_text().strip()
-        readme.write_text(doc_with(readme.read_text(), head, HEADLINE_BEGIN, HEADLINE_END))
+        lines = (a.out / "replacement_readme.md").read_text().strip()
+        readme.write_text(doc_with(doc_with(readme.read_text(), head, HEADLINE_BEGIN, HEADLINE_END), lines,
+                                   REPLACE_README_BEGIN, REPLACE_README_END))
         plot = a.doc.resolve().parent / PLOT
         shutil.copyfile(a.out / "modeled_wait_vs_coverage.png", plot)
         print(f"(rewrote the modeled tables in {a.doc} and its plot {plot})")

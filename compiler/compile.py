@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from ostinato import __version__
+from ostinato.adaptation import AdaptPolicy, default_policy
 from ostinato.buckets import largest_bucket_for
 from ostinato.checkpoint import model_sizes
 from ostinato.checkpoint.config import ModelConfig
@@ -61,6 +62,7 @@ from .profile import PHASES, RoutingProfile, load_profile, synthetic_profile, un
 log = logging.getLogger("ostinato.compile")
 
 PREDICTED_TURNS = (8, 16, 64, 120, 512, 1500, 4096, 16384)
+ADAPT = ("off", "idle")  # --adapt (ostinato/adaptation.py)
 SPECULATIVE = ("auto", "off", "mtp")  # --speculative: the cost model decides, never, always (the block must exist)
 # The fewest measured drafts (a recorded profile's mtp_drafts) whose acceptance replaces the published one
 # (MTP_ACCEPTANCE). A rate measured on n drafts has a standard error of at most 0.5 / sqrt(n): 5 points at
@@ -89,6 +91,8 @@ class CompileOptions:
     objective_phases: tuple[str, ...] = ("decode", "short_prefill")
     prefill_buckets: tuple[int, ...] | None = None  # None: the cost model chooses (CostModel.choose_buckets)
     speculative: str = "auto"                # SPECULATIVE: decode with the MTP block where it pays / never / always
+    adapt: str | None = None                 # ADAPT: re-place hot experts between turns (None: idle with GPUs, else
+                                             # off: on a cpu-only spec the hot pools are host memory too)
     build_kernels: bool = True
     kernel_dir: Path | None = None           # content-addressed build folder (default: build/kernels here)
 
@@ -379,10 +383,20 @@ def policy(b: Build) -> None:
             context=o.context, sessions=o.sessions, prefill_threshold=b.threshold, prefill_chunk=o.prefill_chunk,
             upload_group=o.upload_group, snapshots=o.snapshots, decode_graph_routes=cfg.num_experts_per_tok,
             prefill_buckets=list(b.buckets), cpu_threads=hw.host.cores, objective_phases=list(o.objective_phases),
-            speculative="mtp" if b.mtp_placed else "off"),
+            speculative="mtp" if b.mtp_placed else "off", adapt=_adapt(b).model_dump()),
             "the plan's policy")
     except SchemaError as e:
         raise CompileError(str(e)) from None
+
+
+def _adapt(b: Build) -> AdaptPolicy:
+    """policy.adapt: --adapt, by default idle where there are GPUs to promote experts onto."""
+    o, hw, pl = b.options, b.hardware, b.placement
+    mode = o.adapt if o.adapt is not None else "off" if hw.cpu_only else "idle"
+    if mode not in ADAPT:
+        raise CompileError(f"--adapt is {mode!r}: one of {', '.join(ADAPT)}")
+    return default_policy(mode, sum(len(h) for h in pl.hot), model_sizes(b.config).expert_bytes,
+                          hw.link.h2d_bandwidth)
 
 
 def kernels(b: Build) -> None:

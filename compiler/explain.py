@@ -41,5 +41,14 @@ def explain(plan: Plan) -> str:
             f"prefill: {steps}split-route up to {t if t is not None else 'any number of'} tokens, upload-once above",
             f"predicted wait after a 120-token tool output: {p.wait_after_tool_output_120_tokens_ms:.1f} ms",
             f"predicted decode: {p.decode_ms_per_token:.2f} ms/token = {p.decode_tokens_per_s:.1f} tokens/s",
-            f"MTP speculative decoding ({plan.policy.speculative}): {p.speculative.reason}"]
+            f"MTP speculative decoding ({plan.policy.speculative}): {p.speculative.reason}",
+            _adapt_line(plan.policy.adapt)]
     return "\n".join(out)
+
+
+def _adapt_line(a) -> str:
+    if a.mode == "off":
+        return "re-placement between turns: off (--adapt idle turns it on)"
+    return (f"re-placement between turns (idle): up to {a.max_experts} experts and {a.max_bytes / 1e9:.1f} GB per "
+            f"idle period, session routes decayed x{a.decay:g} a turn, blended {1 - a.prior:g}/{a.prior:g} with "
+            f"the plan's hot set, swaps gaining at least {a.min_gain:.1%} of a layer's routes")

@@ -11,7 +11,10 @@ Every formula is written out here so that a plan's numbers can be re-derived by 
   `sliding_window` rows of head_dim; compressed layers one row per `ratio` tokens; CSA also
   indexer keys (index_head_dim per 4 tokens); plus the compressors' fp32 partial-window state;
 - decode-graph buffers (1-token workspace plus one context of static KV state), upload staging,
-  prefill workspace and allocator headroom (formulas below).
+  prefill workspace and allocator headroom (formulas below);
+- re-placement between turns (policy.adapt, runtime/engine/adapter.py) adds nothing: a swap moves an
+  expert into the slot of the one it evicts, so every hot pool keeps its size, and the evicted expert is
+  computed from its row of the layer's cold table, a view of the memory-mapped checkpoint (page cache).
 Legend: C prefill chunk tokens, N context tokens, S sessions.
 """
 

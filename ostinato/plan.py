@@ -1,4 +1,4 @@
-"""plan.yaml: the one contract between the compiler and the runtime (schema version 6).
+"""plan.yaml: the one contract between the compiler and the runtime (schema version 7).
 
 A plan is fully resolved: which GPU runs each layer, which expert ids are resident there, every
 device's bytes by kind, the execution policy, the generated kernels and the cost model's
@@ -22,14 +22,16 @@ from typing import Literal
 
 from pydantic import Field, PrivateAttr, model_validator
 
+from .adaptation import AdaptPolicy
 from .buckets import bucket_rule_error
 from .hardware import HardwareSpec
 from .validation import Bytes, Count, Index, Name, Record, SchemaError, Sha256, Share, validate
 from .yaml_files import dump_yaml, read_yaml
 
-SCHEMA_VERSION = 6  # 4: provenance.weights_sha256 and shard_sha256 (the weights themselves);
+SCHEMA_VERSION = 7  # 4: provenance.weights_sha256 and shard_sha256 (the weights themselves);
                     # 5: predictions.speculative (does MTP speculative decoding pay on this hardware);
-                    # 6: the MTP block's placement (`mtp`) and policy.speculative (the engine drafts with it)
+                    # 6: the MTP block's placement (`mtp`) and policy.speculative (the engine drafts with it);
+                    # 7: policy.adapt (the hot set follows the session, ostinato/adaptation.py)
 
 AttentionKind = Literal["sliding", "csa", "hca"]
 Phase = Literal["decode", "short_prefill", "long_prefill"]
@@ -122,6 +124,7 @@ class Policy(Record):
                                          # two); prompts up to the largest run as those steps, exactly
     cpu_threads: Count
     objective_phases: list[Phase]
+    adapt: AdaptPolicy                   # re-placement between turns (mode off, or idle: its budget and blend)
     speculative: Literal["off", "mtp"]   # decode drafts with the MTP block and verifies 2 tokens per step
                                          # ("mtp": the block is placed, `mtp`, and its memory counted)
 
@@ -174,7 +177,7 @@ class Predictions(Record):
 
 
 class Plan(Record):
-    schema_version: Literal[6]
+    schema_version: Literal[7]
     notes: list[str]                     # what a reader must know (synthetic profile, skipped steps, ...)
     provenance: Provenance
     model: ModelSummary
@@ -202,6 +205,9 @@ class Plan(Record):
             self._check_layer(f"field 'layers[{i}]", lp, i)
         if self.mtp is not None:
             self._check_layer("field 'mtp", self.mtp, m.layers)
+            if self.layers and self.mtp.gpu != self.layers[-1].gpu:
+                raise ValueError(f"field 'mtp.gpu' is {self.mtp.gpu}: the MTP block runs by the head, on the last "
+                                 f"layer's GPU ({self.layers[-1].gpu})")
         if self.policy.speculative == "mtp" and self.mtp is None:
             raise ValueError("field 'policy.speculative' is mtp, but the plan places no MTP block (field 'mtp')")
         devices = [d.device for d in self.memory]

@@ -18,6 +18,8 @@ class Metrics:
     generated_tokens: int = 0
     drafted_tokens: int = 0         # MTP drafts verified (speculative decoding)
     accepted_tokens: int = 0        # drafts the model's own pick agreed with
+    experts_swapped: int = 0        # experts promoted into a hot pool between turns (policy.adapt)
+    adapt_bytes_uploaded: int = 0   # their uploads' bytes
     routes_hot: int = 0
     routes_cold: int = 0
     wait_sum: float = 0.0           # request arrival -> first token (queue + prefill + first pick)
@@ -50,6 +52,10 @@ class Metrics:
                 ("ostinato_drafted_tokens_total", "counter", "MTP draft tokens verified (speculative decoding)",
                  self.drafted_tokens),
                 ("ostinato_accepted_tokens_total", "counter", "MTP draft tokens accepted", self.accepted_tokens),
+                ("ostinato_experts_swapped_total", "counter", "experts promoted into a hot pool between turns",
+                 self.experts_swapped),
+                ("ostinato_adapt_bytes_uploaded_total", "counter", "bytes uploaded for those promotions",
+                 self.adapt_bytes_uploaded),
                 ("ostinato_hot_route_share", "gauge", "share of expert routes computed from resident hot experts",
                  self.routes_hot / routes if routes else 0.0),
                 ("ostinato_cache_hits_total", "counter", "requests that reused a cached session", cache_stats.hits),

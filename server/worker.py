@@ -174,6 +174,9 @@ class Worker:
         finally:
             if entry is not None:
                 entry.tokens = list(job.ids) + gen[:len(entry.session) - len(job.ids)]  # what the session ran
+                end_turn = getattr(self.engine, "end_turn", None)
+                if end_turn is not None:  # the reply is out: the agent's tool runs; re-place for this session
+                    end_turn(entry.session)
                 drafted = entry.session.drafted - spec_before[0] if self.speculative else 0
                 accepted = entry.session.accepted - spec_before[1] if self.speculative else 0
                 self.cache.release(entry)
@@ -186,6 +189,9 @@ class Worker:
                 m.generated_tokens += len(gen)
                 m.routes_hot += d.routes_hot
                 m.routes_cold += d.routes_cold
+                adapter = getattr(self.engine, "adapter", None)
+                if adapter is not None:
+                    m.experts_swapped, m.adapt_bytes_uploaded = adapter.stats.swapped, adapter.stats.bytes_uploaded
                 m.cancelled += reason == "cancelled"
                 if entry is not None:
                     m.drafted_tokens += drafted

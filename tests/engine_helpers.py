@@ -43,7 +43,8 @@ def on_gpus(plan, gpus: int):
     per = -(-len(plan.layers) // gpus)
     layers = [lp.replace(gpu=i // per) for i, lp in enumerate(plan.layers)]
     memory = [plan.memory[0].replace(device=f"gpu{g}") for g in range(gpus)] + [plan.memory[-1]]
-    return plan.replace(hardware=hardware, layers=layers, memory=memory)
+    mtp = plan.mtp and plan.mtp.replace(gpu=layers[-1].gpu)  # the MTP block goes with the head
+    return plan.replace(hardware=hardware, layers=layers, memory=memory, mtp=mtp)
 
 
 def pipeline_engine(compiled, tiny_ckpt, placement: str, gpus: int, threshold=None, hot_backend=None):

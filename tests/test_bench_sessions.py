@@ -32,6 +32,8 @@ def test_another_workload_file_is_replayed(tmp_path, capsys):
     assert "#### my-agents: 2 sessions, rtx4090d-x4, baselines as documented" in report
     assert "| hot-set coverage of routes |" in (tmp_path / "out" / "edge_vs_coverage.md").read_text()
     assert "| my-agents | at their best |" in (tmp_path / "out" / "headline.md").read_text()
+    assert "#### re-placement, my-agents: 2 sessions, rtx4090d-x4, session drift as published" in (
+        tmp_path / "out" / "replacement.md").read_text()   # 3 turns only: no turn >= 3 to summarize (nan)
     for name in SYSTEMS:
         assert f"| {name} |" in report, name
     assert bench_sessions.main(["--sessions", str(csv), "--per-workload", "1", "--sweep-sessions", "1",
@@ -53,15 +55,28 @@ def test_the_documented_tables_are_the_tools_output():
         DOC_SESSIONS,
         HEADLINE_BEGIN,
         HEADLINE_END,
+        REPLACE_BEGIN,
+        REPLACE_END,
+        REPLACE_README_BEGIN,
+        REPLACE_README_END,
         modeled_tables,
+        replacement_tables,
     )
     from ostinato.bench.simulator.world import build_world
 
     doc = (Path(__file__).resolve().parents[1] / bench_sessions.DOC).read_text()
     block = doc[doc.index(DOC_BEGIN) + len(DOC_BEGIN):doc.index(DOC_END)].strip()
-    tables, head, _ = modeled_tables(build_world(), read_sessions(bench_sessions.SHIPPED), DOC_SESSIONS, seed=0)
+    world, sessions = build_world(), read_sessions(bench_sessions.SHIPPED)
+    tables, head, _ = modeled_tables(world, sessions, DOC_SESSIONS, seed=0)
     assert block == tables, ("docs/benchmarks.md's modeled tables are stale: run "
                              "python -m ostinato.bench.sessions --skip-measured --doc")
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     shown = readme[readme.index(HEADLINE_BEGIN) + len(HEADLINE_BEGIN):readme.index(HEADLINE_END)].strip()
     assert shown == head, "README.md's headline is stale: run python -m ostinato.bench.sessions --skip-measured --doc"
+    # re-placement during tool time (issue #31): its no-drift runs rode on modeled_tables' replay
+    replaced, lines = replacement_tables(world, sessions, DOC_SESSIONS, seed=0)
+    assert doc[doc.index(REPLACE_BEGIN) + len(REPLACE_BEGIN):doc.index(REPLACE_END)].strip() == replaced, (
+        "docs/benchmarks.md's re-placement tables are stale: run python -m ostinato.bench.sessions "
+        "--skip-measured --doc")
+    shown = readme[readme.index(REPLACE_README_BEGIN) + len(REPLACE_README_BEGIN):readme.index(REPLACE_README_END)]
+    assert shown.strip() == lines, "README.md's re-placement lines are stale: run the same"

@@ -156,7 +156,7 @@ def test_a_two_gpu_pipeline_plan(compiled, tiny_ckpt, reference):
     hardware = plan.hardware.replace(gpus=plan.hardware.gpus.replace(count=2))
     layers = [lp.replace(gpu=0 if lp.layer < 2 else 1) for lp in plan.layers]
     memory = [plan.memory[0], plan.memory[0].replace(device="gpu1"), plan.memory[1]]
-    two = plan.replace(hardware=hardware, layers=layers, memory=memory)
+    two = plan.replace(hardware=hardware, layers=layers, memory=memory, mtp=plan.mtp and plan.mtp.replace(gpu=1))
     engine = load_engine(two, tiny_ckpt, device="cpu")
     assert engine.model.layer_devices == [torch.device("cpu")] * 4 and len(engine.devices) == 2
     _close(engine.new_session().prefill(IDS[:40]), reference.new_session().prefill(IDS[:40]))

@@ -6,12 +6,24 @@ import numpy as np
 import pytest
 from simulator_helpers import ACT, EXPERT, HW, MS
 
+from ostinato.adaptation import AdaptPolicy
 from ostinato.bench.simulator.kernels import load_kernel_table
-from ostinato.bench.simulator.ktransformers import KTransformers, frequency_placed, uniform_placed
+from ostinato.bench.simulator.ktransformers import KTransformers, KTransformersDynamic, frequency_placed, uniform_placed
 from ostinato.bench.simulator.llamacpp import CpuExperts, LayerPlacement, LruCache, layers_that_fit
 from ostinato.bench.simulator.ostinato_policy import Ostinato
+from ostinato.bench.simulator.replacement import AdaptiveOstinato, default_adapt
 from ostinato.bench.simulator.replay import chunks, simulate, summarize
-from ostinato.bench.simulator.trace import TraceSampler, at_coverage, counts_of
+from ostinato.bench.simulator.trace import (
+    PUBLISHED_JACCARD,
+    DriftSampler,
+    TraceSampler,
+    at_coverage,
+    calibrate_drift,
+    counts_of,
+    hot_set,
+    jaccard,
+    median_jaccard,
+)
 from ostinato.compiler.cost_model import CostModel, LayerCostInputs
 from ostinato.compiler.host_kernel import KernelRates
 from ostinato.workload import SessionShape, Turn
@@ -328,3 +340,132 @@ def test_a_tensor_parallel_upload_spreads_over_every_link_up_to_the_host_read():
     assert c4.upload_time(1) == pytest.approx(EXPERT / 1e4)
     assert c4.upload_time(1, links=4) == pytest.approx(EXPERT / 3e4)
     assert c4.upload_time(1, links=2) == pytest.approx(EXPERT / 2e4)
+
+
+# ---- re-placement during tool time (issue #31) ------------------------------------------------------------
+
+def zipf_profile(layers=43, experts=256, exponent=0.9, seed=0):
+    """The synthetic profile's shape (world.PROFILE): one Zipf curve per layer, dealt to the experts at random."""
+    rng = np.random.default_rng(seed)
+    curve = np.arange(1, experts + 1, dtype=float) ** -exponent
+    return np.stack([rng.permutation(curve) for _ in range(layers)])
+
+
+@pytest.mark.slow   # about 3 s: 16 bisection steps over 8 draws of 5 sessions of 43 x 256 experts
+def test_drift_is_calibrated_to_the_published_hot_set_overlap():
+    shares = zipf_profile()
+    weight = calibrate_drift(shares)
+    assert 0.5 < weight < 1.0
+    assert median_jaccard(shares, weight) == pytest.approx(PUBLISHED_JACCARD, abs=0.015)
+    assert median_jaccard(shares, weight, seed=7) == pytest.approx(PUBLISHED_JACCARD, abs=0.025)  # other sessions
+    assert median_jaccard(shares, 0.0) == 1.0                   # no drift: every session's hot set is the profile's
+    # the sessions a DriftSampler draws have that overlap (the laws it routes by)
+    drift = DriftSampler(shares, 6, weight, seed=3)
+    sets = [hot_set(drift.for_session(i).shares) for i in range(5)]
+    j = np.median([jaccard(sets[a], sets[b]) for a in range(5) for b in range(a + 1, 5)])
+    assert j == pytest.approx(PUBLISHED_JACCARD, abs=0.04)
+
+
+def test_hot_set_overlap_is_the_jaccard_of_each_layers_top_experts():
+    a = np.array([[4.0, 3, 2, 1], [1, 2, 3, 4]])
+    b = np.array([[4.0, 1, 3, 2], [4, 3, 2, 1]])
+    assert hot_set(a, pairs=4).tolist() == [0, 1, 7, 6] and hot_set(b, pairs=4).tolist() == [0, 2, 4, 5]
+    assert jaccard(hot_set(a, pairs=4), hot_set(b, pairs=4)) == pytest.approx(1 / 7)
+    assert median_jaccard(a, 0.0, topics=3) == 1.0   # no drift: every session's hot set is the profile's
+
+
+def test_no_drift_traces_are_todays():
+    """Weight 0: every session shares the one sampler, so a replay is the TraceSampler's, draw for draw."""
+    shares = zipf_profile(layers=2, experts=4)
+    drift = DriftSampler(shares, 1, 0.0, seed=5)
+    assert drift.for_session(0) is drift.for_session(3) is drift.base
+    c = cost(layers=2)
+    sessions = [SessionShape(f"s{i}", (Turn(3, 2), Turn(300, 2))) for i in range(2)]
+    plain = simulate(sessions, [Ostinato(c, np.stack([c.layers[0].hot] * 2), None)], TraceSampler(shares, 1, 5))
+    same = simulate(sessions, [Ostinato(c, np.stack([c.layers[0].hot] * 2), None)], drift)
+    assert [[t.wait_s for t in s.turns] for s in plain["Ostinato"]] == [[t.wait_s for t in s.turns]
+                                                                          for s in same["Ostinato"]]
+    other = simulate(sessions, [Ostinato(c, np.stack([c.layers[0].hot] * 2), None)],
+                     DriftSampler(shares, 1, 0.9, seed=5))
+    assert [t.hot_routes for s in other["Ostinato"] for t in s.turns] != [t.hot_routes for s in plain["Ostinato"]
+                                                                         for t in s.turns]
+
+
+def adapting(c, hot, idle_bytes=10 ** 6, max_experts=8, prior=0.5, min_gain=0.002):
+    policy = AdaptPolicy(mode="idle", max_experts=max_experts, max_bytes=idle_bytes, decay=0.5, prior=prior,
+                         min_gain=min_gain)
+    return AdaptiveOstinato(c, hot, None, [], policy)
+
+
+def test_the_turns_hot_share_is_its_routes_to_the_resident_set():
+    """test_one_turn_split_wait's turn: prefill e0 (hot), e2 (cold); decode e1 (hot), e3 (cold): half hot."""
+    c = cost()
+    sampler = Fixed({2: routing(1, 4, [{0: 1, 2: 1}])}, np.array([[[1]], [[3]]]))
+    turn = simulate([SessionShape("s", (Turn(2, 2),))], [Ostinato(c, c.layers[0].hot[None], None)],
+                    sampler)["Ostinato"][0].turns[0]
+    assert (turn.hot_routes, turn.routes, turn.hot_share) == (2, 4, 0.5)
+
+
+def test_re_placement_follows_a_drifting_session_one_for_one():
+    """Every route of the session goes to cold e2, e3: after the turn both become hot in place of e0, e1,
+    the next turn runs all hot, and no layer's hot pool grows."""
+    c = cost(experts=6, hot=(0, 1, 4))
+    hot = c.layers[0].hot[None]
+    pol = adapting(c, hot)
+    sampler = Fixed({4: routing(1, 6, [{2: 2, 3: 2}])}, np.array([[[2]], [[3]]] * 2))
+    runs = simulate([SessionShape("s", (Turn(4, 2), Turn(4, 2), Turn(4, 2)))], [pol], sampler, idle_s=1.0)
+    turns = runs[pol.name][0].turns
+    assert [t.hot_share for t in turns] == [0.0, 1.0, 1.0]
+    assert pol.hot.sum() == hot.sum() and pol.hot[0, [2, 3]].all() and pol.hot[0, 4]
+    assert pol.moves == [2, 0]              # the second idle period has nothing left worth moving
+    assert turns[1].wait_s < turns[0].wait_s
+    pol.reset()                             # a new session starts from the plan again
+    assert (pol.hot == hot).all()
+
+
+def test_re_placement_uploads_no_more_than_the_idle_link_moves():
+    """The hand link moves 1e4 B/s, an expert is 1000 B: 0.25 s of idle uploads 2 experts, 0.05 s none."""
+    c = cost(layers=2, experts=8, hot=(0, 1, 2, 3))
+    hot = np.stack([c.layers[0].hot] * 2)
+    session = np.zeros((2, 8))
+    session[:, 4:] = 100                     # every cold expert is worth promoting: 8 candidate swaps
+    for idle, moved in ((0.25, 2), (0.05, 0), (10.0, 5)):   # 10 s: the policy's max_experts (5) binds
+        pol = adapting(c, hot, max_experts=5, prior=0.2)
+        pol.session = session.copy()
+        pol.end_turn(idle)
+        assert pol.moves == [moved] and (pol.hot.sum(axis=1) == 4).all()
+
+
+def test_re_placement_leaves_a_session_that_routes_like_the_profile_alone():
+    """No drift: routes drawn from the profile the plan was made from (hot e0-e2 take 3/4) move nothing."""
+    c = cost(experts=8, hot=(0, 1, 2))
+    shares = np.array([[0.25, 0.25, 0.25, 0.05, 0.05, 0.05, 0.05, 0.05]])
+    pol = adapting(c, c.layers[0].hot[None])
+    sampler = TraceSampler(shares, 1, seed=0)
+    simulate([SessionShape("s", tuple(Turn(50, 20) for _ in range(6)))], [pol], sampler, idle_s=1.0)
+    assert pol.moves == [0] * 5 and (pol.hot == c.layers[0].hot[None]).all()
+
+
+def test_ktransformers_dynamic_update_moves_its_gpu_set_only_on_layerwise_prefills():
+    c = cost(experts=6, hot=(0, 1))
+    gpu = frequency_placed(np.array([[6.0, 5, 4, 3, 2, 1]]), 2)            # e0, e1
+    kt = KTransformersDynamic(c, threshold=4, gpu_experts=gpu)
+    short = routing(1, 6, [{4: 3}])
+    assert kt.prefill(short, 3).mode == "cpu" and (kt.gpu == gpu).all()   # at or under the threshold: no update
+    kt.decode(np.array([[[5]]] * 3))
+    assert (kt.gpu == gpu).all() and kt.updates == 0
+    long = routing(1, 6, [{4: 5, 5: 2, 0: 2, 1: 1}])
+    assert kt.prefill(long, 10).mode == "layerwise"
+    # e4 (5 routes), then e0 (2 routes, tied with e5: kept where it is resident)
+    assert kt.gpu[0].tolist() == [True, False, False, False, True, False] and kt.updates == 1
+    assert kt.resident() is kt.gpu
+    kt.reset()
+    assert (kt.gpu == gpu).all()
+
+
+def test_the_stated_adaptation_policy_is_a_quarter_of_the_hot_set_and_the_links_idle_bytes():
+    hot = np.zeros((4, 10), dtype=bool)
+    hot[:, :5] = True
+    p = default_adapt(hot, 25e9, 2.0)
+    assert (p.mode, p.max_experts, p.max_bytes, p.decay, p.prior, p.min_gain) == ("idle", 5, 50 * 10 ** 9, 0.5, 0.5,
+                                                                                   0.002)

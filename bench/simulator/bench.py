@@ -10,6 +10,8 @@ from pathlib import Path
 from ostinato.workload import SessionShape
 
 from .ostinato_policy import is_ostinato
+from .replacement import IDLE_S, replacement_policies, study
+from .replacement import tables as replacement_text
 from .replay import simulate, simulate_groups, summarize
 from .trace import TraceSampler, at_coverage
 from .world import World
@@ -25,6 +27,11 @@ HEADLINE_BEGIN = "<!-- headline: written by python -m ostinato.bench.sessions --
 HEADLINE_END = "<!-- end of the headline -->"
 EDGE_BEGIN = "<!-- edge vs coverage: written by python -m ostinato.bench.sessions --doc; do not edit -->"
 EDGE_END = "<!-- end of the edge vs coverage table -->"
+# Re-placement during tool time (issue #31): its tables in docs/benchmarks.md, its lines in README.md.
+REPLACE_BEGIN = "<!-- re-placement tables: written by python -m ostinato.bench.sessions --doc; do not edit -->"
+REPLACE_END = "<!-- end of the re-placement tables -->"
+REPLACE_README_BEGIN = "<!-- re-placement: written by python -m ostinato.bench.sessions --doc; do not edit -->"
+REPLACE_README_END = "<!-- end of the re-placement lines -->"
 DOC_SESSIONS = 6  # sessions per workload the doc's tables replay (the default of --per-workload)
 PAPER_COVERAGE = 0.84
 
@@ -84,6 +91,7 @@ def modeled_tables(world: World, sessions: list[SessionShape], limit: int | None
 
 
 _RUNS: dict[tuple, dict] = {}   # config_runs' memo: README's validation replays the same sessions
+_REPLACED: dict[tuple, tuple] = {}   # workload_runs' re-placement runs without drift (replacement_tables)
 
 
 def _runs_key(world: World, config: str, sessions: list[SessionShape], seed: int) -> tuple:
@@ -108,11 +116,24 @@ def workload_runs(world: World, sessions: list[SessionShape], seed: int) -> tupl
     replay of the sessions (simulate_groups: the same runs as one simulate() each, the trace drawn once)."""
     todo = [c for c in CONFIG_TITLES if _runs_key(world, c, sessions, seed) not in _RUNS]
     k = world.build.config.num_experts_per_tok
-    *runs, ablated = simulate_groups(sessions, [world.policies(c) for c in todo] + [world.ablations()],
-                                     TraceSampler(world.shares, k, seed))
+    replacing = replacement_policies(world)   # re-placement without drift rides on this replay's trace
+    *runs, ablated, replaced = simulate_groups(
+        sessions, [world.policies(c) for c in todo] + [world.ablations(), replacing],
+        TraceSampler(world.shares, k, seed), idle_s=IDLE_S)   # idle_s: only re-placing systems use it
     for config, r in zip(todo, runs):
         _RUNS[_runs_key(world, config, sessions, seed)] = r
+    _REPLACED[_runs_key(world, "replacement", sessions, seed)] = (replaced, list(replacing[0].moves))
     return {c: config_runs(world, c, sessions, seed) for c in CONFIG_TITLES}, ablated
+
+
+def replacement_tables(world: World, sessions: list[SessionShape], limit: int | None, seed: int = 0
+                       ) -> tuple[str, str]:
+    """The re-placement tables (docs/benchmarks.md) and lines (README.md) of replacement.py's study: drift as
+    published and none, per workload; the no-drift runs from modeled_tables' replay when it ran first."""
+    groups = by_workload(sessions, limit)
+    known = {w: _REPLACED[key] for w, ss in groups.items()
+             if (key := _runs_key(world, "replacement", ss, seed)) in _REPLACED}
+    return replacement_text(study(world, groups, seed, known=known), world.build.hardware.name)
 
 
 def headline_row(workload: str, title: str, runs: dict) -> str:
@@ -157,6 +178,9 @@ def run_modeled(world: World, sessions: list[SessionShape], out: Path, limit: in
                 coverages: tuple[float, ...], max_generated: int | None, seed: int = 0) -> str:
     out.mkdir(parents=True, exist_ok=True)
     report, head, timeline = modeled_tables(world, sessions, limit, seed)
+    replaced, replaced_lines = replacement_tables(world, sessions, limit, seed)
+    (out / "replacement.md").write_text(replaced + "\n")
+    (out / "replacement_readme.md").write_text(replaced_lines + "\n")
     sweep = coverage_sweep(world, by_workload(sessions, sweep_sessions), coverages, max_generated, seed)
     plot_sweep(sweep, out / "modeled_wait_vs_coverage.png", world.build.hardware.name)
     plot_timeline(*timeline, out / "modeled_session_timeline.png")

@@ -15,8 +15,9 @@ With `mtp` (acceptance, depth): EAGLE speculative decoding with the MTP block as
 (`--speculative-num-steps depth`, top-1 drafts): `depth` drafts, one verify forward of depth + 1 tokens in
 its decode graph (split routes over the distinct experts of those tokens), the accepted prefix and the
 verify's own next token kept, no re-run (cost_model.speculative_step with rerun False).
-Not modeled: expert deferral (an approximation Ostinato does not make), dynamic expert update, and
-tensor parallelism's per-layer all-reduce (which would only slow it)."""
+KTransformersDynamic adds its dynamic expert update (`--kt-enable-dynamic-expert-update`, issue #31).
+Not modeled: expert deferral (an approximation Ostinato does not make) and tensor parallelism's per-layer
+all-reduce (which would only slow it)."""
 
 from __future__ import annotations
 
@@ -78,6 +79,9 @@ class KTransformers(Policy):
         other._draft_s = with_gpu_set(self.cost, self.gpu).mtp_draft()
         return other
 
+    def resident(self) -> np.ndarray:
+        return self.gpu
+
     def prefill(self, counts: np.ndarray, n: int) -> Forward:
         if n > self.threshold:
             return upload_pass(self.cost, counts, n, np.broadcast_to(~self.gpu, counts.shape), "layerwise",
@@ -90,6 +94,44 @@ class KTransformers(Policy):
         acceptance, depth = self.mtp
         return speculative_decode(self.cost, self.gpu, ids, acceptance, self._draft_s, (False, False), depth,
                                   rerun=False)
+
+
+def top_of_batch(counts: np.ndarray, gpu: np.ndarray) -> np.ndarray:
+    """[L, E] bool: each layer's gpu.sum() most-routed experts of one batch's counts [L, E], ties kept on the
+    GPUs where they are (then to the lower id): the GPU set its dynamic update leaves after a layerwise prefill
+    (kt_ep_wrapper's _update_gpu_experts_from_batch, select_top_experts_from_batch)."""
+    L, E = counts.shape
+    out = np.zeros_like(gpu)
+    for l in range(L):
+        n = int(gpu[l].sum())
+        order = np.lexsort((np.arange(E), ~gpu[l], -counts[l]))   # most routes, then resident, then id
+        out[l, order[:n]] = True
+    return out
+
+
+class KTransformersDynamic(KTransformers):
+    """KTransformers with `--kt-enable-dynamic-expert-update`: its layerwise prefill (a forward of more than
+    `--kt-gpu-prefill-token-threshold` tokens) streams every expert of a layer to the GPUs anyway, and the
+    update keeps there each layer's most-routed experts of that batch (top_of_batch) for the forwards after
+    it, at no upload of its own. Its docs: the update triggers only when a prefill reaches the threshold
+    (doc/en/kt-kernel/experts-sched-Tutorial.md, 'Dynamic Expert Update Not Triggering'); short prefills
+    and decode never move the set. Each session starts from the given GPU set again (the server's state
+    between sessions is not modeled)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.initial = self.gpu.copy()
+        self.updates = 0
+
+    def reset(self) -> None:
+        self.gpu, self.updates = self.initial.copy(), 0
+
+    def prefill(self, counts: np.ndarray, n: int) -> Forward:
+        f = super().prefill(counts, n)
+        if n > self.threshold:
+            self.gpu = top_of_batch(counts, self.gpu)
+            self.updates += 1
+        return f
 
 
 def with_gpu_set(cost: CostModel, gpu: np.ndarray) -> CostModel:

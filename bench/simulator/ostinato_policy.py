@@ -45,6 +45,9 @@ class Ostinato(Policy):
             return upload_pass(self.cost, counts, n, (counts > 0) & ~self.hot, "upload")
         return split_pass(self.cost, counts, n, self.hot)
 
+    def resident(self) -> np.ndarray:
+        return self.hot
+
     def decode(self, ids: np.ndarray) -> tuple[np.ndarray, Forward]:
         eager = None if self.decode_graphs else True
         if self.mtp_acceptance is None:

@@ -47,6 +47,14 @@ class Policy:
     def decode(self, ids: np.ndarray) -> tuple[np.ndarray, Forward]:   # ids [T, L, k] -> step seconds [T]
         raise NotImplementedError
 
+    def resident(self) -> np.ndarray | None:
+        """[L, E] bool: the experts resident on the GPUs now (the hot share of a turn is its routes to them);
+        None for a system without a fixed resident set (a cache, whole layers)."""
+        return None
+
+    def end_turn(self, idle_s: float) -> None:
+        """A turn ended and the agent's tool runs for `idle_s` seconds before the next one (re-placement)."""
+
 
 def _split_sums(counts: np.ndarray, gpu: np.ndarray) -> tuple[list[float], ...]:
     """Per layer (as floats): distinct GPU experts touched, their routes, distinct host experts touched, theirs.

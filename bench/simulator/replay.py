@@ -28,6 +28,12 @@ class TurnTime:
     prefill: Forward
     decode: Forward              # all decode steps of the turn summed
     wait_s: float                # prefill + first decode step
+    hot_routes: int = 0          # routes to the system's resident set (Policy.resident; 0 without one)
+    routes: int = 0              # all routes of the turn (prefill and decode), when the system has a resident set
+
+    @property
+    def hot_share(self) -> float:
+        return self.hot_routes / self.routes if self.routes else float("nan")
 
     @property
     def seconds(self) -> float:
@@ -59,34 +65,52 @@ def chunked_prefill(p: Policy, passes: list[tuple[np.ndarray, int]]) -> Forward:
 
 
 def simulate(sessions: list[SessionShape], policies: list[Policy], sampler: TraceSampler,
-             chunk: int | None = None) -> dict[str, list[SessionTime]]:
-    """`chunk`: the prefill chunk (default: the first policy's cost model's)."""
-    return simulate_groups(sessions, [policies], sampler, chunk)[0]
+             chunk: int | None = None, idle_s: float = 0.0) -> dict[str, list[SessionTime]]:
+    """`chunk`: the prefill chunk (default: the first policy's cost model's); `idle_s`: the agent's tool time
+    between two turns (Policy.end_turn). `sampler`: a TraceSampler (one routing law for every session) or a
+    DriftSampler (trace.py: a law per session)."""
+    return simulate_groups(sessions, [policies], sampler, chunk, idle_s)[0]
 
 
 def simulate_groups(sessions: list[SessionShape], groups: list[list[Policy]], sampler: TraceSampler,
-                    chunk: int | None = None) -> list[dict[str, list[SessionTime]]]:
+                    chunk: int | None = None, idle_s: float = 0.0) -> list[dict[str, list[SessionTime]]]:
     """simulate() of several groups of policies (names unique within a group) in one replay: each group's
     runs are what simulate() of it alone on an equal sampler gives, since the routing drawn does not depend
     on the policies; the trace is drawn once for all of them."""
     policies = list({id(p): p for g in groups for p in g}.values())   # a policy in two groups runs once
-    runs = _simulate(sessions, policies, sampler, chunk)
+    runs = _simulate(sessions, policies, sampler, chunk, idle_s)
     return [{p.name: runs[id(p)] for p in g} for g in groups]
 
 
+def _hits(gpu: np.ndarray | None, counts: np.ndarray | None = None, ids: np.ndarray | None = None) -> int:
+    """Routes of a pass (counts [L, E] or ids [T, L, k]) to the resident set gpu [L, E]."""
+    if gpu is None:
+        return 0
+    if counts is not None:
+        return int(counts[gpu].sum())
+    return int(np.take_along_axis(gpu[None], ids, axis=2).sum())
+
+
 def _simulate(sessions: list[SessionShape], policies: list[Policy], sampler: TraceSampler,
-              chunk: int | None) -> dict[int, list[SessionTime]]:
+              chunk: int | None, idle_s: float = 0.0) -> dict[int, list[SessionTime]]:
     """Each policy's (by id) session times."""
     chunk = chunk or policies[0].cost.prefill_chunk
     out: dict[int, list[SessionTime]] = {id(p): [] for p in policies}
     empty = Forward(0.0)
-    again = sampler.fork(1)   # routing of the context that prefix-less systems prefill again
-    for s in sessions:
+    root = sampler
+    per_session = getattr(root, "for_session", None)   # a DriftSampler: a routing law per session
+    shared_again = root.fork(1)   # routing of the context that prefix-less systems prefill again
+    for i, s in enumerate(sessions):
+        sampler, again = root, shared_again
+        if per_session is not None:
+            sampler = per_session(i)
+            if sampler is not root.base:   # drift: the session's own law, on its own streams
+                again = sampler.fork(1)
         for p in policies:
             p.reset()
         turns: dict[int, list[TurnTime]] = {id(p): [] for p in policies}
         context = 0
-        for turn in s.turns:
+        for t, turn in enumerate(s.turns):
             new = [(sampler.counts(c), c) for c in chunks(turn.appended, chunk)]
             ids = sampler.ids(turn.generated) if turn.generated else None
             whole = None
@@ -95,10 +119,18 @@ def _simulate(sessions: list[SessionShape], policies: list[Policy], sampler: Tra
                 if not p.reuses_prefix and context:
                     whole = whole or [(again.counts(c), c) for c in chunks(context + turn.appended, chunk)]
                     passes = whole
+                gpu = p.resident()
+                hot = sum(_hits(gpu, counts=c) for c, _ in passes) if gpu is not None else 0
                 pre = chunked_prefill(p, passes) if passes else empty
+                gpu = p.resident()   # a system may re-place during its prefill (KTransformers' dynamic update)
+                if gpu is not None and ids is not None:
+                    hot += _hits(gpu, ids=ids)
                 steps, dec = p.decode(ids) if ids is not None else (np.zeros(0), empty)
                 wait = pre.seconds + (steps[0] if steps.size else 0.0)
-                turns[id(p)].append(TurnTime(turn.appended, turn.generated, pre, dec, wait))
+                routes = (sum(n for _, n in passes) + turn.generated) * p.k * p.L if gpu is not None else 0
+                turns[id(p)].append(TurnTime(turn.appended, turn.generated, pre, dec, wait, hot, routes))
+                if t + 1 < len(s.turns):
+                    p.end_turn(idle_s)
             context += turn.appended + turn.generated
         for p in policies:
             out[id(p)].append(SessionTime(s.name, tuple(turns[id(p)])))

@@ -85,3 +85,80 @@ def at_coverage(shares: np.ndarray, hot: np.ndarray, coverage: float) -> np.ndar
     c = np.where(hot, 0.0, s)
     hs, cs = h.sum(axis=1, keepdims=True), c.sum(axis=1, keepdims=True)
     return (coverage * h / np.where(hs > 0, hs, 1.0) + (1.0 - coverage) * c / np.where(cs > 0, cs, 1.0))
+
+
+# ---- session drift (issue #31) -----------------------------------------------------------------------------
+# Published routing of DeepSeek-V4-Flash (plans/published, PUBLISHED.md: colibri issues 864 and 175): the hot sets
+# of five topics, the top 500 (layer, expert) pairs of each, overlap with a median Jaccard of 0.08.
+PUBLISHED_JACCARD = 0.08
+HOT_SET_PAIRS = 500
+JACCARD_TOPICS = 5
+
+
+def session_shares(shares: np.ndarray, weight: float, rng: np.random.Generator) -> np.ndarray:
+    """[L, E] one session's routing law: (1 - weight) * the profile's shares + weight * a session-specific law,
+    the profile's own popularity curve dealt to the experts anew in every layer (a random permutation per
+    layer: a topic with a hot set of its own, as steep as the profile's). weight 0: the profile."""
+    s = shares / shares.sum(axis=1, keepdims=True)
+    if weight == 0:
+        return s
+    own = np.stack([rng.permutation(row) for row in s])
+    return (1.0 - weight) * s + weight * own
+
+
+def hot_set(shares: np.ndarray, pairs: int = HOT_SET_PAIRS) -> np.ndarray:
+    """Flat (layer * E + expert) ids of a law's hot set of about `pairs` (layer, expert) pairs: each layer's
+    round(pairs / L) most-routed experts (per layer, since the synthetic profile's layers share one popularity
+    curve, so a top-`pairs` over all layers at once would be decided by ties)."""
+    L, E = shares.shape
+    n = max(1, round(pairs / L))
+    top = np.argsort(-shares, axis=1, kind="stable")[:, :n]
+    return (top + np.arange(L)[:, None] * E).ravel()
+
+
+def jaccard(a: np.ndarray, b: np.ndarray) -> float:
+    inter = np.intersect1d(a, b).size
+    return inter / (a.size + b.size - inter)
+
+
+def median_jaccard(shares: np.ndarray, weight: float, seed: int = 0, draws: int = 8,
+                   topics: int = JACCARD_TOPICS) -> float:
+    """The published measure on drawn sessions: the median Jaccard of the hot sets of `topics` sessions' laws,
+    averaged over `draws` draws (of the laws themselves: no sampling noise)."""
+    out = []
+    for d in range(draws):
+        rng = np.random.default_rng((seed, d))
+        sets = [hot_set(session_shares(shares, weight, rng)) for _ in range(topics)]
+        out.append(float(np.median([jaccard(sets[i], sets[j]) for i in range(topics) for j in range(i + 1, topics)])))
+    return float(np.mean(out))
+
+
+def calibrate_drift(shares: np.ndarray, target: float = PUBLISHED_JACCARD, seed: int = 0, steps: int = 16) -> float:
+    """The mixing weight whose sessions' hot sets overlap as published (median_jaccard = target), by bisection:
+    the overlap falls as the weight grows (from 1 at weight 0 to chance at weight 1)."""
+    lo, hi = 0.0, 1.0
+    for _ in range(steps):
+        mid = (lo + hi) / 2
+        if median_jaccard(shares, mid, seed) > target:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
+
+
+class DriftSampler:
+    """Per-session routing traces: session i is routed by session_shares(profile, weight) drawn from (seed, i).
+    weight 0 is no drift: every session shares one sampler, the traces of a TraceSampler(shares, top_k, seed)."""
+
+    def __init__(self, shares: np.ndarray, top_k: int, weight: float, seed: int = 0):
+        self.base = TraceSampler(shares, top_k, seed)
+        self.weight, self.seed = weight, seed
+
+    def for_session(self, index: int) -> TraceSampler:
+        if self.weight == 0:
+            return self.base
+        law = session_shares(self.base.shares, self.weight, np.random.default_rng((self.seed, 31, index)))
+        return TraceSampler(law, self.base.k, seed=(self.seed, 31, index))
+
+    def fork(self, stream: int) -> TraceSampler:
+        return self.base.fork(stream)

@@ -15,7 +15,7 @@ from ostinato.plan import PlanError
 from ostinato.profile_format import ProfileError
 
 from ..codegen.cxx import KernelCompileError
-from ..compile import SPECULATIVE, CompileError, CompileOptions, compile_plan
+from ..compile import ADAPT, SPECULATIVE, CompileError, CompileOptions, compile_plan
 from ..explain import explain
 
 
@@ -62,6 +62,9 @@ def parse_args(argv: list[str] | None) -> tuple[CompileOptions, bool]:
                    help="token counts of the captured short-prefill steps, powers of two (e.g. 8,16,32,64), or "
                         "'none' (default: the cost model keeps those predicted faster than an eager forward)")
     p.add_argument("--max-hot-per-layer", type=int, help="cap on hot experts per layer (default: memory decides)")
+    p.add_argument("--adapt", choices=ADAPT,
+                   help="re-place hot experts between turns, while the agent's tool runs (policy.adapt): idle (the "
+                        "default with GPUs) or off (the default on a cpu-only spec, whose hot pools are host memory)")
     p.add_argument("--speculative", choices=SPECULATIVE, default="auto",
                    help="decode with the checkpoint's MTP block (speculative decoding): auto: where the cost model "
                         "says it pays, the block placed beside the head with its hot experts from the profile; "
@@ -82,7 +85,7 @@ def parse_args(argv: list[str] | None) -> tuple[CompileOptions, bool]:
                           sessions=a.sessions, prefill_chunk=a.prefill_chunk, upload_group=a.upload_group,
                           snapshots=a.snapshots, prefill_buckets=a.prefill_buckets,
                           dense_format=a.dense_format, max_hot_per_layer=a.max_hot_per_layer,
-                          speculative=a.speculative,
+                          speculative=a.speculative, adapt=a.adapt,
                           build_kernels=not a.no_kernels, kernel_dir=a.kernel_dir), a.explain
 
 

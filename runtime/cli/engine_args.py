@@ -25,6 +25,10 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--decode", choices=("graph", "eager", "dynamic"), default="graph",
                    help="decode steps: graph = the fixed-shape step, one CUDA graph per GPU (eager on the CPU); "
                         "eager = that step without graphs; dynamic = the model's own forward (growing cache)")
+    p.add_argument("--adapt", choices=("off", "idle"),
+                   help="idle: after each turn, swap hot experts toward the session's own routes while the agent's "
+                        "tool runs (exact: each swap lands between forwards); off: the plan's hot set throughout "
+                        "(default: the plan's policy.adapt)")
     p.add_argument("--speculative", choices=("off", "mtp"),
                    help="mtp: draft each next token with the checkpoint's MTP block and verify it with the one "
                         "before in one 2-token step (greedy output unchanged, sampled output distributed as "
@@ -46,11 +50,12 @@ def load_engine_from_args(a: argparse.Namespace):
 
     engine = load_engine(a.plan, a.model, a.device, DTYPES[a.dtype], a.hot_backend,
                          static_decode=a.decode != "dynamic", decode_graphs=a.decode == "graph",
-                         progress=None, speculative=a.speculative)  # a bar on a terminal's stderr
+                         progress=None, speculative=a.speculative, adapt=a.adapt)  # bars: on a terminal
     print(f"plan {a.plan}: {engine.plan.model.layers} layers on {engine.plan.hardware.name} "
           f"(devices: {', '.join(sorted({str(d) for d in engine.devices}))}), "
           f"prefill threshold {engine.plan.policy.prefill_threshold}, decode: {_decode_label(a.decode, engine)}"
-          f"{' with MTP speculation' if engine.speculative else ''}, "
+          f"{' with MTP speculation' if engine.speculative else ''}"
+          f"{', hot set re-placed between turns' if engine.adapter else ''}, "
           f"{engine.cpu_threads.describe()}")
     print(resident_line(resident(), engine.plan, engine.devices), flush=True)
     return engine

@@ -43,11 +43,12 @@ class LayerExperts:
     """Where one layer's experts live under the plan."""
     device: torch.device
     slot_of: torch.Tensor          # [E] int64 on device: hot pool slot, or -1
-    cold_of: torch.Tensor          # [E] int64 on CPU: index into the cold table, or -1
+    cold_of: torch.Tensor          # [E] int64 on CPU: the expert's row in the cold table (its id), or -1 (hot)
     hot_pool: HotPool              # packed hot experts on the device (the only copy: no dequantized one)
-    cold: list[PackedExpert]       # the cold experts in host memory: views of the checkpoint's mmap
-                                   # (pinned copies when a GPU is used)
-    cold_table: ExpertTable | None # their pointers for the CPU kernel
+    cold: list[PackedExpert]       # [E] every expert in host memory, by id: views of the checkpoint's mmap
+                                   # (the cold ones' pinned copies when a GPU is used); a hot expert's row
+                                   # is what it is computed from once it is evicted (engine/adapter.py)
+    cold_table: ExpertTable | None # their pointers for the CPU kernel (None: every expert hot)
     staging: list[HotPool]         # two upload buffers of `upload_group` experts each, on the device,
                                    # shared by every layer on that device (layers run one at a time)
 
@@ -78,6 +79,9 @@ class PlacementExecutor:
         self._route_token = {le.device: torch.arange(max_step_tokens, device=le.device).repeat_interleave(top_k)
                              for le in layers}
         self._hot_of = torch.stack([le.cold_of < 0 for le in layers])  # [L, E] bool on CPU: counts decode steps
+        # route_sink(first_layer, expert ids [n, R] int64 on the CPU): told every forward's routes (a session's
+        # routing counts, engine/adapter.py); None: nobody listens
+        self.route_sink = None
 
     @property
     def counters(self) -> Counters:
@@ -104,6 +108,8 @@ class PlacementExecutor:
         c.routes_cold += cold_ids.numel()  # a host read of the mask's count, not another op
         c.routes_hot += ids.numel() - cold_ids.numel()
         c.distinct_cold += int(cold_ids.unique().numel())
+        if self.route_sink is not None:
+            self.route_sink(layer, ids.reshape(1, -1).cpu())
         out = torch.zeros(t, x.shape[1], dtype=torch.float32, device=le.device)  # [T, D]
         if self.mode == "upload":
             self._hot(le.hot_pool, x, token[hot], slot[hot], w[hot], out)
@@ -146,6 +152,8 @@ class PlacementExecutor:
         c.routes_hot += int(hot.sum())
         c.routes_cold += int((~hot).sum())
         c.distinct_cold += int((touched & ~hot_of).sum())
+        if self.route_sink is not None:
+            self.route_sink(first_layer, expert_ids)
         for bridge in self.bridges:
             if bridge is not None:
                 bridge.check()

@@ -28,8 +28,10 @@ import torch
 # the decode graphs' pools), the allocator's fragmentation reserve, the session snapshots (held
 # as turns go by, up to policy.snapshots) and the prefill buckets' graph pool (whose I/O buffers and
 # cold-route staging are filed under it but the pool itself is not a tensor) and cuBLAS's workspaces
-# (allocated by the library on a stream's first matmul)
+# (allocated by the library on a stream's first matmul); and the hot experts' rows of the cold tables, views
+# of the memory-mapped checkpoint that an eviction would compute from (page cache, not held memory)
 BOUNDS = frozenset({"workspace", "cpu_workspace", "decode_graph", "headroom", "kv_snapshots", "prefill_graphs",
+                    "mapped_checkpoint",
                     "cublas_workspaces"})
 
 
@@ -105,7 +107,7 @@ def held_memory(engine, sessions=()) -> HeldMemory:
         le = ex.layers[l]
         held.add(gpu[l], "hot_experts", tensors_in(le.hot_pool))
         held.add(gpu[l], "upload_staging", tensors_in(le.staging))
-        held.add("host", "cold_experts", tensors_in(le.cold), view_bytes=True)
+        _cold_table(held, le)
         if step is not None:
             held.add(gpu[l], "decode_state", tensors_in(step.state.layers[l]))
         for s in sessions:
@@ -138,7 +140,7 @@ def _speculative(held: HeldMemory, engine, row: str, sessions) -> None:
     le = ex.layers[model.config.n_layers]
     held.add(row, "dense_weights", tensors_in(model.weights.mtp))
     held.add(row, "hot_experts", tensors_in(le.hot_pool))
-    held.add("host", "cold_experts", tensors_in(le.cold), view_bytes=True)
+    _cold_table(held, le)
     for s in sessions:
         held.add(row, "kv_cache", tensors_in(s.drafter.cache))
     if runner is not None:
@@ -149,3 +151,12 @@ def _speculative(held: HeldMemory, engine, row: str, sessions) -> None:
         for s in runner.steps.values():
             held.add(row, "speculative_steps", tensors_in([s.streams] + ([s.all_logits] if s.every_logit else [])))
         held.add(row, "speculative_steps", tensors_in([runner.rollback.layers, runner.rollback.positions]))
+
+
+def _cold_table(held: HeldMemory, le) -> None:
+    """A layer's cold table (every expert, by id): its cold experts are host memory the plan counts; its hot
+    ones' rows are views of the mapped checkpoint (engine/adapter.py evicts to them)."""
+    cold = le.cold_of >= 0
+    held.add("host", "cold_experts", tensors_in([p for e, p in enumerate(le.cold) if cold[e]]), view_bytes=True)
+    held.add("host", "mapped_checkpoint", tensors_in([p for e, p in enumerate(le.cold) if not cold[e]]),
+             view_bytes=True)

@@ -21,6 +21,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 from tqdm import tqdm
 
@@ -45,6 +46,7 @@ from ..kernels.hc_mix import HcMixKernel
 from ..kernels.triton_experts import HotPool, load_triton_module
 from ..model.model import Model, load_model
 from . import pinned_arena
+from .adapter import Adapter
 from .cpu_threads import CpuThreads, cpu_threads
 from .executor import LayerExperts, PlacementExecutor
 from .hot_compute import CpuPoolCompute, TorchPoolCompute, TritonPoolCompute
@@ -64,12 +66,20 @@ class Engine:
     step_runner: StepRunner | None      # the fixed-shape steps (decode, prefill buckets); None: dynamic
     cpu_threads: CpuThreads             # the cold kernel's threads: the plan's, clamped to this machine
     speculative: bool = False           # sessions draft with the MTP block (engine/drafter.py)
+    adapter: Adapter | None = None      # the hot set follows the session between turns (policy.adapt: idle)
 
     def new_session(self) -> EngineSession:
         return EngineSession(self.model.new_session(), self.executor, self.plan.policy.prefill_threshold,
-                             self.step_runner, self.speculative)
+                             self.step_runner, self.speculative, self.adapter)
+
+    def end_turn(self, session: EngineSession) -> None:
+        """A turn of `session` ended (its reply is out; the agent's tool runs): re-place hot experts for it."""
+        if self.adapter is not None:
+            self.adapter.after_turn(session.routes)
 
     def close(self) -> None:
+        if self.adapter is not None:
+            self.adapter.close()
         self.executor.close()
 
 
@@ -188,21 +198,19 @@ def speculating(plan: Plan, speculative: str | None) -> bool:
         raise PlanError("--speculative mtp: the plan places no MTP block (field 'mtp' is null: the checkpoint has "
                         "none, or the plan was compiled with --speculative off); recompile with "
                         "ostinato-compile --speculative mtp")
-    if choice == "mtp" and plan.mtp.gpu != plan.layers[-1].gpu:
-        raise PlanError(f"field 'mtp.gpu' is {plan.mtp.gpu}: the MTP block runs by the head, on the last layer's "
-                        f"GPU ({plan.layers[-1].gpu})")
     return choice == "mtp"
 
 
 def load_engine(plan: str | Path | Plan, model_dir: str | Path | None = None, device: str | None = None,
                 dtype: torch.dtype | None = None, hot_backend: str | None = None, static_decode: bool = True,
-                decode_graphs: bool = True, progress: bool | None = False, speculative: str | None = None) -> Engine:
+                decode_graphs: bool = True, progress: bool | None = False, speculative: str | None = None,
+                adapt: str | None = None) -> Engine:
     """The plan's engine. `dtype`: the compute dtype, default the plan's dense format (see compute_dtype).
     `static_decode`: decode through the fixed-shape step sized for the plan's context (else the
     dynamic model); `decode_graphs`: capture that step as CUDA graphs on GPUs. `progress`: bars over
     the layers on stderr while weights are placed (routed experts, then the rest of each layer);
     None: only when stderr is a terminal. `speculative`: "off" / "mtp" instead of the plan's
-    policy.speculative (see speculating())."""
+    policy.speculative (see speculating()); `adapt`: "off" / "idle" instead of policy.adapt's mode."""
     if not isinstance(plan, Plan):
         plan = load_plan(plan)
     spec = speculating(plan, speculative)
@@ -251,10 +259,13 @@ def load_engine(plan: str | Path | Plan, model_dir: str | Path | None = None, de
             slot_of = torch.full((E,), -1, dtype=torch.int64)
             slot_of[hot] = torch.arange(len(hot))
             cold_of = torch.full((E,), -1, dtype=torch.int64)
-            cold_of[cold] = torch.arange(len(cold))
-            pool = HotPool.stack(_packed(ckpt, lp.layer, hot), dev) if hot else _staging(0, D, I, dev)
-            layers.append(LayerExperts(dev, slot_of.to(dev), cold_of, pool, cold_packed,
-                                       cpu_kernel.table(cold_packed) if cold else None, staging[lp.gpu]))
+            cold_of[cold] = torch.tensor(cold, dtype=torch.int64)  # the table holds every expert, by id
+            table = _packed(ckpt, lp.layer, list(range(E)))  # views of the mapped files: no copies
+            for e, packed in zip(cold, cold_packed):
+                table[e] = packed  # with GPUs, the cold ones' pinned copies
+            pool = HotPool.stack([table[e] for e in hot], dev) if hot else _staging(0, D, I, dev)
+            layers.append(LayerExperts(dev, slot_of.to(dev), cold_of, pool, table,
+                                       cpu_kernel.table(table) if cold else None, staging[lp.gpu]))
             bar.update()
     executor = PlacementExecutor(layers, compute, cpu_kernel, threads.threads, plan.policy.upload_group,
                                  plan.model.expert_bytes, dtype, cfg.num_experts_per_tok,
@@ -274,5 +285,19 @@ def load_engine(plan: str | Path | Plan, model_dir: str | Path | None = None, de
         with tqdm(total=len(runner.steps), desc="capturing CUDA graphs", unit="step", file=sys.stderr,
                   disable=disable) as bar:
             runner.capture_graphs(lambda T: bar.update())
-    return Engine(plan, model_dir, model, executor, devices, runner, threads, spec)
+    return Engine(plan, model_dir, model, executor, devices, runner, threads, spec, _adapter(plan, executor, adapt))
+
+
+def _adapter(plan: Plan, executor: PlacementExecutor, mode: str | None) -> Adapter | None:
+    """The plan's policy.adapt (its mode replaced by `mode` when given) -> an Adapter, or None when off."""
+    policy = plan.policy.adapt if mode is None else plan.policy.adapt.replace(mode=mode)
+    if policy.mode not in ("off", "idle"):
+        raise ValueError(f"adapt must be 'off' or 'idle', got {mode!r}")
+    if policy.mode == "off":
+        return None
+    E = plan.model.routed_experts
+    planned = np.zeros((len(plan.layers), E), dtype=bool)
+    for lp in plan.layers:
+        planned[lp.layer, lp.hot_experts] = True
+    return Adapter(executor, planned, policy, plan.model.expert_bytes)
 

@@ -34,6 +34,7 @@ class TurnResult:
     predicted_wait_s: float | None
     drafted: int = 0                     # MTP drafts verified in the turn (speculative engines)
     accepted: int = 0
+    swapped: int = 0                     # experts the re-placement after this turn started to swap (policy.adapt)
 
 
 def predicted_wait(plan: Plan, tokens: int) -> float | None:
@@ -73,9 +74,10 @@ def replay(engine: Engine, shape: SessionShape, tokens: TokenSource, on_turn=Non
         else:
             wait = time.perf_counter() - start
         turn_counters = counters.minus(before)
+        swaps = engine.adapter.after_turn(session.routes) if engine.adapter is not None else []
         result = TurnResult(i, turn.appended, turn.generated, mode, wait, speed, turn_counters.hot_share,
                             prefill.distinct_cold, predicted_wait(engine.plan, turn.appended),
-                            session.drafted - drafts_before[0], session.accepted - drafts_before[1])
+                            session.drafted - drafts_before[0], session.accepted - drafts_before[1], len(swaps))
         results.append(result)
         if on_turn is not None:
             on_turn(result)
@@ -83,14 +85,14 @@ def replay(engine: Engine, shape: SessionShape, tokens: TokenSource, on_turn=Non
 
 
 HEADER = (f"{'turn':>4s} {'append':>6s} {'gen':>5s} {'mode':>6s} {'wait ms':>9s} {'pred ms':>9s} "
-          f"{'dec tok/s':>9s} {'hot':>6s} {'cold experts':>12s}")
+          f"{'dec tok/s':>9s} {'hot':>6s} {'cold experts':>12s} {'swaps':>5s}")
 
 
 def format_turn(r: TurnResult) -> str:
     pred = f"{r.predicted_wait_s * 1e3:9.1f}" if r.predicted_wait_s is not None else f"{'-':>9s}"
     speed = f"{r.decode_tokens_per_s:9.1f}" if r.decode_tokens_per_s is not None else f"{'-':>9s}"
     return (f"{r.turn:4d} {r.appended:6d} {r.generated:5d} {r.mode:>6s} {r.wait_s * 1e3:9.1f} {pred} {speed} "
-            f"{r.hot_share:6.1%} {r.distinct_cold:12d}")
+            f"{r.hot_share:6.1%} {r.distinct_cold:12d} {r.swapped:5d}")
 
 
 def summary(results: list[TurnResult], plan: Plan, session_s: float) -> str:
@@ -110,4 +112,7 @@ def summary(results: list[TurnResult], plan: Plan, session_s: float) -> str:
         f"decode: median {np.median(speeds) if speeds else float('nan'):.1f} tokens/s ({predicted})",
         f"session time: {session_s:.2f} s over {len(results)} turns",
         f"hot route share: plan (profiled) {p.hot_route_share:.1%}, measured "
-        f"{np.mean([r.hot_share for r in results]):.1%} (mean over turns)"])
+        f"{np.mean([r.hot_share for r in results]):.1%} (mean over turns)"] + ([
+            f"re-placement between turns (policy.adapt): {sum(r.swapped for r in results)} swaps started; "
+            f"hot share of the first turn {results[0].hot_share:.1%}, of the last {results[-1].hot_share:.1%}"]
+            if any(r.swapped for r in results) else []))

@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 
 from ..model.session import Session
+from .adapter import Adapter, SessionRoutes
 from .drafter import MtpDrafter
 from .executor import PlacementExecutor
 from .step_runner import StepRunner
@@ -30,8 +31,11 @@ from .step_runner import StepRunner
 
 class EngineSession:
     def __init__(self, session: Session, executor: PlacementExecutor, threshold: int | None,
-                 runner: StepRunner | None = None, speculative: bool = False):
+                 runner: StepRunner | None = None, speculative: bool = False, adapter: Adapter | None = None):
         self.session, self.executor, self.threshold, self.runner = session, executor, threshold, runner
+        self.adapter = adapter
+        # this session's routes, per main layer and expert (engine/adapter.py re-places the hot set from them)
+        self.routes = SessionRoutes(session.model.config.n_layers, session.model.config.n_routed_experts)
         self.drafter = MtpDrafter(session.model, executor, len(session), runner) if speculative else None
         self._mark = None  # the state before the last verify (what reject() goes back to)
         self._verified: int | None = None  # the token the last verify ran first
@@ -113,8 +117,16 @@ class EngineSession:
         return self.decode(token)
 
     def _settle(self) -> None:
-        """Anything but reject() after a verify keeps its draft: the mark is no longer needed."""
+        """Before any forward or cache operation (anything but reject() after a verify keeps its draft: the
+        mark is no longer needed): this session's routes are the ones counted, and finished uploads of a
+        re-placement take effect (between forwards: engine/adapter.py)."""
         self._mark = self._verified = None
+        self._begin()
+
+    def _begin(self) -> None:
+        self.executor.route_sink = self.routes.add
+        if self.adapter is not None:
+            self.adapter.settle()
 
     def _follow(self, ids, streams) -> None:
         self.drafter.ran(ids, streams)
@@ -142,8 +154,9 @@ class EngineSession:
     def fork(self) -> EngineSession:
         self._settle()
         self._release()
-        other = EngineSession(self.session.fork(), self.executor, self.threshold, self.runner)
+        other = EngineSession(self.session.fork(), self.executor, self.threshold, self.runner, adapter=self.adapter)
         other.drafter = None if self.drafter is None else self.drafter.fork()
+        other.routes.counts = self.routes.counts.copy()
         return other
 
     def state(self) -> Session:

@@ -37,7 +37,9 @@ POOL_SIZE = 32  # torch.cuda.Stream()'s round-robin pool per device and priority
 ROLES = {"capture": "the warm-up and capture of every fixed-shape step's graphs (all steps: one allocator pool, "
                     "one cuBLAS workspace)",
          "cold": "the cold routes' copies and host task, forked and joined per layer (layers run one at a time)",
-         "copy": "upload-once copies into the staging buffers"}
+         "copy": "upload-once copies into the staging buffers",
+         "adapt": "re-placement's copies of promoted experts into freed hot-pool slots, between turns "
+                  "(engine/adapter.py; a background thread waits on it)"}
 
 
 class NamedStreams:
