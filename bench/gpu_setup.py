@@ -83,8 +83,7 @@ class GpuSetup:
         return _expert_kernels(shape, self.work / "kernels")
 
     def engine(self, graphs: bool, plan: Plan | None = None) -> Engine:
-        return load_engine(plan or self.plan, self.ckpt, device=self.device.type, decode_graphs=graphs,
-                           speculative="off")  # the plain steps these benches time
+        return load_engine(plan or self.plan, self.ckpt, device=self.device.type, decode_graphs=graphs)
 
 
 def make_setup(device: torch.device, work: Path, host_isa: str = "avx2") -> GpuSetup:
@@ -109,10 +108,11 @@ def make_setup(device: torch.device, work: Path, host_isa: str = "avx2") -> GpuS
 
 
 def _compile(work: Path, plan_file: Path, dense_format: str | None) -> None:
-    """The tiny checkpoint compiled for work/h200.yaml into plan_file (dense_format None: the compiler's)."""
+    """The tiny checkpoint compiled for work/h200.yaml into plan_file (dense_format None: the compiler's), plain:
+    no MTP speculation and no re-placement, the steps and placement these checks time and measure."""
     compile_plan(CompileOptions(work / "tiny", plan_file, str(work / "h200.yaml"), context=CONTEXT,
                                 max_hot_per_layer=MAX_HOT, kernel_dir=work / "kernels",
-                                dense_format=dense_format)).plan.write(plan_file)
+                                dense_format=dense_format, speculative="off", adapt="off")).plan.write(plan_file)
 
 
 @functools.cache  # loaded once per process: Triton compiles each on its first launch

@@ -31,23 +31,6 @@ def test_greedy_hot_set_is_optimal(seed):
     assert len(chosen) <= n and len(set((c[1], c[2]) for c in chosen)) == len(chosen)
 
 
-def _brute_best_partition(problem):
-    L, G = len(problem.layer_bytes), len(problem.gpu_budget)
-    best = -1
-    for cuts in itertools.combinations(range(1, L), G - 1):
-        bounds = (0,) + cuts + (L,)
-        total = 0
-        for g in range(G):
-            free = problem.gpu_budget[g] - sum(problem.layer_bytes[bounds[g]:bounds[g + 1]])
-            if free < 0:
-                total = -1
-                break
-            chosen = select_hot(problem.counts, range(bounds[g], bounds[g + 1]), free // problem.expert_bytes, None)
-            total += sum(c[0] for c in chosen)
-        best = max(best, total)
-    return best
-
-
 @pytest.mark.parametrize("seed", range(10))
 def test_partition_is_optimal(seed):
     rng = np.random.default_rng(100 + seed)
@@ -89,10 +72,12 @@ def test_misfit_names_the_device_and_shortfall():
     assert e.value.device == 1 and e.value.short_by == 30
 
 
-def _brute_best_with_mtp(problem):
-    """_brute_best_partition with the MTP block: its bytes on the last GPU, its row one more layer there."""
+def _brute_best_partition(problem):
+    """The best total of hot routes over every split of the layers into GPUs (with the MTP block: its bytes on
+    the last GPU, its row one more layer there)."""
     L, G = len(problem.layer_bytes), len(problem.gpu_budget)
-    counts = np.vstack((problem.counts, problem.mtp_counts[None]))
+    mtp = problem.mtp_counts is not None
+    counts = np.vstack((problem.counts, problem.mtp_counts[None])) if mtp else problem.counts
     best = -1
     for cuts in itertools.combinations(range(1, L), G - 1):
         bounds = (0,) + cuts + (L,)
@@ -104,7 +89,7 @@ def _brute_best_with_mtp(problem):
             if free < 0:
                 total = -1
                 break
-            rows = range(bounds[g], L + 1 if last else bounds[g + 1])
+            rows = range(bounds[g], L + 1 if last and mtp else bounds[g + 1])
             chosen = select_hot(counts, rows, free // problem.expert_bytes, problem.max_hot_per_layer)
             total += sum(c[0] for c in chosen)
         best = max(best, total)
@@ -121,7 +106,7 @@ def test_the_mtp_block_competes_for_the_last_gpus_slots_optimally(seed):
                                gpu_budget=tuple(int(x) for x in rng.integers(80, 160, size=G)), expert_bytes=10,
                                max_hot_per_layer=None if seed % 2 else 2, mtp_bytes=int(rng.integers(5, 30)),
                                mtp_counts=rng.integers(0, 80, size=E))
-    best = _brute_best_with_mtp(problem)
+    best = _brute_best_partition(problem)
     if best < 0:
         with pytest.raises(DoesNotFit):
             place(problem)

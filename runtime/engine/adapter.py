@@ -80,7 +80,7 @@ class Adapter:
 
     def hot(self) -> np.ndarray:
         """[L, E] bool: the placement now (settled swaps only)."""
-        return self.executor._hot_of[:self.layers].numpy().copy()
+        return self.executor.hot_mask(self.layers).numpy()
 
     def after_turn(self, routes: SessionRoutes) -> list[Swap]:
         """A turn ended: pick this idle period's swaps from the session's routes, evict and start the uploads;
@@ -105,7 +105,7 @@ class Adapter:
             le, c = self.executor.layers[up.swap.layer], up.swap.promote
             le.slot_of[c] = up.slot
             le.cold_of[c] = -1
-            self.executor._hot_of[up.swap.layer, c] = True
+            self.executor.mark_hot(up.swap.layer, c, True)
             self.pending.remove(up)
             self.stats.swapped += 1
             self.stats.bytes_uploaded += self.expert_bytes
@@ -121,7 +121,7 @@ class Adapter:
         slot = int(le.slot_of[s.evict])
         le.slot_of[s.evict] = -1
         le.cold_of[s.evict] = s.evict
-        self.executor._hot_of[s.layer, s.evict] = False
+        self.executor.mark_hot(s.layer, s.evict, False)
         return Upload(s, slot, self._copier.submit(self._copy, le, s.promote, slot))
 
     @staticmethod

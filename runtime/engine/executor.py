@@ -88,6 +88,14 @@ class PlacementExecutor:
         """What every forward routed where and how long each part took, with every timed span settled."""
         return self.timer.settle()
 
+    def hot_mask(self, layers: int) -> torch.Tensor:
+        """[layers, E] bool on the CPU, a copy: which experts of the first `layers` layers are hot now."""
+        return self._hot_of[:layers].clone()
+
+    def mark_hot(self, layer: int, expert: int, hot: bool) -> None:
+        """Count `expert` of `layer` as hot or cold from now on (a re-placement, engine/adapter.py, moved it)."""
+        self._hot_of[layer, expert] = hot
+
     def set_mode(self, mode: str) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")

@@ -40,8 +40,8 @@ def ops_per_layer(engine, prefills=(1, 16, 128), context: int = 300, sources: bo
                   ) -> dict[str, tuple[float, OpCounter]]:
     """{"prefill N": (ops per layer, counter), ..., "decode": ..., "step2": ...}: split-route prefills of N
     tokens on top of a `context`-token prompt (tool outputs), then one decode step, in a fresh session; and
-    when the engine has a fixed-shape 2-token step (a bucket, the speculative verify), one of it, undone
-    after (the cost model's EAGER_STEP_OPS_PER_LAYER)."""
+    when the engine has a fixed-shape 2-token step (a bucket, the speculative verify), one of it on that
+    session, which is then discarded (the cost model's EAGER_STEP_OPS_PER_LAYER)."""
     layers = engine.plan.model.layers
     session = engine.new_session()
     g = torch.Generator().manual_seed(seed)
@@ -58,11 +58,11 @@ def ops_per_layer(engine, prefills=(1, 16, 128), context: int = 300, sources: bo
     out["decode"] = (count.ops / layers, count)
     runner = engine.step_runner
     if runner is not None and 2 in runner.steps:
-        mark = runner.mark(session.session)
+        runner.bind(session.session)
         step = runner.steps[2]
         step.set_tokens(torch.randint(0, 1000, (2,), generator=g))
         with OpCounter(sources) as count:
             step.run()
-        runner.back_to(session.session, mark)
+        runner.release()  # the session is thrown away: its cache takes the step's rows, its tokens do not
         out["step2"] = (count.ops / layers, count)
     return out
