@@ -9,6 +9,15 @@ from pathlib import Path
 import torch
 
 
+def plain_greedy(session, prompt: list[int], n: int) -> tuple[list[int], float]:
+    """n greedy tokens after `prompt` on a model or engine session -> (tokens, seconds of the decode steps)."""
+    out = [int(session.prefill(prompt, last_only=True)[-1].argmax())]
+    t0 = time.perf_counter()
+    while len(out) < n:
+        out.append(int(session.decode(out[-1]).argmax()))
+    return out, time.perf_counter() - t0
+
+
 class ModelDriver:
     """The plain float32 model (load_model, dense experts) and runtime/model/speculative.py."""
 
@@ -23,12 +32,7 @@ class ModelDriver:
         return f"model {self.name} (plain model)"
 
     def plain(self, prompt: list[int], n: int) -> tuple[list[int], float]:
-        s = self.model.new_session()
-        out = [int(s.prefill(prompt, last_only=True)[-1].argmax())]
-        t0 = time.perf_counter()
-        while len(out) < n:
-            out.append(int(s.decode(out[-1]).argmax()))
-        return out, time.perf_counter() - t0
+        return plain_greedy(self.model.new_session(), prompt, n)
 
     def speculative(self, prompt: list[int], n: int, draft) -> tuple[list[int], float, float]:
         """-> (tokens, seconds, acceptance); draft(index in the reply) -> token."""
@@ -88,12 +92,7 @@ class EngineDriver:
         return f"plan {self.plan_path} (the engine, {steps})"
 
     def plain(self, prompt: list[int], n: int) -> tuple[list[int], float]:
-        es = self.plain_engine.new_session()
-        out = [int(es.prefill(prompt, last_only=True)[-1].argmax())]
-        t0 = time.perf_counter()
-        while len(out) < n:
-            out.append(int(es.decode(out[-1]).argmax()))
-        return out, time.perf_counter() - t0
+        return plain_greedy(self.plain_engine.new_session(), prompt, n)
 
     def speculative(self, prompt: list[int], n: int, draft) -> tuple[list[int], float, float]:
         es = self.engine.new_session()

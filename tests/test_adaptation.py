@@ -58,7 +58,8 @@ SHIFTED = [torch.randint(500, 540, (48,), generator=torch.Generator().manual_see
 
 def popularity(compiled, tiny_ckpt) -> np.ndarray:
     """[L, E] the routes of the test's turns, counted by a session of the plain engine."""
-    e = load_engine(_variant(compiled[0], "mixed", None), tiny_ckpt, device="cpu")
+    e = load_engine(placed(compiled, lambda layer: compiled[0].layers[layer].hot_experts, policy(prior=1.0)),
+                    tiny_ckpt, device="cpu")  # counting, never swapping (prior 1: the plan's choice alone)
     try:
         es = e.new_session()
         run_turns(e, es, PROMPTS)
@@ -182,7 +183,7 @@ def test_the_session_counts_every_route_of_its_forwards(compiled, tiny_ckpt, ref
     """The executor's route sink (prefills, decode steps) counts exactly what the model routes."""
     seen = np.zeros((len(compiled[0].layers), compiled[0].model.routed_experts))
     reference.set_observer(lambda layer, tokens, ids: np.add.at(seen[layer], ids.reshape(-1).numpy(), 1))
-    e = load_engine(_variant(compiled[0], "mixed", None), tiny_ckpt, device="cpu")
+    e = load_engine(_variant(compiled[0], "mixed", None), tiny_ckpt, device="cpu", adapt="idle")
     try:
         es, ref = e.new_session(), reference.new_session()
         es.prefill(PROMPTS[0], last_only=True), ref.prefill(PROMPTS[0])

@@ -39,13 +39,9 @@ def test_partition_is_optimal(seed):
     problem = PlacementProblem(counts=rng.integers(0, 50, size=(L, E)),
                                layer_bytes=tuple(int(x) for x in rng.integers(10, 40, size=L)),
                                gpu_budget=tuple(int(x) for x in rng.integers(60, 160, size=G)), expert_bytes=10)
-    best = _brute_best_partition(problem)
-    if best < 0:
-        with pytest.raises(DoesNotFit):
-            place(problem)
+    result = _placed_optimally(problem)
+    if result is None:
         return
-    result = place(problem)
-    assert result.covered == best
     assert list(result.layer_gpu) == sorted(result.layer_gpu) and set(result.layer_gpu) == set(range(G))
     assert result.covered == sum(int(problem.counts[l, e]) for l, hot in enumerate(result.hot) for e in hot)
 
@@ -70,6 +66,19 @@ def test_misfit_names_the_device_and_shortfall():
     with pytest.raises(DoesNotFit) as e:
         place(p)
     assert e.value.device == 1 and e.value.short_by == 30
+
+
+def _placed_optimally(problem):
+    """place(problem), checked against the brute force: its covered routes are the best (None: nothing fits,
+    and place refuses)."""
+    best = _brute_best_partition(problem)
+    if best < 0:
+        with pytest.raises(DoesNotFit):
+            place(problem)
+        return None
+    result = place(problem)
+    assert result.covered == best
+    return result
 
 
 def _brute_best_partition(problem):
@@ -106,13 +115,9 @@ def test_the_mtp_block_competes_for_the_last_gpus_slots_optimally(seed):
                                gpu_budget=tuple(int(x) for x in rng.integers(80, 160, size=G)), expert_bytes=10,
                                max_hot_per_layer=None if seed % 2 else 2, mtp_bytes=int(rng.integers(5, 30)),
                                mtp_counts=rng.integers(0, 80, size=E))
-    best = _brute_best_partition(problem)
-    if best < 0:
-        with pytest.raises(DoesNotFit):
-            place(problem)
+    result = _placed_optimally(problem)
+    if result is None:
         return
-    result = place(problem)
-    assert result.covered == best
     assert result.covered == (sum(int(problem.counts[l, e]) for l, hot in enumerate(result.hot) for e in hot)
                               + sum(int(problem.mtp_counts[e]) for e in result.mtp_hot))
     assert problem.max_hot_per_layer is None or len(result.mtp_hot) <= problem.max_hot_per_layer

@@ -124,7 +124,8 @@ class EngineSession:
         self._begin()
 
     def _begin(self) -> None:
-        self.executor.route_sink = self.routes.add
+        # routes are counted only where something re-places from them: no host work on other engines' steps
+        self.executor.route_sink = self.routes.add if self.adapter is not None else None
         if self.adapter is not None:
             self.adapter.settle()
 
