@@ -22,7 +22,7 @@ def main() -> None:
     p.add_argument("--sources", action="store_true", help="ops per layer by the runtime function that issued them")
     p.add_argument("--top", type=int, default=12, help="rows of the --sources table (default 12)")
     a = p.parse_args()
-    engine = load_engine(a.plan, device="cpu", speculative="off")
+    engine = load_engine(a.plan, device="cpu", speculative="off", cpu_step="eager")  # the eager step's ops
     try:
         counts = ops_per_layer(engine, sources=a.sources)
     finally:

@@ -3,7 +3,7 @@ the same checkpoint (official DeepSeek-V4 format; llama.cpp reads it through its
 agent sessions, the same client, one server at a time on the same cores.
 
     python -m ostinato.bench.llama_cpp_side_by_side [--checkpoint DIR] [--sessions CSV] [--per-workload 2]
-        [--threads 2] [--doc [FILE]]
+        [--threads 2] [--rounds 2] [--doc [FILE]]
 
 Without --checkpoint it writes the `real-vocab` preset (the real DeepSeek-V4 tokenizer, which llama.cpp's
 converter requires, and head_dim != index_head_dim, which its DSV4 loader requires). llama.cpp comes from
@@ -19,8 +19,12 @@ return_tokens, Ostinato's /v1/completions with return_token_ids):
   tok/s over the replay, session time (engine time only);
 - top-1 agreement: over positions of a fixed text, the greedy next token given the exact same prefix
   (one token per request, teacher-forced), the share where both systems pick the same token.
-Timings are client-side, through the same HTTP client, for both. Output: a markdown table (and its
-ratios), written to OUT/llama_cpp_side_by_side.md and, with --doc, into docs/benchmarks.md (or FILE) between
+Three servers, one at a time, alternating round by round (`--rounds`; each figure is the median over the
+rounds): llama.cpp, Ostinato as its plan runs (the decode step compiled into one call,
+runtime/engine/cpu_step.py) and Ostinato with the eager step (OSTINATO_CPU_STEP=eager: what it decoded with
+before the compiled step), so the table shows both the comparison and the change.
+Timings are client-side, through the same HTTP client, for all. Output: a markdown table (and its
+ratios), written to OUT/llama_cpp_side_by_side.md and, with --doc, into the README (or FILE) between
 the markers of this run's checkpoint.
 """
 
@@ -45,13 +49,13 @@ from ostinato.host import cpu_model
 from ostinato.plans import plans_dir
 from ostinato.workload import TokenSource, read_sessions, shrink_sessions
 
-# docs/benchmarks.md keeps one measured table per checkpoint: `--doc` rewrites the block of this run's checkpoint
+# The README keeps one measured table per checkpoint: `--doc` rewrites the block of this run's checkpoint
 # (its directory name), between these lines.
-DOC = Path("docs/benchmarks.md")  # --doc's default (from the repository root)
+DOC = Path("README.md")  # --doc's default (from the repository root)
 DOC_BEGIN = ("<!-- measured llama.cpp table ({}): written by python -m ostinato.bench.llama_cpp_side_by_side --doc;"
              " do not edit -->")
 DOC_END = "<!-- end of the measured llama.cpp table ({}) -->"
-LLAMA, OURS = "llama.cpp", "Ostinato"
+LLAMA, OURS, EAGER = "llama.cpp", "Ostinato", "Ostinato, eager step"
 
 
 class Server:
@@ -209,35 +213,51 @@ def modeled(ckpt: Path, plan_options: dict, prompt: int, generate: int, kernels:
     return out
 
 
+def median_of_rounds(rounds: list[dict]) -> dict:
+    """One system's measurements over the rounds -> each number's median (the last round's top-1 picks, which
+    greedy decoding repeats)."""
+    out = {k: statistics.median(r[k] for r in rounds) for k, v in rounds[0].items() if isinstance(v, float)}
+    out["waits"] = rounds[-1]["waits"]
+    out["top1"] = rounds[-1]["top1"]
+    out["rounds"] = len(rounds)
+    return out
+
+
 def table(res: dict, info: dict) -> str:
-    ours, ref = res[OURS], res[LLAMA]
+    ours, ref, eager = res[OURS], res[LLAMA], res.get(EAGER)
     agree = float(np.mean([x == y for x, y in zip(ours["top1"], ref["top1"])]))
+    rounds = ours.get("rounds", 1)
     rows = [f"#### llama.cpp vs Ostinato, measured side by side (CPU only, {info['machine']}, {info['threads']} "
-            "threads, one run)", "",
+            f"threads, one run{f', medians of {rounds} alternating rounds' if rounds > 1 else ''})", "",
             f"Checkpoint: {info['checkpoint']}. llama.cpp {info['llama']} (GGUF from its own converter: "
             f"{info['gguf']}; `{info['llama_flags']}`); Ostinato `ostinato-serve --device cpu` "
             f"({info['dtype']}, plan "
             f"{info['plan']}). Sessions: {info['sessions']}. Same client, token ids in and out, one server at "
             "a time.", "",
-            "| | llama.cpp | Ostinato | Ostinato / llama.cpp |", "|---|---|---|---|"]
+            "| | llama.cpp | Ostinato | Ostinato / llama.cpp |"
+            + (" Ostinato, eager step | compiled / eager |" if eager else ""),
+            "|---|---|---|---|" + ("---|---|" if eager else "")]
 
-    def row(label, key, fmt):
-        a, b = ref[key], ours[key]
-        rows.append(f"| {label} | {fmt.format(a)} | {fmt.format(b)} | {b / a:.2f}x |")
+    def row(label, key, fmt, scale=1.0):
+        a, b = ref[key] * scale, ours[key] * scale
+        line = f"| {label} | {fmt.format(a)} | {fmt.format(b)} | {b / a:.2f}x |"
+        if eager:
+            c = eager[key] * scale
+            line += f" {fmt.format(c)} | {b / c:.2f}x |"
+        rows.append(line)
     row(f"prompt tok/s ({info['prompt']}-token prompt)", "prompt_tok_s", "{:,.0f}")
     row(f"decode tok/s ({info['generate']} generated)", "decode_tok_s", "{:,.1f}")
-    for label, key in (("median wait after a tool output, ms", "median_wait_s"), ("p90 wait, ms", "p90_wait_s")):
-        rows.append(f"| {label} | {ref[key] * 1e3:.1f} | {ours[key] * 1e3:.1f} | {ours[key] / ref[key]:.2f}x |")
+    row("median wait after a tool output, ms", "median_wait_s", "{:.1f}", 1e3)
+    row("p90 wait, ms", "p90_wait_s", "{:.1f}", 1e3)
     row("decode tok/s over the sessions", "replay_decode_tok_s", "{:.1f}")
-    rows.append(f"| median session, s (engine time) | {ref['median_session_s']:.2f} | {ours['median_session_s']:.2f} | "
-                f"{ours['median_session_s'] / ref['median_session_s']:.2f}x |")
+    row("median session, s (engine time)", "median_session_s", "{:.2f}")
     if "modeled" in info:
         m = info["modeled"]
         for key, label in (("prompt_tok_s", "prompt"), ("decode_tok_s", "decode")):
             rows.append(f"| {label} tok/s modeled (cost model, cpu-only spec) | {m[LLAMA][key]:,.1f} | "
-                        f"{m[OURS][key]:,.1f} | {m[OURS][key] / m[LLAMA][key]:.2f}x |")
+                        f"{m[OURS][key]:,.1f} | {m[OURS][key] / m[LLAMA][key]:.2f}x |" + (" | |" if eager else ""))
             rows.append(f"| {label}: measured / modeled | {ref[key] / m[LLAMA][key]:.2f} | "
-                        f"{ours[key] / m[OURS][key]:.2f} | |")
+                        f"{ours[key] / m[OURS][key]:.2f} | |" + (" | |" if eager else ""))
     rows += ["", f"Top-1 agreement of the greedy next token, teacher-forced on {len(ours['top1'])} positions of "
                  f"one text: **{agree:.1%}**. Waits: {ours['waits']} tool outputs per system."]
     return "\n".join(rows)
@@ -265,6 +285,7 @@ def main(argv=None) -> None:
     p.add_argument("--prompt", type=int, default=512)
     p.add_argument("--generate", type=int, default=64)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=2, help="rounds of the three servers, alternating (2)")
     p.add_argument("--probe-tokens", type=int, default=96, help="teacher-forced agreement: text length (96)")
     p.add_argument("--probe-from", type=int, default=32, help="first position probed (32)")
     p.add_argument("--threads", type=int, default=os.cpu_count())
@@ -305,21 +326,25 @@ def main(argv=None) -> None:
                                scale=a.scale, max_turns=a.limit_turns, max_generated=a.max_generated)
     vocab = json.loads((ckpt / "config.json").read_text())["vocab_size"]
     probe = TokenSource(ckpt, vocab, 30_000).take(a.probe_tokens).tolist()
-    res = {}
     env = dict(os.environ, OMP_NUM_THREADS=str(a.threads))
     llama_cmd = [str(binary), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(a.port), "-t", str(a.threads),
                  "-tb", str(a.threads), "-c", str(a.context), "-np", "1", "-ngl", "0", "--no-webui"]
     ours_cmd = [sys.executable, "-m", "ostinato.server", str(plan), "--device", "cpu",
                 "--dtype", a.dtype, "--port", str(a.port + 1), "--model", str(ckpt)]
     OstinatoServer.model = ckpt.name
-    for cls, cmd, port in ((LlamaServer, llama_cmd, a.port), (OstinatoServer, ours_cmd, a.port + 1)):
-        print(f"== {cls.name}: starting ({' '.join(cmd[:2])} ...)", flush=True)
-        server = start(cls, cmd, port, a.out / f"{cls.name}.log", env)
-        try:
-            res[cls.name] = measure(server, a, sessions, lambda i: TokenSource(ckpt, vocab, i), probe)
-        finally:
-            server.stop()
-        print(json.dumps({k: v for k, v in res[cls.name].items() if k != "top1"}, indent=1), flush=True)
+    systems = ((LLAMA, LlamaServer, llama_cmd, a.port, env), (OURS, OstinatoServer, ours_cmd, a.port + 1, env),
+               (EAGER, OstinatoServer, ours_cmd, a.port + 1, dict(env, OSTINATO_CPU_STEP="eager")))
+    rounds = {name: [] for name, *_ in systems}
+    for r in range(a.rounds):
+        for name, cls, cmd, port, server_env in systems:
+            print(f"== round {r + 1}/{a.rounds}, {name}: starting ({' '.join(cmd[:2])} ...)", flush=True)
+            server = start(cls, cmd, port, a.out / f"{name.replace(', ', '-').replace(' ', '-')}.log", server_env)
+            try:
+                rounds[name].append(measure(server, a, sessions, lambda i: TokenSource(ckpt, vocab, i), probe))
+            finally:
+                server.stop()
+            print(json.dumps({k: v for k, v in rounds[name][-1].items() if k != "top1"}, indent=1), flush=True)
+    res = {name: median_of_rounds(rs) for name, rs in rounds.items()}
     info = {"machine": cpu_model(), "threads": a.threads,
             "checkpoint": f"`{ckpt.name}` ({vocab:,} vocabulary)", "llama": llama_cpp_build.LLAMA_CPP_BIN,
             "gguf": a.outtype or "its default types", "llama_flags": " ".join(llama_cmd[llama_cmd.index("-t"):]),

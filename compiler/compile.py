@@ -63,6 +63,7 @@ log = logging.getLogger("ostinato.compile")
 
 PREDICTED_TURNS = (8, 16, 64, 120, 512, 1500, 4096, 16384)
 ADAPT = ("off", "idle")  # --adapt (ostinato/adaptation.py)
+CPU_STEP = ("compiled", "eager")  # --cpu-step (runtime/engine/cpu_step.py)
 SPECULATIVE = ("auto", "off", "mtp")  # --speculative: the cost model decides, never, always (the block must exist)
 # The fewest measured drafts (a recorded profile's mtp_drafts) whose acceptance replaces the published one
 # (MTP_ACCEPTANCE). A rate measured on n drafts has a standard error of at most 0.5 / sqrt(n): 5 points at
@@ -93,6 +94,7 @@ class CompileOptions:
     speculative: str = "auto"                # SPECULATIVE: decode with the MTP block where it pays / never / always
     adapt: str | None = None                 # ADAPT: re-place hot experts between turns (None: idle with GPUs, else
                                              # off: on a cpu-only spec the hot pools are host memory too)
+    cpu_step: str = "compiled"               # CPU_STEP: the decode step's CPU segments compiled into one call, or eager
     build_kernels: bool = True
     kernel_dir: Path | None = None           # content-addressed build folder (default: build/kernels here)
 
@@ -211,19 +213,26 @@ def memory(b: Build) -> None:
 
 
 def placement(b: Build) -> None:
-    """The hot sets and the layer split. When only the buckets' graph pool keeps the plan from fitting,
-    the plan goes without bucket steps (user-given buckets are never dropped): memory again, reserve 0."""
+    """The hot sets and the layer split. When the MTP block that --speculative auto placed keeps the plan
+    from fitting, the plan goes without it (as where speculation does not pay); when only the buckets'
+    graph pool does, without bucket steps (user-given buckets are never dropped): memory again, reserve 0."""
     try:
         _place(b)
+        return
     except CompileError:
-        if not b.bucket_reserve or b.options.prefill_buckets is not None:
+        if b.mtp_placed and b.options.speculative == "auto":
+            b.notes.append("no room for the MTP block beside the head: planned without it (policy.speculative: off)")
+            log.info("pass placement: no room for the MTP block, planning without it")
+            b.mtp_placed = False
+        elif not b.bucket_reserve or b.options.prefill_buckets is not None:
             raise
-        b.notes.append(f"no room for the prefill buckets' graph pool ({b.bucket_reserve} tokens): "
-                       f"planned without bucket steps")
-        log.info("pass placement: no room for a %d-token bucket pool, planning without buckets", b.bucket_reserve)
-        b.bucket_reserve = 0
-        memory(b)
-        _place(b)
+        else:
+            b.notes.append(f"no room for the prefill buckets' graph pool ({b.bucket_reserve} tokens): "
+                           f"planned without bucket steps")
+            log.info("pass placement: no room for a %d-token bucket pool, planning without buckets", b.bucket_reserve)
+            b.bucket_reserve = 0
+    memory(b)
+    placement(b)
 
 
 def _place(b: Build) -> None:
@@ -310,7 +319,7 @@ def cost_model(b: Build) -> None:
         mtp = MtpCostInputs(pl.layer_gpu[-1], sum(held_bytes(s, dense_format(b.options, b.hardware)) for s in dense),
                             _matmul_params(dense), hot, row / row.sum())
     b.cost = CostModel(cfg, b.hardware, layers, model_sizes(cfg).expert_bytes, head, b.options.context,
-                       b.options.prefill_chunk, mtp)
+                       b.options.prefill_chunk, mtp, _cpu_step(b.options))
     b.threshold = b.cost.crossover()
 
 
@@ -357,6 +366,10 @@ def speculation(b: Build) -> None:
     if o.speculative == "off":
         b.speculative = _speculative(b, "; --speculative off: the plan leaves the MTP block out")
         return
+    if not b.mtp_placed:  # auto, and placement found no room for it
+        b.speculative = _speculative(b, "; no room for the MTP block beside the head: the plan leaves it out "
+                                        "(policy.speculative: off)")
+        return
     on = f"the plan places the MTP block on gpu{pl.layer_gpu[-1]} and decodes with it (policy.speculative: mtp)"
     if o.speculative == "mtp":
         b.speculative = _speculative(b, f"; --speculative mtp: {on}")
@@ -383,10 +396,16 @@ def policy(b: Build) -> None:
             context=o.context, sessions=o.sessions, prefill_threshold=b.threshold, prefill_chunk=o.prefill_chunk,
             upload_group=o.upload_group, snapshots=o.snapshots, decode_graph_routes=cfg.num_experts_per_tok,
             prefill_buckets=list(b.buckets), cpu_threads=hw.host.cores, objective_phases=list(o.objective_phases),
-            speculative="mtp" if b.mtp_placed else "off", adapt=_adapt(b).model_dump()),
+            speculative="mtp" if b.mtp_placed else "off", adapt=_adapt(b).model_dump(), cpu_step=_cpu_step(o)),
             "the plan's policy")
     except SchemaError as e:
         raise CompileError(str(e)) from None
+
+
+def _cpu_step(o: CompileOptions) -> str:
+    if o.cpu_step not in CPU_STEP:
+        raise CompileError(f"--cpu-step is {o.cpu_step!r}: one of {', '.join(CPU_STEP)}")
+    return o.cpu_step
 
 
 def _adapt(b: Build) -> AdaptPolicy:

@@ -31,7 +31,9 @@ Host dispatch: a forward run eagerly (every prefill; decode only on a cpu-only s
 replay the captured decode graph) issues its ops one by one from Python, EAGER_OPS_PER_LAYER per
 layer and prefill chunk (the baselines' own counts where they differ), each costing the spec's
 host.op_dispatch_s. With a GPU the host runs ahead of the device, so a forward takes the longer of
-dispatch and device work; on the CPU they add up.
+dispatch and device work; on the CPU they add up. A cpu-only plan's decode step compiled into one call
+(policy.cpu_step "compiled", runtime/engine/cpu_step.py) is priced at COMPILED_STEP_OPS_PER_LAYER in the
+same units instead: what its generated code, its opaque expert and head calls and its entry cost the host.
 
 Speculative decoding with the MTP block (runtime/model/speculative.py), priced from the pieces above
 (speculative_step): a step drafts `depth` tokens with the MTP block (each draft: one more decoder layer,
@@ -73,6 +75,11 @@ EAGER_OPS_PER_LAYER = 215
 # shorter one). Measured: 272 per layer on the tiny plan against 194 for its decode step; recounted by
 # tests/test_cost_model_dispatch.py, reported by bench/count_ops.py ("step2").
 EAGER_STEP_OPS_PER_LAYER = 270
+# ...and per layer of the decode step compiled into one call (policy.cpu_step "compiled"), in the same units:
+# host.op_dispatch_s is measured as the eager step's time per aten op (small ops' compute included), so the
+# compiled step's time per layer is the eager step's aten ops per layer x compiled / eager time, both steps
+# measured side by side on the tiny plan by bench/cpu_step.py (its last line).
+COMPILED_STEP_OPS_PER_LAYER = 86
 # A PyTorch DSV4 forward without those two fusions: what the KTransformers-like baseline is priced with
 # (our runtime's own count before them; KTransformers' real count is not measured here).
 UNFUSED_EAGER_OPS_PER_LAYER = 600
@@ -146,11 +153,13 @@ def is_calibrated(host) -> bool:
 
 class CostModel:
     def __init__(self, cfg: ModelConfig, hw: HardwareSpec, layers: list[LayerCostInputs], expert_bytes: int,
-                 head_bytes: int, context: int, prefill_chunk: int = 4096, mtp: MtpCostInputs | None = None):
-        """`mtp`: the MTP block's dense part (None: priced as the last layer's dense part, see mtp_draft)."""
+                 head_bytes: int, context: int, prefill_chunk: int = 4096, mtp: MtpCostInputs | None = None,
+                 cpu_step: str = "compiled"):
+        """`mtp`: the MTP block's dense part (None: priced as the last layer's dense part, see mtp_draft);
+        `cpu_step`: the plan's policy.cpu_step (how a cpu-only spec runs its decode step)."""
         self.cfg, self.hw, self.layers, self.mtp = cfg, hw, layers, mtp
         self.expert_bytes, self.head_bytes, self.context = expert_bytes, head_bytes, context
-        self.prefill_chunk = prefill_chunk
+        self.prefill_chunk, self.cpu_step = prefill_chunk, cpu_step
         # the CPU expert kernel's per-core rates (host_kernel.py); None: the max() of bytes and FLOPs at the
         # host's rates (a calibrated host measured them itself; a spec without expert_kernel estimates them)
         self.host_kernel: KernelRates | None = None if is_calibrated(hw.host) else rates_of_spec(hw.host)
@@ -307,9 +316,17 @@ class CostModel:
         per = [self.upload_layer(l, n) for l in range(len(self.layers))]
         return float(self.forward_time(self.pipelined(per), n, decode=False, eager=True))
 
+    def step_ops_per_layer(self, T: int) -> int | None:
+        """Dispatch units per layer of a T-token fixed-shape step on a cpu-only spec (None: the dynamic
+        forward's): the compiled decode step's, or an eager step's."""
+        if T == 1:
+            return COMPILED_STEP_OPS_PER_LAYER if self.cpu_step == "compiled" else None
+        return EAGER_STEP_OPS_PER_LAYER
+
     def decode_step(self) -> float:
         layers = sum(self.overlap(*self.split_layer(l, 1)) for l in range(len(self.layers)))
-        return float(self.forward_time(layers, 1, decode=True, eager=self.decode_is_eager()))
+        return float(self.forward_time(layers, 1, decode=True, eager=self.decode_is_eager(),
+                                       ops_per_layer=self.step_ops_per_layer(1)))
 
     def eager_prefill(self, n: int, threshold: int | None) -> float:
         """The dynamic model's forward: split-route up to the threshold, upload-once above it."""
@@ -331,11 +348,11 @@ class CostModel:
         return gpu, self.cpu_experts_time(T, self.distinct(layer, T, False), self.routes(layer, T, False))
 
     def bucket_step(self, T: int) -> float:
-        """One T-token step: replayed graphs on GPUs (eager on a cpu-only spec, EAGER_STEP_OPS_PER_LAYER
-        ops a layer for T >= 2), the head once."""
+        """One T-token step: replayed graphs on GPUs (on a cpu-only spec step_ops_per_layer(T): eager,
+        EAGER_STEP_OPS_PER_LAYER a layer, for T >= 2), the head once."""
         layers = sum(self.overlap(*self.bucket_layer(l, T)) for l in range(len(self.layers)))
-        ops = EAGER_STEP_OPS_PER_LAYER if T >= 2 else None
-        return float(self.forward_time(layers, T, decode=True, eager=self.decode_is_eager(), ops_per_layer=ops))
+        return float(self.forward_time(layers, T, decode=True, eager=self.decode_is_eager(),
+                                       ops_per_layer=self.step_ops_per_layer(T)))
 
     def bucket_prefill(self, n: int, buckets: list[int]) -> float:
         """n tokens as the steps bucket_pieces picks from `buckets`."""

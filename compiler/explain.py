@@ -42,7 +42,10 @@ def explain(plan: Plan) -> str:
             f"predicted wait after a 120-token tool output: {p.wait_after_tool_output_120_tokens_ms:.1f} ms",
             f"predicted decode: {p.decode_ms_per_token:.2f} ms/token = {p.decode_tokens_per_s:.1f} tokens/s",
             f"MTP speculative decoding ({plan.policy.speculative}): {p.speculative.reason}",
-            _adapt_line(plan.policy.adapt)]
+            _adapt_line(plan.policy.adapt),
+            f"decode step on the CPU: {plan.policy.cpu_step}"
+            + (" (one compiled call per token, built at the first load)" if plan.policy.cpu_step == "compiled"
+               else " (op by op)")]
     return "\n".join(out)
 
 

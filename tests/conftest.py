@@ -2,7 +2,8 @@
 the engine tests' compiled plan and plain reference model, the static-step tests' models.
 
 Without a GPU, Triton kernels run in its interpreter. Triton reads TRITON_INTERPRET when it is
-first imported (transformers imports it too), so it is set here, before any test imports anything.
+first imported (transformers imports it too), so it is set here, before any test imports anything;
+so is OSTINATO_CPU_STEP=eager (see below).
 
 Tiers (markers registered in pyproject.toml): `pytest -m "not slow"` is the fast tier (no compiled
 kernel, no Triton interpreter, no transformers, nothing that takes more than a second or two); the full
@@ -20,6 +21,9 @@ import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+# Engines run the eager CPU decode step unless a test asks for the compiled one (tests/test_cpu_step.py):
+# compiling it takes seconds to minutes per engine, and hundreds of tests load one (their subprocesses too).
+os.environ.setdefault("OSTINATO_CPU_STEP", "eager")
 
 import pytest  # noqa: E402
 

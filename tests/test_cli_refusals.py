@@ -87,7 +87,7 @@ CASES = {
         r"field 'policy\.cpu_thread' is not a known field \(known fields here: context, "),
     "plan of schema version 1": (
         _run_plan(lambda d: d.update(schema_version=1)),
-        r"field 'schema_version' is 1; this Ostinato reads 7: recompile the plan"),
+        r"field 'schema_version' is 1; this Ostinato reads 8: recompile the plan"),
     "plan that decodes with MTP but places no block": (
         _run_plan(lambda d: (d.update(mtp=None), d["policy"].update(speculative="mtp"))),
         r"field 'policy\.speculative' is mtp, but the plan places no MTP block \(field 'mtp'\)"),

@@ -263,6 +263,25 @@ def test_no_hot_expert_fits(tiny_ckpt, tmp_path):
         compile_plan(CompileOptions(tiny_ckpt, tmp_path / "b.yaml", str(tmp_path / "small.yaml"), build_kernels=False))
 
 
+def test_auto_speculation_without_room_for_the_mtp_block_plans_without_it(tiny_ckpt, tmp_path):
+    roomy = compile_plan(CompileOptions(tiny_ckpt, tmp_path / "a.yaml", "cpu-only", build_kernels=False,
+                                        speculative="off")).plan
+    gpu = roomy.memory[0]
+    base = gpu.total_bytes - gpu.components["hot_experts"] - gpu.components["headroom"]
+    spec = yaml.safe_load((plans_dir() / "hardware" / "cpu-only.yaml").read_text())
+    spec["gpus"]["usable_bytes"] = int((base + 3 * roomy.model.expert_bytes) / 0.95)  # 3 experts, not the block
+    (tmp_path / "small.yaml").write_text(yaml.safe_dump(spec))
+    forced = CompileOptions(tiny_ckpt, tmp_path / "b.yaml", str(tmp_path / "small.yaml"), build_kernels=False,
+                            speculative="mtp")
+    with pytest.raises(CompileError, match="does not fit"):  # forced: the block or nothing
+        compile_plan(forced)
+    b = compile_plan(forced.__class__(**{**vars(forced), "speculative": "auto"}))
+    assert b.plan.mtp is None and b.plan.policy.speculative == "off"
+    assert sum(len(lp.hot_experts) for lp in b.plan.layers) == 3
+    assert "no room for the MTP block beside the head" in b.plan.predictions.speculative.reason
+    assert any("no room for the MTP block" in n for n in b.notes)
+
+
 def test_plan_for_another_checkpoint_is_refused(tiny_ckpt, small_ckpt, tmp_path):
     out = tmp_path / "p.yaml"
     assert compile_cli.main([str(tiny_ckpt), str(out), "--hardware", "cpu-only", "--no-kernels"]) == 0

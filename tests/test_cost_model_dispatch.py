@@ -43,3 +43,25 @@ def test_dispatch_is_added_to_eager_forwards_only(tiny_ckpt, tmp_path):
     # a GPU: the host runs ahead, the forward takes the longer of dispatch and device work
     assert cost.split_prefill(100) == pytest.approx(max(free.split_prefill(100), per_forward))
     assert cost.decode_step() == pytest.approx(free.decode_step())  # decode replays its graph
+
+
+def test_a_cpu_only_decode_step_is_priced_as_its_plan_runs_it(tiny_ckpt, tmp_path):
+    """policy.cpu_step: compiled prices the decode step at COMPILED_STEP_OPS_PER_LAYER, eager at the dynamic
+    forward's ops; the other steps and the prefills are eager either way, and the plan records the choice."""
+    from ostinato.compiler.compile import CompileError, CompileOptions, compile_plan
+    from ostinato.compiler.cost_model import COMPILED_STEP_OPS_PER_LAYER
+
+    builds = {mode: compile_plan(CompileOptions(tiny_ckpt, tmp_path / f"{mode}.yaml", "cpu-only", context=4096,
+                                                build_kernels=False, cpu_step=mode)) for mode in ("compiled", "eager")}
+    compiled, eager = builds["compiled"].cost, builds["eager"].cost
+    layers, per_op = len(compiled.layers), compiled.hw.host.op_dispatch_s
+    saved = layers * (EAGER_OPS_PER_LAYER - COMPILED_STEP_OPS_PER_LAYER) * per_op
+    assert eager.decode_step() - compiled.decode_step() == pytest.approx(saved)
+    assert compiled.bucket_step(1) == pytest.approx(compiled.decode_step())
+    assert compiled.bucket_step(2) == pytest.approx(eager.bucket_step(2))  # the 2-token step stays eager
+    assert compiled.split_prefill(16) == pytest.approx(eager.split_prefill(16))
+    plans = {mode: b.plan for mode, b in builds.items()}
+    assert plans["compiled"].policy.cpu_step == "compiled" and plans["eager"].policy.cpu_step == "eager"
+    assert plans["compiled"].predictions.decode_ms_per_token < plans["eager"].predictions.decode_ms_per_token
+    with pytest.raises(CompileError, match="--cpu-step is 'jit': one of compiled, eager"):
+        compile_plan(CompileOptions(tiny_ckpt, tmp_path / "x.yaml", "cpu-only", build_kernels=False, cpu_step="jit"))

@@ -15,7 +15,7 @@ from ostinato.plan import PlanError
 from ostinato.profile_format import ProfileError
 
 from ..codegen.cxx import KernelCompileError
-from ..compile import ADAPT, SPECULATIVE, CompileError, CompileOptions, compile_plan
+from ..compile import ADAPT, CPU_STEP, SPECULATIVE, CompileError, CompileOptions, compile_plan
 from ..explain import explain
 
 
@@ -65,6 +65,10 @@ def parse_args(argv: list[str] | None) -> tuple[CompileOptions, bool]:
     p.add_argument("--adapt", choices=ADAPT,
                    help="re-place hot experts between turns, while the agent's tool runs (policy.adapt): idle (the "
                         "default with GPUs) or off (the default on a cpu-only spec, whose hot pools are host memory)")
+    p.add_argument("--cpu-step", choices=CPU_STEP, default="compiled",
+                   help="the decode step's layers on the CPU (a cpu-only spec: all of them): compiled = one compiled "
+                        "call per token (torch.compile's C++ wrapper, built at the first load and cached by "
+                        "content), the CPU's analogue of a CUDA graph; eager = op by op (compiled)")
     p.add_argument("--speculative", choices=SPECULATIVE, default="auto",
                    help="decode with the checkpoint's MTP block (speculative decoding): auto: where the cost model "
                         "says it pays, the block placed beside the head with its hot experts from the profile; "
@@ -85,7 +89,7 @@ def parse_args(argv: list[str] | None) -> tuple[CompileOptions, bool]:
                           sessions=a.sessions, prefill_chunk=a.prefill_chunk, upload_group=a.upload_group,
                           snapshots=a.snapshots, prefill_buckets=a.prefill_buckets,
                           dense_format=a.dense_format, max_hot_per_layer=a.max_hot_per_layer,
-                          speculative=a.speculative, adapt=a.adapt,
+                          speculative=a.speculative, adapt=a.adapt, cpu_step=a.cpu_step,
                           build_kernels=not a.no_kernels, kernel_dir=a.kernel_dir), a.explain
 
 

@@ -23,8 +23,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="hot-expert compute: triton (default on GPUs), cpu (the plan's CPU expert kernel; default on "
                         "the CPU) or torch (the dequantize-and-matmul reference)")
     p.add_argument("--decode", choices=("graph", "eager", "dynamic"), default="graph",
-                   help="decode steps: graph = the fixed-shape step, one CUDA graph per GPU (eager on the CPU); "
-                        "eager = that step without graphs; dynamic = the model's own forward (growing cache)")
+                   help="decode steps: graph = the fixed-shape step as one call per device: a CUDA graph per GPU, "
+                        "on the CPU compiled into one call (the plan's policy.cpu_step; OSTINATO_CPU_STEP=eager "
+                        "overrides it); eager = that step op by op; dynamic = the model's own forward (growing cache)")
     p.add_argument("--adapt", choices=("off", "idle"),
                    help="idle: after each turn, swap hot experts toward the session's own routes while the agent's "
                         "tool runs (exact: each swap lands between forwards); off: the plan's hot set throughout "
@@ -37,7 +38,10 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
 
 def _decode_label(mode: str, engine) -> str:
     if mode == "graph" and not any(d.type == "cuda" for d in engine.devices):
-        return "graph step, run eagerly (no GPU)"
+        runner = engine.step_runner
+        if runner is not None and runner.cpu_step == "compiled":
+            return "fixed-shape step, compiled (one call per token)"
+        return f"fixed-shape step, eager ({runner.cpu_step_note if runner is not None else 'no GPU'})"
     return {"graph": "CUDA graph per GPU", "eager": "fixed-shape step, eager", "dynamic": "dynamic forward"}[mode]
 
 

@@ -17,6 +17,8 @@ capture runs move the state on, so they run from position 0 (`step.rewind()`: a 
 max_context - 1 would write past the buffers) and the caller loads the state afterwards (the
 runner does). Ordering goes through engine/streams.py, so on the CPU `capture()` runs the same
 warm-up and capture runs eagerly, captures nothing, and records the stream log tests check.
+A CPU segment may instead be compiled into one call (`compile_cpu()`, engine/cpu_step.py), which run()
+then calls in its place.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from ostinato.buckets import CAPTURE_RUNS
 
 from ..model.static_decode.step import StaticStep
 from . import watchdog
+from .cpu_step import compile_segment
 from .streams import streams_for
 
 WARMUP_RUNS = CAPTURE_RUNS - 1  # then the captured run
@@ -44,6 +47,7 @@ class SegmentGraphs:
         """`pool`: graph_pool() to share with other steps' graphs (None: a private pool)."""
         self.step, self.pool = step, pool
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.compiled: dict = {}  # CPU segment -> its compiled call (compile_cpu)
         self.done = False  # capture() ran to its end: every GPU segment has its graph
 
     @property
@@ -79,6 +83,13 @@ class SegmentGraphs:
                                f"({seg.device}): {e}; --decode eager runs the step without graphs") from e
         self.graphs, self.done = graphs, True
 
+    def compile_cpu(self) -> None:
+        """Compile every CPU segment into one call (all or nothing: raises cpu_step.CompileFailed, keeping
+        none). Like capture(), leaves the state to be loaded again."""
+        self.compiled = {}
+        self.compiled = {i: compile_segment(self.step, i) for i, seg in enumerate(self.step.segments)
+                         if seg.device.type == "cpu"}
+
     def run(self) -> torch.Tensor:
         """One step (the step's T tokens): replay (or run) every segment in order, each followed by its hand-off ->
         the step's logits buffer [V]."""
@@ -88,9 +99,11 @@ class SegmentGraphs:
             if i in self.graphs:
                 with torch.cuda.device(seg.device):  # replays on that device's current stream
                     self.graphs[i].replay()
+            elif i in self.compiled:
+                self.compiled[i]()
             elif self.done and seg.device.type == "cuda":
                 raise RuntimeError(f"the {step.tokens}-token step's segment {i} on {seg.device} has no CUDA graph")
-            else:  # not captured (graphs off), or a CPU segment: eagerly
+            else:  # not captured (graphs off), or an uncompiled CPU segment: eagerly
                 step.run_segment(i)
             step.hand_off(i)
         last = step.segments[-1].device

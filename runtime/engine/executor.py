@@ -13,11 +13,14 @@ Modes (set per forward by the engine session, from the plan's policy):
 `decode_step` is the expert part of the fixed-shape decode step (model/static_decode) that a CUDA
 graph captures: no host reads, cold routes through the layer's ColdBridge (a host node in the
 graph, a direct call without CUDA); the host counts its routes after the step (`count_decode`).
+A compiled CPU step (engine/cpu_step.py) calls it as one opaque op, `torch.ops.ostinato.expert_step`
+(`decode_op`): traced as Python it would freeze the ColdTask's trace-time pointers into the graph.
 Legend: T tokens, k routes per token, R routes, E experts, D hidden.
 """
 
 from __future__ import annotations
 
+import ctypes
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
@@ -27,15 +30,20 @@ import torch
 
 from ostinato.checkpoint.reader import PackedExpert
 
-from ..kernels.cold_task import ColdBridge, ColdStaging
-from ..kernels.cpu_experts import CpuExpertKernel, ExpertTable
+from ..kernels.cold_task import HOST_FN_ERRORS, ColdBridge, ColdStaging, ColdTask
+from ..kernels.cpu_experts import CpuExpertKernel, ExpertTable, kernel_error
 from ..kernels.routes import group_flat_routes
+from ..kernels.torch_ops import define, handle_tensor, loaded, register
 from ..kernels.triton_experts import HotPool
 from .counters import Counters
 from .span_timer import SpanTimer
 from .streams import streams_for
 
 MODES = ("split", "upload", "decode")
+
+define("expert_step(Tensor x, Tensor ids, Tensor w, int layer, Tensor executor) -> Tensor",
+       lambda x, ids, w, layer, executor: loaded(executor).host_decode_step(layer, x, ids, w),
+       lambda x, ids, w, layer, executor: torch.empty_like(x))
 
 
 @dataclass
@@ -64,6 +72,8 @@ class PlacementExecutor:
         self.dtype, self.top_k = compute_dtype, top_k
         self.mode = "split"
         self._counters = Counters()
+        self.handle = handle_tensor(register(self))  # for the expert_step op (decode_op)
+        self._host_sums: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # T -> host_decode_step's scratch
         self.timer = SpanTimer(self._counters)  # device time of the hot compute and the uploads
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ostinato-cold")
         self._read_done: dict = {}     # id(staging buffer) -> event after the last compute that read it
@@ -147,6 +157,41 @@ class PlacementExecutor:
         if bridge is not None:
             out = out + bridge.finish(T)
         return out.to(x.dtype)
+
+    def host_decode_step(self, layer: int, x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor
+                         ) -> torch.Tensor:
+        """decode_step for a layer whose pools are in host memory (the cpu hot backend), in as few torch ops
+        as it takes (a compiled step calls it once per layer, engine/cpu_step.py): the kernel's task runs
+        twice on x and the routes in place, once over the hot pool (its map: slot_of) and once over the
+        cold table (cold_of), and the two sums are added: decode_step's arithmetic, in its order (zero,
+        plus the hot sum, plus the cold sum). Other layers go to decode_step."""
+        le = self.layers[layer]
+        if (le.device.type != "cpu" or not hasattr(self.compute, "pool_table") or not x.is_contiguous()
+                or not expert_ids.is_contiguous() or not weights.is_contiguous() or weights.dtype != torch.float32):
+            return self.decode_step(layer, x, expert_ids, weights)
+        T, D = x.shape
+        sums = self._host_sums.get(T)
+        if sums is None:  # [hot, cold] float32 [T, D] each, overwritten by each call's tasks
+            sums = self._host_sums[T] = tuple(torch.empty(2, T, D).unbind(0))
+        hot_table = self.compute.pool_table(le.hot_pool) if le.hot_pool.w1.shape[0] else None
+        for part, (row_of, table) in enumerate(((le.slot_of, hot_table), (le.cold_of, le.cold_table))):
+            if table is None:
+                sums[part].zero_()
+                continue
+            task = ColdTask(x.data_ptr(), int(x.dtype == torch.bfloat16), T, expert_ids.shape[1],
+                            expert_ids.data_ptr(), weights.data_ptr(), row_of.data_ptr(), row_of.numel(),
+                            table.n_experts, ctypes.cast(table.ptrs, ctypes.c_void_p), sums[part].data_ptr(),
+                            self.cpu_threads, 0)
+            self.cpu_kernel.lib.ost_cold_task_run(ctypes.byref(task))
+            if task.status:
+                raise ValueError(f"layer {layer}'s {('hot', 'cold')[part]} expert task failed: "
+                                 f"{HOST_FN_ERRORS.get(task.status) or kernel_error(task.status)}")
+        out = torch.add(*sums)  # [T, D] float32, a new tensor (the op's result)
+        return out if x.dtype == torch.float32 else out.to(x.dtype)
+
+    def decode_op(self, layer: int, x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """decode_step as one torch op (what a compiled step calls)."""
+        return torch.ops.ostinato.expert_step(x, expert_ids, weights, layer, self.handle)
 
     def count_decode(self, expert_ids: torch.Tensor, seconds: float, first_layer: int = 0) -> None:
         """Host side, after a fixed-shape step: count its routes (expert_ids [L, T, k] or [L, k] on the CPU, of

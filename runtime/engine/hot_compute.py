@@ -102,6 +102,10 @@ class CpuPoolCompute:
         if torch.device(device).type != "cpu":
             raise ValueError(f"the cpu hot backend computes pools in host memory, not on {device}")
 
+    def pool_table(self, pool: HotPool) -> ExpertTable:
+        """The pool's slots as a kernel table (row s: slot s)."""
+        return self._table(pool)[0]
+
     def _table(self, pool: HotPool) -> tuple[ExpertTable, torch.Tensor]:
         """The pool's slots as a kernel table, and the map [P + 1] from slot + 1 to table index (slot -1,
         padding, maps to -1: no route). Made once per pool: its slots never move (staging pools are

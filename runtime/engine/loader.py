@@ -204,13 +204,15 @@ def speculating(plan: Plan, speculative: str | None) -> bool:
 def load_engine(plan: str | Path | Plan, model_dir: str | Path | None = None, device: str | None = None,
                 dtype: torch.dtype | None = None, hot_backend: str | None = None, static_decode: bool = True,
                 decode_graphs: bool = True, progress: bool | None = False, speculative: str | None = None,
-                adapt: str | None = None) -> Engine:
+                adapt: str | None = None, cpu_step: str | None = None) -> Engine:
     """The plan's engine. `dtype`: the compute dtype, default the plan's dense format (see compute_dtype).
     `static_decode`: decode through the fixed-shape step sized for the plan's context (else the
     dynamic model); `decode_graphs`: capture that step as CUDA graphs on GPUs. `progress`: bars over
     the layers on stderr while weights are placed (routed experts, then the rest of each layer);
     None: only when stderr is a terminal. `speculative`: "off" / "mtp" instead of the plan's
-    policy.speculative (see speculating()); `adapt`: "off" / "idle" instead of policy.adapt's mode."""
+    policy.speculative (see speculating()); `adapt`: "off" / "idle" instead of policy.adapt's mode;
+    `cpu_step`: "compiled" / "eager" instead of policy.cpu_step (the decode step's CPU segments, compiled
+    into one call with decode_graphs; default: $OSTINATO_CPU_STEP if set, else the plan's)."""
     if not isinstance(plan, Plan):
         plan = load_plan(plan)
     spec = speculating(plan, speculative)
@@ -279,13 +281,39 @@ def load_engine(plan: str | Path | Plan, model_dir: str | Path | None = None, de
     model.hc_mix = _hc_mix_kernel(plan, cfg, cuda)
     model.dense_ops = DenseOpsKernel(_artifact(plan, plan.kernel(KernelName.DENSE_OPS_CPU)), load_triton_module(
         _artifact(plan, plan.kernel(KernelName.DENSE_OPS_TRITON))) if cuda else None)
+    if not cuda:  # the dense path's torch ops and Inductor's code share the plan kernels' OpenMP threads
+        torch.set_num_threads(threads.threads)
+    step_mode, why = _cpu_step(plan, cpu_step) if decode_graphs else ("eager", "the step runs without graphs "
+                                                                               "(--decode eager)")
     runner = StepRunner(model, executor, plan.policy.context, decode_graphs, [lp.gpu for lp in plan.layers],
-                        plan.policy.prefill_buckets, spec) if static_decode else None
+                        plan.policy.prefill_buckets, spec, step_mode) if static_decode else None
+    if runner is not None and runner.cpu_step == "eager" and not runner.cpu_step_note:
+        runner.cpu_step_note = why
+    if runner is not None and runner.cpu_step == "compiled":  # at load, as a capture: a minute the first time
+        if disable is not True:
+            print("compiling the CPU decode step (the first load of this plan: a minute or two; then cached)",
+                  file=sys.stderr, flush=True)
+        if not runner.compile_cpu_step():
+            print(f"ostinato: decoding with the eager CPU step: {runner.cpu_step_note}", file=sys.stderr, flush=True)
     if runner is not None and runner.use_graphs:  # now, not on the first request: seconds of capture
         with tqdm(total=len(runner.steps), desc="capturing CUDA graphs", unit="step", file=sys.stderr,
                   disable=disable) as bar:
             runner.capture_graphs(lambda T: bar.update())
     return Engine(plan, model_dir, model, executor, devices, runner, threads, spec, _adapter(plan, executor, adapt))
+
+
+def _cpu_step(plan: Plan, choice: str | None) -> tuple[str, str]:
+    """(policy.cpu_step unless the caller or $OSTINATO_CPU_STEP says otherwise, who said it)."""
+    if choice:
+        mode, source = choice, f"cpu_step={choice!r} was asked for"
+    elif os.environ.get("OSTINATO_CPU_STEP"):
+        mode = os.environ["OSTINATO_CPU_STEP"]
+        source = f"OSTINATO_CPU_STEP is {mode}"
+    else:
+        mode, source = plan.policy.cpu_step, f"the plan's policy.cpu_step is {plan.policy.cpu_step}"
+    if mode not in ("compiled", "eager"):
+        raise PlanError(f"{'cpu_step' if choice else 'OSTINATO_CPU_STEP'} is {mode!r}: one of compiled, eager")
+    return mode, source
 
 
 def _adapter(plan: Plan, executor: PlacementExecutor, mode: str | None) -> Adapter | None:

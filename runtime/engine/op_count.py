@@ -6,10 +6,18 @@ sets the wait. `OpCounter` is a dispatch mode that counts ops (by name and by th
 issued them); `ops_per_layer` measures an engine the way tests/test_cost_model_dispatch.py and
 bench/count_ops.py report it. Calls into the plan's C kernels through ctypes are not torch ops and
 are not counted (one per layer at most: the cold or hot expert task).
+
+A dispatch mode cannot watch a compiled step (engine/cpu_step.py: torch.compile runs the step eagerly
+while one is active), and the point there is what Python still issues. `PythonTorchCalls` counts exactly
+that: the torch functions and tensor methods Python code calls (sys.setprofile), metadata reads such as
+`data_ptr` or `numel` left out, whatever runs in between in C++. Each such call is one trip through the
+Python bindings and the dispatcher; composite ones expand into several aten ops, so on an eager forward it
+reads lower than OpCounter.
 """
 
 from __future__ import annotations
 
+import sys
 import traceback
 from collections import Counter
 
@@ -66,3 +74,44 @@ def ops_per_layer(engine, prefills=(1, 16, 128), context: int = 300, sources: bo
         runner.release()  # the session is thrown away: its cache takes the step's rows, its tokens do not
         out["step2"] = (count.ops / layers, count)
     return out
+
+
+# Tensor methods that read metadata without dispatching an op.
+_METADATA = frozenset({"data_ptr", "numel", "dim", "size", "stride", "is_contiguous", "element_size",
+                       "storage_offset", "get_device", "__len__", "is_floating_point", "untyped_storage",
+                       "requires_grad_", "__index__", "__int__", "__bool__", "__hash__", "__format__",
+                       "is_grad_enabled", "get_num_threads", "is_compiling"})
+_TORCH_MODULES = ("torch", "torch.functional", "torch.nn.functional", "torch._C._nn", "torch._C._VariableFunctions",
+                  "torch._C._linalg", "torch._C._special")
+
+
+def _is_torch_call(fn) -> bool:
+    name = getattr(fn, "__name__", "")
+    if name in _METADATA:
+        return False
+    owner = getattr(fn, "__self__", None)
+    if isinstance(owner, torch.Tensor):
+        return True
+    if type(fn).__name__ == "OpOverloadPacket" or type(fn).__name__ == "OpOverload":
+        return True
+    return getattr(fn, "__module__", None) in _TORCH_MODULES and type(fn).__name__ == "builtin_function_or_method"
+
+
+class PythonTorchCalls:
+    """Torch calls from Python in this thread while active: `calls` total, `by_name` per function."""
+
+    def __init__(self):
+        self.calls, self.by_name = 0, Counter()
+
+    def _profile(self, frame, event, arg):
+        if event == "c_call" and _is_torch_call(arg):
+            self.calls += 1
+            self.by_name[getattr(arg, "__name__", str(arg))] += 1
+
+    def __enter__(self) -> PythonTorchCalls:
+        self._previous = sys.getprofile()
+        sys.setprofile(self._profile)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        sys.setprofile(self._previous)

@@ -26,7 +26,9 @@ others), on one MTP state lent to one drafter at a time as the main state is len
 
 On GPUs each segment of each step is captured once as a CUDA graph (decode_graphs.py, all in one
 memory pool on one capture stream per device: the steps never run at the same time) and replayed; on
-the CPU the same steps run eagerly. The capture runs when the engine loads (`capture_graphs()`, a
+the CPU the decode step is compiled into one call (the plan's policy.cpu_step "compiled",
+engine/cpu_step.py; `compile_cpu_step()`, at load, falling back to the eager step with the reason in
+`cpu_step_note`) and the other steps run eagerly. The capture runs when the engine loads (`capture_graphs()`, a
 few seconds for V4-Flash's buckets, said on stderr), not on the first request, whose wait it would
 add to. Counters get each step's routes afterwards.
 """
@@ -43,6 +45,7 @@ from ..model.session import Session
 from ..model.static_decode.mtp_step import MtpState, StaticMtpStep
 from ..model.static_decode.rollback import RollbackPass, StepRollback
 from ..model.static_decode.step import StaticStep
+from .cpu_step import CompileFailed
 from .decode_graphs import SegmentGraphs, graph_pool
 from .executor import PlacementExecutor
 from .streams import streams_for
@@ -57,10 +60,14 @@ def on_gpu(step: StaticStep) -> bool:
 
 class StepRunner:
     def __init__(self, model, executor: PlacementExecutor, max_context: int, graphs: bool = True,
-                 layer_gpus: list[int] | None = None, buckets: list[int] = (), speculative: bool = False):
+                 layer_gpus: list[int] | None = None, buckets: list[int] = (), speculative: bool = False,
+                 cpu_step: str = "eager"):
         """`layer_gpus`: the plan's GPU of each layer (the steps' segments, see StaticStep);
         `buckets`: the prefill buckets' token counts (> 1; the decode step is T = 1); `speculative`: every
-        step keeps its tokens' streams, the 2-token step (made if no bucket is one) every token's logits."""
+        step keeps its tokens' streams, the 2-token step (made if no bucket is one) every token's logits;
+        `cpu_step`: "compiled" to compile the decode step's CPU segments (compile_cpu_step), else "eager"."""
+        if cpu_step not in ("compiled", "eager"):
+            raise ValueError(f"cpu_step must be 'compiled' or 'eager', got {cpu_step!r}")
         if any(b < 2 for b in buckets):
             raise ValueError(f"prefill buckets take at least 2 tokens, got {list(buckets)}")
         self.step = StaticStep(model, max_context, layer_gpus, streams=speculative)  # T = 1: the decode step
@@ -87,6 +94,23 @@ class StepRunner:
         self.draft_graphs = {P: SegmentGraphs(step, pool) for P, step in self.drafts.items()}
         self.rollback_graphs = {name: SegmentGraphs(RollbackPass(self.rollback, name == "restore"), pool)
                                 for name in ("save", "restore")} if speculative else {}
+        cpu = any(s.device.type == "cpu" for s in self.step.segments)
+        self.cpu_step = cpu_step if cpu else "eager"
+        self.cpu_step_note = "" if cpu else "no CPU segments"  # why the decode step runs eagerly on the CPU
+
+    def compile_cpu_step(self) -> bool:
+        """Compile the decode step's CPU segments (at load, as capture_graphs) -> whether it is compiled;
+        when it cannot be, the step stays eager and `cpu_step_note` says why (it is logged by the caller)."""
+        if self.cpu_step != "compiled":
+            return False
+        self.release()
+        self.release_drafter()
+        try:
+            self.graphs[1].compile_cpu()
+        except CompileFailed as e:
+            self.cpu_step, self.cpu_step_note = "eager", str(e)
+            return False
+        return True
 
     def capture_graphs(self, on_step=lambda T: None) -> None:
         """Capture every step's graphs (at load: a no-op without GPU segments or with graphs off).

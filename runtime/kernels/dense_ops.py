@@ -2,7 +2,8 @@
 
 Registered torch ops, each one dispatch where the reference (runtime/model/norms.py, rope.py) issues
 5-10: `torch.ops.ostinato.rms_norm(x, weight, eps, unweighted, kernel)`,
-`torch.ops.ostinato.rope(x, cos, sin, inverse, kernel)`; and `head_logits(h, w, kernel)`, the LM
+`torch.ops.ostinato.rope(x, cos, sin, inverse, kernel)`; and `head_logits(h, w, kernel)` (kernel: the
+handle as a tensor, torch_ops.handle_tensor), the LM
 head for up to 4 tokens from its stored bf16 rows (the reference widens each block of rows to a
 float32 copy first, which at one token costs more than the product). CPU tensors go to the host library (ctypes,
 which releases the GIL), CUDA tensors to the Triton kernels; `kernel` is the loaded kernels' handle
@@ -22,7 +23,7 @@ from types import ModuleType
 import torch
 
 from .launch import launch
-from .torch_ops import define, loaded, register
+from .torch_ops import define, handle_tensor, loaded, register
 
 _DTYPE_CODE = {torch.float32: 0, torch.bfloat16: 1}  # the host library's dtypes; Triton adds float16
 HEAD_MAX_TOKENS = 4  # the host kernel's limit; more tokens take the reference's float32 row blocks
@@ -34,7 +35,7 @@ define("rms_norm(Tensor x, Tensor? weight, float eps, bool unweighted, int kerne
 define("rope(Tensor x, Tensor cos, Tensor sin, bool inverse, int kernel) -> Tensor",
        lambda x, cos, sin, inverse, kernel: loaded(kernel).rope_impl(x, cos, sin, inverse),
        lambda x, cos, sin, inverse, kernel: torch.empty_like(x))
-define("head_logits(Tensor h, Tensor w, int kernel) -> Tensor",
+define("head_logits(Tensor h, Tensor w, Tensor kernel) -> Tensor",
        lambda h, w, kernel: loaded(kernel).head_logits_impl(h, w),
        lambda h, w, kernel: h.new_empty(h.shape[0], w.shape[0]))
 
@@ -55,6 +56,7 @@ class DenseOpsKernel:
         self.lib.ost_rms_norm.restype = self.lib.ost_rope.restype = self.lib.ost_head_logits.restype = ctypes.c_int
         self.triton = triton_module
         self.handle = register(self)
+        self.head_handle = handle_tensor(self.handle)  # the head's op is called from compiled steps too
 
     def takes(self, x: torch.Tensor) -> bool:
         """Whether the kernels compute x as it is (else the caller runs the reference): contiguous, on
@@ -74,7 +76,7 @@ class DenseOpsKernel:
 
     # ----- the model's entry points (one torch op each) --------------------------------------------
     def head_logits(self, h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        return torch.ops.ostinato.head_logits(h, w, self.handle)
+        return torch.ops.ostinato.head_logits(h, w, self.head_handle)
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
         return torch.ops.ostinato.rms_norm(x, weight, eps, False, self.handle)

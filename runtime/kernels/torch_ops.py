@@ -9,12 +9,13 @@ loaded kernel object (`register`) whose method implements it: one process can ho
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 
 import torch
 
 _LIB = torch.library.Library("ostinato", "FRAGMENT")
-_LOADED: list = []  # a kernel object per handle
+_LOADED: list = []  # a weak reference to a kernel object per handle
 
 
 def define(schema: str, impl: Callable, meta: Callable) -> None:
@@ -27,10 +28,23 @@ def define(schema: str, impl: Callable, meta: Callable) -> None:
 
 
 def register(kernel) -> int:
-    """A handle for `kernel`, the int the ops take as their `kernel` argument."""
-    _LOADED.append(kernel)
+    """A handle for `kernel`, the int the ops take as their `kernel` argument. Held weakly: an engine's
+    kernels and executor go when the engine goes (a process may load many)."""
+    _LOADED.append(weakref.ref(kernel))
     return len(_LOADED) - 1
 
 
-def loaded(handle: int):
-    return _LOADED[handle]
+def loaded(handle):
+    """The kernel object of `handle` (an int, or a 0-d int64 tensor: see handle_tensor)."""
+    handle = int(handle)
+    kernel = _LOADED[handle]()
+    if kernel is None:
+        raise RuntimeError(f"ostinato op handle {handle}: its kernel object was freed (its engine is gone)")
+    return kernel
+
+
+def handle_tensor(handle: int) -> torch.Tensor:
+    """`handle` as a 0-d int64 CPU tensor, for ops a compiled step calls: torch.compile bakes an int
+    argument into the generated code (so two engines' otherwise identical steps would be generated
+    twice), a tensor argument it passes at run time (engine/cpu_step.py)."""
+    return torch.tensor(handle, dtype=torch.int64)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .fused import inductor_generates
 from .norms import unweighted_rms_norm
 
 
@@ -57,7 +58,7 @@ def hc_pre(x: torch.Tensor, w: HcWeights, n_iters: int, eps: float, norm_eps: fl
     `mix_kernel`: the plan's HcMixKernel (one op), else the reference mix_weights."""
     t, n, _ = x.shape
     mix = unweighted_rms_norm(x.reshape(t, -1), norm_eps) @ w.fn.T  # [T, M]
-    if mix_kernel is not None:
+    if mix_kernel is not None and not inductor_generates():  # compiled steps: Inductor fuses the reference
         pre, post, comb = mix_kernel(mix, w.base, w.scale)
     else:
         pre, post, comb = mix_weights(mix, w, n, n_iters, eps)

@@ -17,7 +17,7 @@ import torch
 
 from ostinato.checkpoint.config import ModelConfig
 
-from .fused import active
+from .fused import active, inductor_generates
 
 
 def plain_inv_freq(base: float, rope_dim: int) -> torch.Tensor:
@@ -77,6 +77,8 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inverse: b
     the same products and sums as the real formula, in about 10 ops instead of 17; one generated
     kernel when a plan's forward runs (fused.py).
     """
+    if inductor_generates():
+        return _rope_real(x, cos, sin, inverse)
     kernels = active()
     if kernels is not None and kernels.takes(x) and cos.is_contiguous() and sin.is_contiguous():
         return kernels.rope(x, cos, sin, inverse)
@@ -87,4 +89,15 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inverse: b
     if pairs.storage_offset() % 2 or any(st % 2 for st in pairs.stride()[:-1]) or pairs.stride(-1) != 1:
         pairs = pairs.contiguous()  # view_as_complex needs whole complex numbers in place
     rotated = torch.view_as_real(torch.view_as_complex(pairs.unflatten(-1, (-1, 2))) * turn).flatten(-2)  # [T, .., R]
+    return torch.cat((x[..., :-r], rotated.to(x.dtype)), dim=-1)
+
+
+def _rope_real(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inverse: bool) -> torch.Tensor:
+    """apply_rope's products and sums written on real pairs, for a compiled step (engine/cpu_step.py):
+    Inductor generates no code for complex tensors, and this it fuses with the ops around it."""
+    r = 2 * cos.shape[-1]
+    lead = (x.shape[0],) + (1,) * (x.dim() - 2)
+    c, s = cos.reshape(*lead, -1), (-sin if inverse else sin).reshape(*lead, -1)  # [T, 1.., R2]
+    a, b = x[..., -r:].float().unflatten(-1, (-1, 2)).unbind(-1)  # [T, .., R2] each
+    rotated = torch.stack((a * c - b * s, b * c + a * s), dim=-1).flatten(-2)  # [T, .., R]
     return torch.cat((x[..., :-r], rotated.to(x.dtype)), dim=-1)

@@ -18,7 +18,10 @@ from ..router import route
 
 
 def expert_step(executor: ExpertExecutor):
-    """The executor's fixed-shape decode entry point if it has one, else the executor."""
+    """The executor's fixed-shape decode entry point if it has one, else the executor; while torch.compile
+    traces a step, its op form (one opaque call, engine/cpu_step.py)."""
+    if torch.compiler.is_compiling() and hasattr(executor, "decode_op"):
+        return executor.decode_op
     return getattr(executor, "decode_step", executor)
 
 

@@ -1,0 +1,116 @@
+"""A fixed-shape step's CPU segment as one compiled call: the CPU's analogue of a CUDA graph.
+
+On a GPU each segment of a step is captured once and replayed (decode_graphs.py). On the CPU the
+same segment runs eagerly op by op: ~195 dispatched torch ops per layer per token, whose Python and
+dispatcher overhead is most of a small model's decode step. Here the segment (`StaticStep._run_segment`)
+is compiled with torch.compile into one call of generated C++ (Inductor, its C++ wrapper: no Python
+between the kernels it generates); what it cannot generate stays an opaque op called from that code:
+the expert task (`ostinato::expert_step`, the executor's decode_step: ctypes into the plan's kernel),
+the LM head and rope (the plan's dense-op kernels). The norms and the mHC mixing are left to Inductor,
+which fuses them with their neighbours (fused.py, inductor_generates).
+
+    compiled = compile_segment(step, i)    # at load: traced, generated, built (or found in the cache)
+    compiled()                             # each step: the segment, one call
+
+The build is cached by content: Inductor keys its generated code by the traced graph and its inputs'
+shapes, so a second load of the same plan finds it (TORCHINDUCTOR_CACHE_DIR, by default a folder in
+Ostinato's cache, see `inductor_cache`). Like a capture, the compile runs on a rewound state from
+position 0 and checks itself: the compiled segment's logits (or output streams) must equal the eager
+segment's to CHECK_TOLERANCE of their scale (1e-5 in float32), else the engine keeps the eager step and says why
+(`CompileFailed`: no C++ compiler, a torch without Inductor, a graph break, a mismatch).
+Threads: one OpenMP runtime (torch's; the plan's kernels load against it) and the plan's CPU threads
+(the engine sets torch's intra-op count to them): the matmuls Inductor leaves to torch, the experts'
+tasks and the head use them; the generated loops run single-threaded (INDUCTOR_OPTIONS).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from ostinato.checkpoint.digest_cache import cache_folders
+
+from ..model.fused import compiled_with, using
+from ..model.static_decode.step import StaticStep
+
+# The check at load, of the output's scale (max |x|): in float32 the compiled segment must equal the eager one
+# to 1e-5. In bf16 the two round their intermediates differently (Inductor keeps a fused chain in float32;
+# eager rounds every op's result to bf16), which alone moves the logits by about 1e-2 of their scale
+# (measured: 8.3e-3 on a V4-Flash slice, 1.3e-2 on the tiny model), so there the check catches a wrong
+# build (garbage, a wrong buffer), not rounding.
+CHECK_TOLERANCE = {torch.float32: 1e-5}
+LOW_PRECISION_CHECK = 0.05
+# The generated loops run on the calling thread: a decode step's elementwise work and reductions are a few
+# thousand values each, where an OpenMP fork and join costs more than the loop (measured on the real-vocab
+# preset, 2 threads: 17 ms a step with them single-threaded, 25 ms parallel). The matmuls, the experts'
+# tasks and the head keep the plan's threads.
+# C++ wrapper: the generated step calls its kernels from C++, not Python.
+INDUCTOR_OPTIONS = {"cpp_wrapper": True, "cpp.threads": 1}
+RECOMPILE_LIMIT = 64  # compiled steps per process (Dynamo's default, 8, is below a test run's engines)
+
+
+class CompileFailed(RuntimeError):
+    """The step could not be compiled here, or compiled to something inexact: the reason, for the log."""
+
+
+def inductor_cache() -> Path:
+    """Where Inductor keeps generated steps: $TORCHINDUCTOR_CACHE_DIR if set, else `inductor` beside the
+    other caches (digest_cache.cache_folders: $OSTINATO_CACHE_DIR, $XDG_CACHE_HOME/ostinato, ...)."""
+    if os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
+        return Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
+    for folder in cache_folders():
+        root = folder.parent / "inductor"
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            return root
+        except OSError:
+            continue
+    raise CompileFailed("no writable cache folder for Inductor's generated code")
+
+
+def compile_segment(step: StaticStep, i: int) -> Callable[[], None]:
+    """Segment i of `step` (a CPU segment) compiled into one call, checked against the eager segment.
+    Leaves the state rewound and stale, as a capture does: the caller loads a cache afterwards."""
+    if step.segments[i].device.type != "cpu":
+        raise CompileFailed(f"segment {i} is on {step.segments[i].device}: GPU segments are captured, not compiled")
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(inductor_cache()))
+    import torch._dynamo
+
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+    kernels = step.model.dense_ops
+    compiled = torch.compile(step._run_segment, fullgraph=True, dynamic=False, options=INDUCTOR_OPTIONS)
+
+    def run() -> None:
+        with torch.no_grad(), compiled_with(kernels):
+            compiled(i)
+
+    eager = _output_after(step, i, lambda: step.run_segment(i))
+    try:
+        got = _output_after(step, i, run)  # the first call traces, generates and builds
+    except Exception as e:  # Dynamo / Inductor / the C++ compiler: any of them may refuse
+        raise CompileFailed(f"torch.compile of the {step.tokens}-token step's segment {i}: "
+                            f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
+    scale = max(float(eager.abs().max()), 1e-30)
+    error = float((got - eager).abs().max()) / scale
+    allowed = CHECK_TOLERANCE.get(step.model.dtype, LOW_PRECISION_CHECK)
+    if not error <= allowed:
+        raise CompileFailed(f"the compiled {step.tokens}-token step's segment {i} differs from the eager one by "
+                            f"{error:.2e} of the output's scale (allowed {allowed:g} in {step.model.dtype})")
+    return run
+
+
+def _output_after(step: StaticStep, i: int, run_segment: Callable[[], None]) -> torch.Tensor:
+    """Segment i's output (the logits, or the streams handed on) after one run from a rewound state on
+    token 0 (segment 0) or zero streams: the same input for the eager and the compiled run."""
+    step.rewind()
+    step.token_in[i].zero_()
+    if step.streams_in[i] is not None:
+        step.streams_in[i].zero_()
+    with using(step.model.dense_ops):
+        run_segment()
+    out = step.all_logits if i + 1 == len(step.segments) else step.streams_out[i]
+    step.rewind()
+    return out.clone()

@@ -1,0 +1,211 @@
+"""The decode step on the CPU as one compiled call (runtime/engine/cpu_step.py): exact against the eager step
+under every placement, a handful of Python torch calls per step, one thread pool, and a fallback to the
+eager step, with the reason, whenever the compiled one cannot be built or is not exact.
+
+The compiled engines need Inductor and a C++ compiler (about two minutes the first time in a fresh cache,
+seconds after): slow tier. The rest runs without compiling anything.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from engine_helpers import _variant
+
+from ostinato.runtime.engine import cpu_step
+from ostinato.runtime.engine.loader import load_engine
+from ostinato.runtime.engine.op_count import OpCounter, PythonTorchCalls
+from ostinato.runtime.kernels.torch_ops import loaded, register
+from ostinato.runtime.model.rope import _rope_real, apply_rope
+
+PROMPT = torch.randint(0, 1024, (100,), generator=torch.Generator().manual_seed(3))
+STEPS = 40  # positions 100..140: the tiny model's sliding window (16), CSA (4) and HCA (128) boundaries
+
+
+@pytest.mark.parametrize("inverse", [False, True])
+@pytest.mark.parametrize("shape", [(3, 64), (2, 4, 128), (1, 1, 2, 96)])
+def test_the_compiled_steps_rope_equals_the_reference(shape, inverse):
+    g = torch.Generator().manual_seed(sum(shape))
+    x = torch.randn(*shape, generator=g)
+    angles = torch.randn(shape[0], 16, generator=g)
+    want = apply_rope(x, angles.cos(), angles.sin(), inverse)  # no plan kernels active: the complex reference
+    got = _rope_real(x, angles.cos(), angles.sin(), inverse)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+    assert torch.equal(got[..., :-32], x[..., :-32])  # only the last R channels turn
+
+
+def test_an_op_handle_does_not_keep_its_kernel_alive():
+    class Kernel:
+        pass
+
+    k = Kernel()
+    handle = register(k)
+    assert loaded(torch.tensor(handle)) is k and loaded(handle) is k
+    del k
+    with pytest.raises(RuntimeError, match=f"handle {handle}: its kernel object was freed"):
+        loaded(handle)
+
+
+def _decode_all(engine, feed=None):
+    """Greedy decode STEPS tokens after PROMPT -> (picks, logits [STEPS, V]); `feed`: tokens to feed instead
+    of the picks (teacher forcing, so two engines see the same inputs)."""
+    s = engine.new_session()
+    tok = int(s.prefill(PROMPT)[-1].argmax())
+    picks, logits = [], []
+    for i in range(STEPS):
+        out = s.decode(tok if feed is None else feed[i])
+        logits.append(out.clone())
+        picks.append(int(out.argmax()))
+        tok = picks[-1]
+    return picks, torch.stack(logits)
+
+
+def _first_pick(engine) -> int:
+    return int(engine.new_session().prefill(PROMPT)[-1].argmax())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("placement", ["mixed", "all-hot", "all-cold"])
+def test_the_compiled_step_equals_the_eager_step(compiled, tiny_ckpt, placement):
+    plan = _variant(compiled[0], placement, None)
+    eager = load_engine(plan, tiny_ckpt, device="cpu", cpu_step="eager")
+    fast = load_engine(plan, tiny_ckpt, device="cpu", cpu_step="compiled")
+    assert fast.step_runner.cpu_step == "compiled", fast.step_runner.cpu_step_note
+    assert eager.step_runner.graphs[1].compiled == {} and set(fast.step_runner.graphs[1].compiled) == {0}
+    want, want_logits = _decode_all(eager)
+    got, got_logits = _decode_all(fast)
+    assert got == want  # greedy tokens over window and compressor boundaries
+    feed = [_first_pick(eager)] + want[:-1]
+    _, forced = _decode_all(fast, feed)  # the same inputs step by step: logits within 1e-5 of their scale
+    scale = want_logits.abs().amax(dim=1)
+    err = ((forced - want_logits).abs().amax(dim=1) / scale).max()
+    assert err <= 1e-5, f"compiled vs eager: {err:.2e} of the logits' scale"
+
+
+@pytest.mark.slow
+def test_a_compiled_step_issues_a_handful_of_python_torch_calls(compiled, tiny_ckpt):
+    plan = _variant(compiled[0], "mixed", None)
+    counts = {}
+    for mode in ("eager", "compiled"):
+        e = load_engine(plan, tiny_ckpt, device="cpu", cpu_step=mode)
+        s = e.new_session()
+        s.prefill(PROMPT)
+        s.decode(5)
+        with PythonTorchCalls() as calls:
+            s.decode(6)
+        counts[mode] = calls.calls
+    layers = len(plan.layers)
+    assert counts["eager"] >= 100 * layers  # ~137 a layer, ~195 aten ops
+    assert counts["compiled"] <= 2 * layers + 16, counts  # the experts' op per layer, the runner's bookkeeping
+
+
+@pytest.mark.slow
+def test_the_counter_agrees_with_the_dispatch_mode_on_an_eager_step(compiled, tiny_ckpt):
+    """Both counters see the eager step; composite calls expand, so the aten count is the larger."""
+    e = load_engine(_variant(compiled[0], "mixed", None), tiny_ckpt, device="cpu", cpu_step="eager")
+    s = e.new_session()
+    s.prefill(PROMPT)
+    s.decode(5)
+    with PythonTorchCalls() as calls, OpCounter() as ops:
+        s.decode(6)
+    assert 0.5 * ops.ops <= calls.calls <= ops.ops
+
+
+def _fake_compile(outcome, off_by=1e-3):
+    """torch.compile's stand-in: the function itself, or one that fails / moves the logits by `off_by` of
+    their scale."""
+    def compile(fn, **kw):
+        def run(i):
+            if outcome == "fail":
+                raise RuntimeError("no C++ compiler here")
+            fn(i)
+            step = fn.__self__
+            step.all_logits.add_(off_by * step.all_logits.abs().max())
+        return run
+    return compile
+
+
+@pytest.mark.slow  # the compiled plan's kernels (no Inductor)
+@pytest.mark.parametrize("off_by,kept", [(1e-2, True), (1e-1, False)])
+def test_in_bf16_the_check_allows_rounding_not_a_wrong_build(compiled, tiny_ckpt, monkeypatch, off_by, kept):
+    monkeypatch.setattr(cpu_step.torch, "compile", _fake_compile("inexact", off_by))
+    e = load_engine(_variant(compiled[0], "mixed", None), tiny_ckpt, device="cpu", dtype=torch.bfloat16,
+                    cpu_step="compiled")
+    assert (e.step_runner.cpu_step == "compiled") == kept, e.step_runner.cpu_step_note
+    if not kept:
+        assert "(allowed 0.05 in torch.bfloat16)" in e.step_runner.cpu_step_note
+
+
+@pytest.mark.slow  # the compiled plan's kernels (no Inductor)
+@pytest.mark.parametrize("outcome,reason", [("fail", "RuntimeError: no C++ compiler here"),
+                                            ("inexact", "differs from the eager one by 1.00e-03")])
+def test_a_step_that_cannot_be_compiled_exactly_runs_eagerly_and_says_why(compiled, tiny_ckpt, monkeypatch, capfd,
+                                                                       outcome, reason):
+    monkeypatch.setattr(cpu_step.torch, "compile", _fake_compile(outcome))
+    plan = _variant(compiled[0], "mixed", None)
+    e = load_engine(plan, tiny_ckpt, device="cpu", cpu_step="compiled", progress=True)
+    runner = e.step_runner
+    assert runner.cpu_step == "eager" and reason in runner.cpu_step_note
+    assert runner.graphs[1].compiled == {}
+    assert f"decoding with the eager CPU step: {runner.cpu_step_note}" in capfd.readouterr().err
+    reference = load_engine(plan, tiny_ckpt, device="cpu", cpu_step="eager")
+    assert _decode_all(e)[0][:8] == _decode_all(reference)[0][:8]
+
+
+@pytest.mark.slow
+def test_the_plan_the_environment_and_the_caller_choose_the_step(compiled, tiny_ckpt, monkeypatch):
+    monkeypatch.setattr(cpu_step.torch, "compile", _fake_compile("fail"))  # nothing is really compiled here
+    plan = _variant(compiled[0], "mixed", None)
+    monkeypatch.delenv("OSTINATO_CPU_STEP", raising=False)
+    eager_plan = plan.replace(policy=plan.policy.replace(cpu_step="eager"))
+    assert load_engine(eager_plan, tiny_ckpt, device="cpu").step_runner.cpu_step_note == \
+        "the plan's policy.cpu_step is eager"
+    monkeypatch.setenv("OSTINATO_CPU_STEP", "compiled")
+    tried = load_engine(eager_plan, tiny_ckpt, device="cpu").step_runner  # the environment over the plan
+    assert "no C++ compiler here" in tried.cpu_step_note
+    asked = load_engine(eager_plan, tiny_ckpt, device="cpu", cpu_step="eager").step_runner  # the caller over both
+    assert asked.cpu_step_note == "cpu_step='eager' was asked for"
+    monkeypatch.setenv("OSTINATO_CPU_STEP", "eager")
+    assert load_engine(plan, tiny_ckpt, device="cpu").step_runner.cpu_step_note == "OSTINATO_CPU_STEP is eager"
+    assert load_engine(plan, tiny_ckpt, device="cpu", decode_graphs=False).step_runner.cpu_step_note == \
+        "the step runs without graphs (--decode eager)"
+    monkeypatch.setenv("OSTINATO_CPU_STEP", "fast")
+    with pytest.raises(Exception, match="OSTINATO_CPU_STEP is 'fast': one of compiled, eager"):
+        load_engine(plan, tiny_ckpt, device="cpu")
+
+
+@pytest.mark.slow
+def test_the_dense_path_and_the_kernels_share_one_thread_pool(compiled, tiny_ckpt):
+    e = load_engine(_variant(compiled[0], "mixed", None), tiny_ckpt, device="cpu", cpu_step="eager")
+    assert torch.get_num_threads() == e.cpu_threads.threads  # the plan's threads, clamped to this machine
+    s = e.new_session()
+    s.prefill(PROMPT[:20])
+    s.decode(3)  # every kernel library loaded and run
+    if not Path("/proc/self/maps").is_file():
+        pytest.skip("no /proc/self/maps on this system")
+    runtimes = {line.split()[-1] for line in Path("/proc/self/maps").read_text().splitlines()
+                if any(name in line for name in ("libgomp", "libiomp", "libomp"))}
+    assert len(runtimes) == 1, f"more than one OpenMP runtime (each with its own threads): {sorted(runtimes)}"
+
+
+def test_the_compile_refuses_gpu_segments():
+    class Seg:
+        device = torch.device("cuda", 0)
+
+    class Step:
+        segments = [Seg()]
+
+    with pytest.raises(cpu_step.CompileFailed, match="GPU segments are captured"):
+        cpu_step.compile_segment(Step(), 0)
+
+
+def test_inductor_cache_follows_the_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))
+    assert cpu_step.inductor_cache() == tmp_path / "mine"
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR")
+    monkeypatch.setenv("OSTINATO_CACHE_DIR", str(tmp_path / "ost"))
+    assert cpu_step.inductor_cache() == tmp_path / "ost" / "inductor"
+    assert (tmp_path / "ost" / "inductor").is_dir()
+
