@@ -3,7 +3,8 @@
 Prefills of more tokens than the plan's threshold run upload-once, shorter ones split-route; with
 a StepRunner, prefills of up to its largest bucket (that only need the last token's logits) run
 as its fixed-shape bucket steps instead, and decode steps as its decode step (a CUDA graph per
-GPU, eager on the CPU); without one, the dynamic model with the executor in decode mode.
+GPU, on the CPU one compiled call or eager, engine/cpu_step.py); without one, the dynamic model
+with the executor in decode mode.
 Everything else (cache kept across turns, truncate, fork) is the model session's; before any of it
 the decode runner stores back what its steps added to this session's cache.
 
