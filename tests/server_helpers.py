@@ -28,8 +28,11 @@ def tiny_server(ckpt, work, kernel_dir, logits_hook, engine_options=None, **app_
     """(uvicorn server, base URL ending in /v1, app, engine, tokenizer): a cpu-only plan of `ckpt` compiled
     into `work` (context 1024), served in a background thread. Stop it with `server.should_exit = True`.
     `engine_options`: load_engine's keywords (speculative="mtp", ...)."""
-    compile_tiny_plan(ckpt, work, kernel_dir, context=1024)
-    engine = load_engine(work / "plan.yaml", ckpt, device="cpu", **(engine_options or {}))
+    engine_options = engine_options or {}
+    # a speculating engine needs the MTP block placed, whether or not the cost model says it pays here
+    plan_options = {"speculative": "mtp"} if engine_options.get("speculative") == "mtp" else {}
+    compile_tiny_plan(ckpt, work, kernel_dir, context=1024, **plan_options)
+    engine = load_engine(work / "plan.yaml", ckpt, device="cpu", **engine_options)
     tok = Tokenizer.from_file(str(ckpt / "tokenizer.json"))
     app = create_app(engine, tok, "tiny", logits_hook=logits_hook, **app_options)
     srv, base = serve_in_background(app)

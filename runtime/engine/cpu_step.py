@@ -5,9 +5,10 @@ same segment runs eagerly op by op: ~195 dispatched torch ops per layer per toke
 dispatcher overhead is most of a small model's decode step. Here the segment (`StaticStep._run_segment`)
 is compiled with torch.compile into one call of generated C++ (Inductor, its C++ wrapper: no Python
 between the kernels it generates); what it cannot generate stays an opaque op called from that code:
-the expert task (`ostinato::expert_step`, the executor's decode_step: ctypes into the plan's kernel),
-the LM head and rope (the plan's dense-op kernels). The norms and the mHC mixing are left to Inductor,
-which fuses them with their neighbours (fused.py, inductor_generates).
+the expert task (`ostinato::expert_step`, the executor's host_decode_step: ctypes into the plan's
+kernel) and the LM head (the plan's dense-op kernel over its bf16 rows). The norms, the mHC mixing and
+rope (its real-arithmetic twin) are left to Inductor, which fuses them with their neighbours (fused.py,
+inductor_generates).
 
     compiled = compile_segment(step, i)    # at load: traced, generated, built (or found in the cache)
     compiled()                             # each step: the segment, one call
