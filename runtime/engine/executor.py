@@ -20,7 +20,6 @@ Legend: T tokens, k routes per token, R routes, E experts, D hidden.
 
 from __future__ import annotations
 
-import ctypes
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
@@ -30,8 +29,8 @@ import torch
 
 from ostinato.checkpoint.reader import PackedExpert
 
-from ..kernels.cold_task import HOST_FN_ERRORS, ColdBridge, ColdStaging, ColdTask
-from ..kernels.cpu_experts import CpuExpertKernel, ExpertTable, kernel_error
+from ..kernels.cold_task import ColdBridge, ColdStaging, run_on_host
+from ..kernels.cpu_experts import CpuExpertKernel, ExpertTable
 from ..kernels.routes import group_flat_routes
 from ..kernels.torch_ops import define, handle_tensor, loaded, register
 from ..kernels.triton_experts import HotPool
@@ -178,14 +177,8 @@ class PlacementExecutor:
             if table is None:
                 sums[part].zero_()
                 continue
-            task = ColdTask(x.data_ptr(), int(x.dtype == torch.bfloat16), T, expert_ids.shape[1],
-                            expert_ids.data_ptr(), weights.data_ptr(), row_of.data_ptr(), row_of.numel(),
-                            table.n_experts, ctypes.cast(table.ptrs, ctypes.c_void_p), sums[part].data_ptr(),
-                            self.cpu_threads, 0)
-            self.cpu_kernel.lib.ost_cold_task_run(ctypes.byref(task))
-            if task.status:
-                raise ValueError(f"layer {layer}'s {('hot', 'cold')[part]} expert task failed: "
-                                 f"{HOST_FN_ERRORS.get(task.status) or kernel_error(task.status)}")
+            run_on_host(self.cpu_kernel, x, expert_ids, weights, row_of, table, sums[part], self.cpu_threads,
+                        f"layer {layer}'s {('hot', 'cold')[part]} expert task")
         out = torch.add(*sums)  # [T, D] float32, a new tensor (the op's result)
         return out if x.dtype == torch.float32 else out.to(x.dtype)
 

@@ -16,14 +16,12 @@ Legend: R routes, K decode route slots, P pool slots, D hidden, I expert interme
 
 from __future__ import annotations
 
-import ctypes
-
 import torch
 
 from ostinato.checkpoint.reader import PackedExpert
 
-from ..kernels.cold_task import HOST_FN_ERRORS, ColdTask
-from ..kernels.cpu_experts import CpuExpertKernel, ExpertTable, kernel_error
+from ..kernels.cold_task import run_on_host
+from ..kernels.cpu_experts import CpuExpertKernel, ExpertTable
 from ..kernels.mxfp4 import Mxfp4Table, dequantize
 from ..kernels.routes import group_flat_routes
 from ..kernels.triton_experts import HotPool, decode_experts, prefill_experts
@@ -141,12 +139,7 @@ class CpuPoolCompute:
         ids = (slot + 1).reshape(T, -1)  # [T, k] into slot_map
         w = weight.to(torch.float32).contiguous()
         result = torch.empty_like(out)  # [T, D] float32, overwritten by the task
-        task = ColdTask(x.data_ptr(), int(x.dtype == torch.bfloat16), T, ids.shape[1], ids.data_ptr(), w.data_ptr(),
-                        slot_map.data_ptr(), slot_map.numel(), table.n_experts,
-                        ctypes.cast(table.ptrs, ctypes.c_void_p), result.data_ptr(), self.n_threads, 0)
-        self.kernel.lib.ost_cold_task_run(ctypes.byref(task))
-        if task.status:
-            raise ValueError(f"hot expert task failed: {HOST_FN_ERRORS.get(task.status) or kernel_error(task.status)}")
+        run_on_host(self.kernel, x, ids, w, slot_map, table, result, self.n_threads, "hot expert task")
         out.add_(result)
 
 

@@ -38,6 +38,20 @@ class ColdTask(ctypes.Structure):
                 ("out", ctypes.c_void_p), ("n_threads", ctypes.c_int64), ("status", ctypes.c_int64)]
 
 
+def run_on_host(kernel: CpuExpertKernel, x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor,
+                row_of: torch.Tensor, table: ExpertTable, out: torch.Tensor, n_threads: int, what: str) -> None:
+    """The kernel's task, called now on host tensors in place: x [T, D] float32/bf16, expert_ids [T, k] int64
+    and weights [T, k] float32 (contiguous), row_of [E] int64 (an expert's row in `table`, or -1: skipped),
+    out [T, D] float32 overwritten with the routes' sum. Raises naming `what` if the task rejects its input."""
+    T = x.shape[0]
+    task = ColdTask(x.data_ptr(), int(x.dtype == torch.bfloat16), T, expert_ids.shape[1], expert_ids.data_ptr(),
+                    weights.data_ptr(), row_of.data_ptr(), row_of.numel(), table.n_experts,
+                    ctypes.cast(table.ptrs, ctypes.c_void_p), out.data_ptr(), n_threads, 0)
+    kernel.lib.ost_cold_task_run(ctypes.byref(task))
+    if task.status:
+        raise ValueError(f"{what} failed: {HOST_FN_ERRORS.get(task.status) or kernel_error(task.status)}")
+
+
 @functools.cache
 def _libcuda():
     try:
