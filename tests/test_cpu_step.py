@@ -18,6 +18,7 @@ from ostinato.runtime.engine import cpu_step
 from ostinato.runtime.engine.loader import load_engine
 from ostinato.runtime.engine.op_count import OpCounter, PythonTorchCalls
 from ostinato.runtime.kernels.torch_ops import loaded, register
+from ostinato.runtime.model import fp8_matrix
 from ostinato.runtime.model.rope import _rope_real, apply_rope
 
 PROMPT = torch.randint(0, 1024, (100,), generator=torch.Generator().manual_seed(3))
@@ -34,6 +35,50 @@ def test_the_compiled_steps_rope_equals_the_reference(shape, inverse):
     got = _rope_real(x, angles.cos(), angles.sin(), inverse)
     torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
     assert torch.equal(got[..., :-32], x[..., :-32])  # only the last R channels turn
+
+
+@pytest.mark.parametrize("tokens", [1, 3])
+def test_a_traced_step_reads_small_float32_matrices_as_row_dots(monkeypatch, tokens):
+    g = torch.Generator().manual_seed(tokens)
+    x, w = torch.randn(tokens, 256, generator=g), torch.randn(96, 256, generator=g)
+    xg, wg = torch.randn(2, tokens, 256, generator=g), torch.randn(2 * 48, 256, generator=g)
+    eager = fp8_matrix.linear(x, w), fp8_matrix.grouped_linear(xg, wg)
+    assert torch.equal(eager[0], x @ w.T)  # outside a trace: the matmul itself
+    monkeypatch.setattr(fp8_matrix, "inductor_generates", lambda: True)
+    assert fp8_matrix._as_row_dots(x, w) == (tokens == 1)
+    assert not fp8_matrix._as_row_dots(x[:1].bfloat16(), w.bfloat16())  # bf16 keeps torch's matmul rounding
+    assert not fp8_matrix._as_row_dots(x[:1], torch.empty(1, fp8_matrix.ROW_DOT_MAX_ELEMENTS + 1))
+    traced = fp8_matrix.linear(x, w), fp8_matrix.grouped_linear(xg, wg)  # [T, 96], [2, T, 48]
+    for got, want in zip(traced, eager):
+        assert got.shape == want.shape
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-5 * float(want.abs().max()))
+    monkeypatch.setattr(fp8_matrix, "inductor_generates", lambda: False)
+    assert not fp8_matrix._as_row_dots(x[:1], w)
+
+
+def test_the_compiled_graph_runs_on_one_thread_when_every_dense_matrix_is_row_dots():
+    from dataclasses import dataclass
+
+    @dataclass
+    class Attn:
+        wq: torch.Tensor
+        norm: torch.Tensor
+
+    @dataclass
+    class Layer:
+        attn: Attn
+        groups: list
+
+    small = [Layer(Attn(torch.empty(512, 256), torch.empty(256)), [torch.empty(64, 64)]) for _ in range(2)]
+    assert cpu_step.graph_threads(small, 8) == 1
+    big = small + [Layer(Attn(torch.empty(16, 16), torch.empty(16)),
+                         [torch.empty(fp8_matrix.ROW_DOT_MAX_ELEMENTS // 1024 + 1, 1024)])]  # one matrix too big
+    assert cpu_step.graph_threads(big, 8) == 8
+    assert cpu_step.graph_threads([], 4) == 1
+    before = torch.get_num_threads()
+    with cpu_step.intra_op_threads(1):
+        assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == before
 
 
 def test_an_op_handle_does_not_keep_its_kernel_alive():
@@ -180,6 +225,7 @@ def test_the_plan_the_environment_and_the_caller_choose_the_step(compiled, tiny_
 def test_the_dense_path_and_the_kernels_share_one_thread_pool(compiled, tiny_ckpt):
     e = load_engine(_variant(compiled[0], "mixed", None), tiny_ckpt, device="cpu", cpu_step="eager")
     assert torch.get_num_threads() == e.cpu_threads.threads  # the plan's threads, clamped to this machine
+    assert e.model.dense_ops.threads == e.cpu_threads.threads  # the head's, whatever a compiled step sets torch's to
     s = e.new_session()
     s.prefill(PROMPT[:20])
     s.decode(3)  # every kernel library loaded and run

@@ -19,21 +19,27 @@ Ostinato's cache, see `inductor_cache`). Like a capture, the compile runs on a r
 position 0 and checks itself: the compiled segment's logits (or output streams) must equal the eager
 segment's to CHECK_TOLERANCE of their scale (1e-5 in float32), else the engine keeps the eager step and says why
 (`CompileFailed`: no C++ compiler, a torch without Inductor, a graph break, a mismatch).
-Threads: one OpenMP runtime (torch's; the plan's kernels load against it) and the plan's CPU threads
-(the engine sets torch's intra-op count to them): the matmuls Inductor leaves to torch, the experts'
-tasks and the head use them; the generated loops run single-threaded (INDUCTOR_OPTIONS).
+Threads: one OpenMP runtime (torch's; the plan's kernels load against it). The experts' tasks and the
+head always get the plan's CPU threads (they say so in their calls); the generated loops run
+single-threaded (INDUCTOR_OPTIONS). The matmuls Inductor leaves to torch get the plan's threads too,
+unless every dense matrix of the model is small enough to be read as row dots in the generated code
+(model/fp8_matrix.py, ROW_DOT_MAX_ELEMENTS): then only the attention's products over the cache are left,
+a few KB to a few hundred KB each, and those run on the calling thread (`graph_threads`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 
 from ostinato.checkpoint.digest_cache import cache_folders
 
+from ..model.fp8_matrix import ROW_DOT_MAX_ELEMENTS
 from ..model.fused import compiled_with, using
 from ..model.static_decode.step import StaticStep
 
@@ -82,10 +88,11 @@ def compile_segment(step: StaticStep, i: int) -> Callable[[], None]:
 
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
     kernels = step.model.dense_ops
+    threads = graph_threads(step.model.weights.layers, torch.get_num_threads())
     compiled = torch.compile(step._run_segment, fullgraph=True, dynamic=False, options=INDUCTOR_OPTIONS)
 
     def run() -> None:
-        with torch.no_grad(), compiled_with(kernels):
+        with torch.no_grad(), compiled_with(kernels), intra_op_threads(threads):
             compiled(i)
 
     eager = _output_after(step, i, lambda: step.run_segment(i))
@@ -115,3 +122,39 @@ def _output_after(step: StaticStep, i: int, run_segment: Callable[[], None]) -> 
     out = step.all_logits if i + 1 == len(step.segments) else step.streams_out[i]
     step.rewind()
     return out.clone()
+
+
+def graph_threads(layer_weights, threads: int) -> int:
+    """torch's intra-op threads inside a compiled step (module docstring): 1 when the largest dense matrix
+    of the layers is read as row dots, else `threads`. An aten product called from the step costs a fork
+    and join on 2 threads that a small one does not repay (measured on the real-vocab preset, eager step,
+    2 threads against 1: the sliding window's [1, 4, 128] x [128, 16] product 125 against 19 us, a
+    [1, 256] x [256, 256] matmul 76 against 52 us)."""
+    largest = max((t.numel() for t in _tensors(layer_weights) if t.dim() == 2), default=0)
+    return 1 if largest <= ROW_DOT_MAX_ELEMENTS else threads
+
+
+def _tensors(obj) -> Iterator[torch.Tensor]:
+    """Every tensor held by obj: a tensor, a dataclass (its fields) or a list / tuple of them."""
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        for f in dataclasses.fields(obj):
+            yield from _tensors(getattr(obj, f.name))
+    elif isinstance(obj, list | tuple):
+        for item in obj:
+            yield from _tensors(item)
+
+
+@contextmanager
+def intra_op_threads(n: int):
+    """torch's intra-op thread count set to n for the block (a call costs well under a microsecond)."""
+    before = torch.get_num_threads()
+    if n == before:
+        yield
+        return
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

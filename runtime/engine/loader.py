@@ -283,6 +283,7 @@ def load_engine(plan: str | Path | Plan, model_dir: str | Path | None = None, de
         _artifact(plan, plan.kernel(KernelName.DENSE_OPS_TRITON))) if cuda else None)
     if not cuda:  # the dense path's torch ops and Inductor's code share the plan kernels' OpenMP threads
         torch.set_num_threads(threads.threads)
+        model.dense_ops.threads = threads.threads  # the head's, whatever a compiled step sets torch's to
     step_mode, why = _cpu_step(plan, cpu_step) if decode_graphs else ("eager", "the step runs without graphs "
                                                                                "(--decode eager)")
     runner = StepRunner(model, executor, plan.policy.context, decode_graphs, [lp.gpu for lp in plan.layers],

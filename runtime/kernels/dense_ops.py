@@ -55,6 +55,7 @@ class DenseOpsKernel:
         self.lib.ost_head_logits.argtypes = [p, p, p, i64, i64, i64, i32]
         self.lib.ost_rms_norm.restype = self.lib.ost_rope.restype = self.lib.ost_head_logits.restype = ctypes.c_int
         self.triton = triton_module
+        self.threads: int | None = None  # the head's threads on the host; None: torch's intra-op count
         self.handle = register(self)
         self.head_handle = handle_tensor(self.handle)  # the head's op is called from compiled steps too
 
@@ -129,7 +130,8 @@ class DenseOpsKernel:
         V = w.shape[0]
         out = h.new_empty(T, V)  # [T, V] float32
         if h.device.type == "cpu":
-            rc = self.lib.ost_head_logits(h.data_ptr(), w.data_ptr(), out.data_ptr(), T, V, D, torch.get_num_threads())
+            rc = self.lib.ost_head_logits(h.data_ptr(), w.data_ptr(), out.data_ptr(), T, V, D,
+                                          self.threads or torch.get_num_threads())
             if rc:
                 raise ValueError(f"ost_head_logits rejected h {tuple(h.shape)} and a head of {tuple(w.shape)}")
         else:

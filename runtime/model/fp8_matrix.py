@@ -6,7 +6,12 @@ bf16: what the plan counted, and what a decode token reads), and `linear(x, w)` 
   tile in registers;
 - elsewhere (the CPU twin) by dequantizing W to x's dtype for the call, bit for bit what a bf16
   plan holds (e4m3 x 2^k is exact in bf16), so an fp8 plan computes the same numbers as a bf16 one.
-Plain tensors (bf16 / float32 plans) go through `x @ w.T` as before.
+Plain tensors (bf16 / float32 plans) go through `x @ w.T` as before, except in a CPU decode step that
+torch.compile is tracing (engine/cpu_step.py): there a small float32 matrix at one token becomes row
+dots, `(x * W).sum(-1)`, which Inductor generates as a loop in its own code. An aten matmul called from
+the compiled step costs about 50 us at these sizes however few its bytes (threading and call overhead,
+measured by `python -m ostinato.bench.row_dots`); the generated loop streams the rows. Larger matrices
+keep the matmul: the generated loops run on one thread (cpu_step.INDUCTOR_OPTIONS), the matmul on all.
 
 Legend: N output rows, K inputs, B = 128 (block), T tokens, G groups.
 """
@@ -20,6 +25,9 @@ import torch
 from ostinato.checkpoint.formats import FP8_BLOCK, dequantize_fp8
 
 from ..kernels.scale_layout import word_aligned
+from .fused import inductor_generates
+
+ROW_DOT_MAX_ELEMENTS = 1 << 20  # largest matrix read as row dots in a compiled step (4 MB in float32)
 
 
 @dataclass(frozen=True)
@@ -62,6 +70,8 @@ Matrix = torch.Tensor | Fp8Matrix
 def linear(x: torch.Tensor, w: Matrix) -> torch.Tensor:
     """x [T, K] @ W[N, K]^T -> [T, N] in x's dtype."""
     if isinstance(w, torch.Tensor):
+        if _as_row_dots(x, w):
+            return (x.unsqueeze(-2) * w).sum(-1)  # [T, 1, K] * [N, K] -> [T, N]
         return x @ w.T
     if w.q.is_cuda:
         from ..kernels.fp8_triton import fp8_linear  # Triton only where there is a GPU
@@ -77,4 +87,12 @@ def grouped_linear(x: torch.Tensor, w: Matrix) -> torch.Tensor:
         return torch.stack([linear(x[g], w.rows(g * M, (g + 1) * M)) for g in range(G)])
     if isinstance(w, Fp8Matrix):
         w = w.dequantized(x.dtype)
+    if _as_row_dots(x, w):
+        return (x.unsqueeze(-2) * w.view(G, 1, -1, x.shape[-1])).sum(-1)  # [G, T, 1, K] * [G, 1, M, K] -> [G, T, M]
     return torch.bmm(x, w.view(G, -1, x.shape[-1]).transpose(1, 2))
+
+
+def _as_row_dots(x: torch.Tensor, w: torch.Tensor) -> bool:
+    """Whether a compiled step reads W as row dots (module docstring): one token, float32, a small matrix."""
+    return (inductor_generates() and x.shape[-2] == 1 and x.dtype == w.dtype == torch.float32
+            and w.numel() <= ROW_DOT_MAX_ELEMENTS)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .fp8_matrix import linear
 from .fused import inductor_generates
 from .norms import unweighted_rms_norm
 
@@ -57,7 +58,7 @@ def hc_pre(x: torch.Tensor, w: HcWeights, n_iters: int, eps: float, norm_eps: fl
     """x [T, N, D] float32 -> (sublayer input [T, D] in dtype, post [T, N], comb [T, N, N]).
     `mix_kernel`: the plan's HcMixKernel (one op), else the reference mix_weights."""
     t, n, _ = x.shape
-    mix = unweighted_rms_norm(x.reshape(t, -1), norm_eps) @ w.fn.T  # [T, M]
+    mix = linear(unweighted_rms_norm(x.reshape(t, -1), norm_eps), w.fn)  # [T, M]
     if mix_kernel is not None and not inductor_generates():  # compiled steps: Inductor fuses the reference
         pre, post, comb = mix_kernel(mix, w.base, w.scale)
     else:
@@ -74,6 +75,6 @@ def hc_post(x: torch.Tensor, y: torch.Tensor, post: torch.Tensor, comb: torch.Te
 
 def hc_head(x: torch.Tensor, w: HcHeadWeights, eps: float, norm_eps: float) -> torch.Tensor:
     """Final collapse of the streams: x [T, N, D] -> [T, D] float32."""
-    mix = unweighted_rms_norm(x.flatten(1), norm_eps) @ w.fn.T  # [T, N]
+    mix = linear(unweighted_rms_norm(x.flatten(1), norm_eps), w.fn)  # [T, N]
     pre = torch.sigmoid(mix * w.scale + w.base) + eps  # [T, N]
     return (pre.unsqueeze(-1) * x).sum(dim=1)  # [T, D]

@@ -41,7 +41,7 @@ def index_queries(w: IndexerWeights, qr: torch.Tensor, x: torch.Tensor, cos: tor
     """qr [T, ql] (normed q latent), x [T, D] -> (roped queries [T, HI, dI], head weights [T, HI] float32)."""
     q = linear(qr, w.wq_b).view(qr.shape[0], w.n_heads, w.head_dim)  # [T, HI, dI]
     q = apply_rope(q, cos, sin)
-    weights = (x.float() @ w.weights_proj.T) * w.n_heads ** -0.5  # [T, HI]
+    weights = linear(x.float(), w.weights_proj) * w.n_heads ** -0.5  # [T, HI]
     return q, weights
 
 

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from .fp8_matrix import linear
+
 
 @dataclass(frozen=True)
 class RouterWeights:
@@ -28,7 +30,7 @@ class RouterWeights:
 
 def route(w: RouterWeights, x: torch.Tensor, token_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x [T, D], token_ids [T] -> (expert ids [T, k] int64, weights [T, k] float32)."""
-    scores = F.softplus(x.float() @ w.gate.T).sqrt()  # [T, E]
+    scores = F.softplus(linear(x.float(), w.gate)).sqrt()  # [T, E]
     if w.tid2eid is not None:
         ids = w.tid2eid[token_ids]  # [T, k]
     else:
