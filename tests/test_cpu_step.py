@@ -81,6 +81,21 @@ def test_the_compiled_graph_runs_on_one_thread_when_every_dense_matrix_is_row_do
     assert torch.get_num_threads() == before
 
 
+def test_an_expert_task_gets_a_thread_per_megabyte_it_may_read():
+    from types import SimpleNamespace
+
+    from ostinato.runtime.engine.executor import MIN_TASK_BYTES_PER_THREAD, PlacementExecutor
+
+    def threads(cpu_threads, expert_bytes, routes):
+        executor = SimpleNamespace(cpu_threads=cpu_threads, expert_bytes=expert_bytes)
+        return PlacementExecutor.task_threads(executor, routes)
+
+    assert threads(2, 52_224, 4) == 1  # the tiny presets' decode token: 200 KB, one thread
+    assert threads(8, 13 << 20, 6) == 8  # V4-Flash's six MXFP4 experts: ~80 MB, every thread
+    assert threads(8, MIN_TASK_BYTES_PER_THREAD, 3) == 3
+    assert threads(8, 1, 0) == 1  # never none
+
+
 def test_an_op_handle_does_not_keep_its_kernel_alive():
     class Kernel:
         pass

@@ -19,8 +19,9 @@ Ostinato's cache, see `inductor_cache`). Like a capture, the compile runs on a r
 position 0 and checks itself: the compiled segment's logits (or output streams) must equal the eager
 segment's to CHECK_TOLERANCE of their scale (1e-5 in float32), else the engine keeps the eager step and says why
 (`CompileFailed`: no C++ compiler, a torch without Inductor, a graph break, a mismatch).
-Threads: one OpenMP runtime (torch's; the plan's kernels load against it). The experts' tasks and the
-head always get the plan's CPU threads (they say so in their calls); the generated loops run
+Threads: one OpenMP runtime (torch's; the plan's kernels load against it). The head gets the plan's CPU
+threads and each experts' task one per megabyte it may read, up to the plan's (executor.task_threads;
+both say so in their calls, whatever torch's count is); the generated loops run
 single-threaded (INDUCTOR_OPTIONS). The matmuls Inductor leaves to torch get the plan's threads too,
 unless every dense matrix of the model is small enough to be read as row dots in the generated code
 (model/fp8_matrix.py, ROW_DOT_MAX_ELEMENTS): then only the attention's products over the cache are left,
