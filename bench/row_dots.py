@@ -23,7 +23,8 @@ import time
 import torch
 
 from ostinato.host import cpu_model
-from ostinato.runtime.engine.cpu_step import INDUCTOR_OPTIONS, _tensors, inductor_cache, intra_op_threads
+from ostinato.runtime.engine.cpu_step import INDUCTOR_OPTIONS, inductor_cache, intra_op_threads
+from ostinato.runtime.engine.held_memory import tensors_in
 
 FLUSH_BYTES = 66 * 1024 * 1024
 
@@ -89,7 +90,7 @@ def main(argv=None) -> None:
     from ostinato.runtime.engine.loader import load_engine
 
     engine = load_engine(a.plan, device="cpu", speculative="off", adapt="off", cpu_step="eager", progress=None)
-    ws = [t for t in _tensors(engine.model.weights.layers) if t.dim() == 2 and t.dtype == torch.float32]
+    ws = [t for _, t in tensors_in(engine.model.weights.layers) if t.dim() == 2 and t.dtype == torch.float32]
     threads = torch.get_num_threads()
     load = os.getloadavg()[0]
     print(f"{cpu_model()}, {threads} threads, load average {load:.2f}; {a.plan}, {a.rounds} alternating rounds")

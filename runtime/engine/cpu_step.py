@@ -30,9 +30,8 @@ a few KB to a few hundred KB each, and those run on the calling thread (`graph_t
 
 from __future__ import annotations
 
-import dataclasses
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -43,6 +42,7 @@ from ostinato.checkpoint.digest_cache import cache_folders
 from ..model.fp8_matrix import ROW_DOT_MAX_ELEMENTS
 from ..model.fused import compiled_with, using
 from ..model.static_decode.step import StaticStep
+from .held_memory import tensors_in
 
 # The check at load, of the output's scale (max |x|): in float32 the compiled segment must equal the eager one
 # to 1e-5. In bf16 the two round their intermediates differently (Inductor keeps a fused chain in float32;
@@ -131,20 +131,8 @@ def graph_threads(layer_weights, threads: int) -> int:
     and join on 2 threads that a small one does not repay (measured on the real-vocab preset, eager step,
     2 threads against 1: the sliding window's [1, 4, 128] x [128, 16] product 125 against 19 us, a
     [1, 256] x [256, 256] matmul 76 against 52 us)."""
-    largest = max((t.numel() for t in _tensors(layer_weights) if t.dim() == 2), default=0)
+    largest = max((t.numel() for _, t in tensors_in(layer_weights) if t.dim() == 2), default=0)
     return 1 if largest <= ROW_DOT_MAX_ELEMENTS else threads
-
-
-def _tensors(obj) -> Iterator[torch.Tensor]:
-    """Every tensor held by obj: a tensor, a dataclass (its fields) or a list / tuple of them."""
-    if isinstance(obj, torch.Tensor):
-        yield obj
-    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        for f in dataclasses.fields(obj):
-            yield from _tensors(getattr(obj, f.name))
-    elif isinstance(obj, list | tuple):
-        for item in obj:
-            yield from _tensors(item)
 
 
 @contextmanager
