@@ -126,10 +126,11 @@ def _output_after(step: StaticStep, i: int, run_segment: Callable[[], None]) -> 
 
 
 def graph_threads(layer_weights, threads: int) -> int:
-    """torch's intra-op threads inside a compiled step (module docstring): 1 when the largest dense matrix
-    of the layers is read as row dots, else `threads`. An aten product called from the step costs a fork
-    and join on 2 threads that a small one does not repay (measured on the real-vocab preset, eager step,
-    2 threads against 1: the sliding window's [1, 4, 128] x [128, 16] product 125 against 19 us, a
+    """torch's intra-op threads inside a compiled step (module docstring): 1 when every 2-D matrix of the
+    layers is at most ROW_DOT_MAX_ELEMENTS (in a float32 plan: all read as row dots), else `threads`. The
+    rule is by size whatever the dtype; it was measured in float32. An aten product called from the step
+    costs a fork and join on 2 threads that a small one does not repay (measured on the real-vocab preset,
+    eager step, 2 threads against 1: the sliding window's [1, 4, 128] x [128, 16] product 125 against 19 us, a
     [1, 256] x [256, 256] matmul 76 against 52 us)."""
     largest = max((t.numel() for _, t in tensors_in(layer_weights) if t.dim() == 2), default=0)
     return 1 if largest <= ROW_DOT_MAX_ELEMENTS else threads

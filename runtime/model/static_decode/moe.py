@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from ..experts import ExpertExecutor
+from ..fused import inductor_generates
 from ..moe import MoeWeights, shared_expert
 from ..router import route
 
@@ -20,7 +21,7 @@ from ..router import route
 def expert_step(executor: ExpertExecutor):
     """The executor's fixed-shape decode entry point if it has one, else the executor; while torch.compile
     traces a step, its op form (one opaque call, engine/cpu_step.py)."""
-    if torch.compiler.is_compiling() and hasattr(executor, "decode_op"):
+    if inductor_generates() and hasattr(executor, "decode_op"):
         return executor.decode_op
     return getattr(executor, "decode_step", executor)
 
