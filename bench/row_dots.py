@@ -23,6 +23,7 @@ import time
 import torch
 
 from ostinato.host import cpu_model
+from ostinato.plan import PlanError
 from ostinato.runtime.engine.cpu_step import INDUCTOR_OPTIONS, inductor_cache, intra_op_threads
 from ostinato.runtime.engine.held_memory import tensors_in
 
@@ -79,23 +80,37 @@ def _print(title: str, ws: list[torch.Tensor], ms: dict[str, float]) -> None:
         print(f"| {name} | {s * 1e3:.3f} | {nbytes / s / 1e9:.1f} |")
 
 
+def _sizes(text: str) -> list[int]:
+    try:
+        sizes = [int(s) for s in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"comma-separated element counts wanted, got {text!r}") from None
+    if any(n < 256 for n in sizes):
+        raise argparse.ArgumentTypeError(f"each size must be at least 256 elements (one row), got {text!r}")
+    return sizes
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("plan")
     p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--sizes", default="65536,262144,1048576,4194304",
-                   help="elements of the single matrices, comma-separated (columns: see the docstring)")
+    p.add_argument("--sizes", type=_sizes, default="65536,262144,1048576,4194304",
+                   help="elements of the single matrices, comma-separated, each at least 256 (columns: see the "
+                        "docstring)")
     a = p.parse_args(argv)
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(inductor_cache()))
     from ostinato.runtime.engine.loader import load_engine
 
-    engine = load_engine(a.plan, device="cpu", speculative="off", adapt="off", cpu_step="eager", progress=None)
+    try:
+        engine = load_engine(a.plan, device="cpu", speculative="off", adapt="off", cpu_step="eager", progress=None)
+    except PlanError as e:
+        raise SystemExit(f"row_dots: {e}") from None
     ws = [t for _, t in tensors_in(engine.model.weights.layers) if t.dim() == 2 and t.dtype == torch.float32]
     threads = torch.get_num_threads()
     load = os.getloadavg()[0]
     print(f"{cpu_model()}, {threads} threads, load average {load:.2f}; {a.plan}, {a.rounds} alternating rounds")
     _print("the plan's layers", ws, _time(_variants(threads), ws, a.rounds))
-    for n in (int(s) for s in a.sizes.split(",")):
+    for n in a.sizes:
         cols = 256 if n <= 1 << 18 else 1024 if n <= 1 << 22 else 4096
         w = [torch.randn(n // cols, cols)]
         torch._dynamo.reset()  # a fresh trace for the new shape
