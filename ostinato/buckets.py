@@ -37,3 +37,22 @@ def bucket_pieces(n: int, buckets: list[int]) -> list[int]:
             pieces.append(size)
             n -= size
     return pieces
+
+
+# CPU engines decode with steps for shorter contexts too (static_decode/step.py `within`): the step's
+# attention and indexer read ceil(context / m) compressor rows, whatever the position, so a step sized to
+# the plan's context reads mostly rows past the position. The contexts are the plan's divided by powers of
+# DECODE_CONTEXT_FACTOR, down to DECODE_CONTEXT_SMALLEST: each costs a compile at load (cached by content),
+# and a step of context C runs positions up to C, so the rows read are within DECODE_CONTEXT_FACTOR x the
+# needed ones (measured on the real-vocab preset at ~600 tokens: the 8,192-context step 14.2 ms a token, a
+# 1,024-context one 12.8).
+DECODE_CONTEXT_FACTOR = 4
+DECODE_CONTEXT_SMALLEST = 512
+
+
+def decode_contexts(max_context: int) -> list[int]:
+    """The contexts of an engine's decode steps, ascending, the last the plan's: 8192 -> [512, 2048, 8192]."""
+    contexts = [max_context]
+    while contexts[-1] // DECODE_CONTEXT_FACTOR >= DECODE_CONTEXT_SMALLEST:
+        contexts.append(contexts[-1] // DECODE_CONTEXT_FACTOR)
+    return contexts[::-1]

@@ -14,6 +14,7 @@ import pytest
 import torch
 from engine_helpers import _variant
 
+from ostinato import buckets
 from ostinato.runtime.engine import cpu_step
 from ostinato.runtime.engine.loader import load_engine
 from ostinato.runtime.engine.op_count import OpCounter, PythonTorchCalls
@@ -22,6 +23,14 @@ from ostinato.runtime.model import fp8_matrix
 from ostinato.runtime.model.rope import _rope_real, apply_rope
 
 PROMPT = torch.randint(0, 1024, (100,), generator=torch.Generator().manual_seed(3))
+
+
+@pytest.fixture(autouse=True)
+def one_decode_context(monkeypatch):
+    """Engines here decode with the plan context's step only: each context's step is a build of its own
+    (about a minute in a fresh cache), and one is enough to check a build. The test that crosses from one
+    context's step to the next sets its own."""
+    monkeypatch.setattr(buckets, "DECODE_CONTEXT_SMALLEST", 1 << 30)
 STEPS = 40  # positions 100..140: the tiny model's sliding window (16), CSA (4) and HCA (128) boundaries
 
 
@@ -142,6 +151,23 @@ def test_the_compiled_step_equals_the_eager_step(compiled, tiny_ckpt, placement)
     scale = want_logits.abs().amax(dim=1)
     err = ((forced - want_logits).abs().amax(dim=1) / scale).max()
     assert err <= 1e-5, f"compiled vs eager: {err:.2e} of the logits' scale"
+
+
+@pytest.mark.slow
+def test_the_compiled_steps_of_two_contexts_equal_the_eager_step(compiled, tiny_ckpt, monkeypatch):
+    """Positions 100..140 cross from the 128-token context's compiled step to the plan context's."""
+    monkeypatch.setattr(buckets, "DECODE_CONTEXT_SMALLEST", 128)
+    monkeypatch.setattr(buckets, "DECODE_CONTEXT_FACTOR", 32)  # 4096 -> [128, 4096]
+    plan = _variant(compiled[0], "mixed", None)
+    eager = load_engine(plan, tiny_ckpt, device="cpu", cpu_step="eager")
+    fast = load_engine(plan, tiny_ckpt, device="cpu", cpu_step="compiled")
+    assert [c for c, _ in fast.step_runner.decode_steps] == [128, plan.policy.context]
+    assert all(set(graphs.compiled) == {0} for _, graphs in fast.step_runner.decode_steps)
+    want, want_logits = _decode_all(eager)
+    got, got_logits = _decode_all(fast)
+    assert got == want
+    err = ((got_logits - want_logits).abs().amax(dim=1) / want_logits.abs().amax(dim=1)).max()
+    assert err <= 1e-5, f"compiled vs eager across two contexts: {err:.2e} of the logits' scale"
 
 
 @pytest.mark.slow

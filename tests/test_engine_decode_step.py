@@ -12,6 +12,7 @@ import torch
 from engine_helpers import IDS, _close, _engine, pipeline_engine
 from graph_safety import first_difference, segment_owners, traced_step
 
+from ostinato import buckets
 from ostinato.runtime.cli.run import main as run_main
 
 pytestmark = pytest.mark.slow  # the compiled plan and the reference model (tests/conftest.py)
@@ -43,6 +44,23 @@ def test_static_decode_equals_the_plain_model_and_counts_routes(compiled, tiny_c
     assert c.forwards == 5 * L and c.routes_hot + c.routes_cold == 5 * k * L
     assert (c.routes_cold, c.distinct_cold) == (routes_cold, distinct)
     assert c.decode_step_s > 0 and c.hot_s == 0  # the step's parts are not timed separately
+    engine.close()
+
+
+def test_decode_moves_on_to_the_step_of_the_next_context(compiled, tiny_ckpt, reference, monkeypatch):
+    """A CPU engine decodes each position with the step of the smallest context that holds it (ostinato/buckets.py
+    decode_contexts): across two of them, the plain model's logits."""
+    monkeypatch.setattr(buckets, "DECODE_CONTEXT_SMALLEST", 32)
+    engine = _engine(compiled, tiny_ckpt, "mixed")
+    runner = engine.step_runner
+    assert [c for c, _ in runner.decode_steps] == [64, 256, 1024, engine.plan.policy.context]
+    ours, ref = engine.new_session(), reference.new_session()
+    _close(ours.prefill(IDS[:60]), ref.prefill(IDS[:60]))
+    used = []
+    for t in IDS[60:70]:  # positions 60..69: the 64-token step, then the 256-token one
+        used.append(runner._decode_graphs().step.context)
+        _close(ours.decode(int(t)), ref.decode(int(t)))
+    assert used == [64] * 4 + [256] * 6
     engine.close()
 
 

@@ -131,6 +131,44 @@ def test_greedy_tokens_match_dynamic(model):
     assert our_tokens == ref_tokens
 
 
+@pytest.mark.parametrize("p, n", [(120, 16), ("long", 0)])
+def test_a_step_within_a_smaller_context_equals_the_dynamic_model(model, p, n):
+    """Decode with a step that reads only the rows of a smaller context (StaticStep.within) until the next
+    token no longer fits, then with the full step, as the engine does: the dynamic model's logits. At
+    (120, 16) the first step holds 128 tokens, so its indexer keeps at most 32 rows (fewer than small's
+    index_topk 64); at "long" on small the indexer really selects."""
+    if p == "long":
+        p, n = LONG[model.preset]
+    ids = _tokens(model, p + n, 11)
+    session, reference = model.new_session(), model.new_session()
+    session.prefill(ids[:p])
+    reference.prefill(ids[:p])
+    full = StaticStep(model, MAX_CONTEXT)
+    small = full.within(p + n // 2)
+    assert small.context == p + n // 2 and small.state is full.state and small.logits is full.logits
+    full.load(session.cache)
+    for i, t in enumerate(ids[p:]):
+        step = small if full.position < small.context else full
+        step.set_tokens([int(t)])
+        assert_close(step.run(), reference.decode(t), f"{model.preset}: token {i} at position {p + i}, "
+                     f"context {step.context}")
+    with pytest.raises(ValueError, match=f"max_context={p + n // 2}"):
+        small.check_room()
+    with pytest.raises(ValueError, match="1..max_context"):
+        full.within(MAX_CONTEXT + 1)
+    full.store(session.cache)  # what both steps wrote is in the one state: what the full step alone writes
+    plain = model.new_session()
+    plain.prefill(ids[:p])
+    full.load(plain.cache)
+    static_decode(full, ids[p:])
+    full.store(plain.cache)
+    assert session.cache.position == plain.cache.position == p + n
+    for i, (a, b) in enumerate(zip(session.cache.layers, plain.cache.layers)):  # equal up to the attention's
+        rows = [(x.view(), y.view()) for x, y in ((a.rows, b.rows), (a.index_rows, b.index_rows)) if x is not None]
+        for x, y in [(a.window, b.window)] + rows:  # summation order
+            assert_close(x, y, f"layer {i}'s cache")
+
+
 def test_max_context(model):
     session = model.new_session()
     session.prefill(_tokens(model, 9, 8))

@@ -13,6 +13,9 @@ inductor_generates).
     compiled = compile_segment(step, i)    # at load: traced, generated, built (or found in the cache)
     compiled()                             # each step: the segment, one call
 
+A CPU engine has one decode step per context size (step_runner.py, `decode_steps`); each is a build of its own
+(the compressed rows it reads are part of its shapes).
+
 The build is cached by content: Inductor keys its generated code by the traced graph and its inputs'
 shapes, so a second load of the same plan finds it (TORCHINDUCTOR_CACHE_DIR, by default a folder in
 Ostinato's cache, see `inductor_cache`). Like a capture, the compile runs on a rewound state from

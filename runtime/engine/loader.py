@@ -291,10 +291,10 @@ def load_engine(plan: str | Path | Plan, model_dir: str | Path | None = None, de
     if runner is not None and runner.cpu_step == "eager" and not runner.cpu_step_note:
         runner.cpu_step_note = why
     if runner is not None and runner.cpu_step == "compiled":  # at load, as a capture: a minute the first time
-        if disable is not True:
-            print("compiling the CPU decode step (the first load of this plan: a minute or two; then cached)",
-                  file=sys.stderr, flush=True)
-        if not runner.compile_cpu_step():
+        with tqdm(total=len(runner.decode_steps), desc="compiling the CPU decode steps (a minute each the first "
+                  "time, then cached)", unit="context", file=sys.stderr, disable=disable) as bar:
+            compiled = runner.compile_cpu_step(lambda context: bar.update())
+        if not compiled:
             print(f"ostinato: decoding with the eager CPU step: {runner.cpu_step_note}", file=sys.stderr, flush=True)
     if runner is not None and runner.use_graphs:  # now, not on the first request: seconds of capture
         with tqdm(total=len(runner.steps), desc="capturing CUDA graphs", unit="step", file=sys.stderr,

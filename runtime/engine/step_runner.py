@@ -24,10 +24,16 @@ as the MTP block's fixed-shape steps of 1 and 2 pairs (static_decode/mtp_step.py
 others), on one MTP state lent to one drafter at a time as the main state is lent to sessions
 (`draft()`, `release_drafter()`).
 
+An engine without GPU segments decodes each position with the step of the smallest context that holds it
+(`decode_steps`: the plan's context divided by powers of 4, buckets.decode_contexts; StaticStep.within):
+the same buffers, but attention and the indexer read the compressed rows of that context, not of the
+plan's whole one (8,192 tokens' 2,048 CSA rows where a session holds 600 tokens' 150). On GPUs the decode step
+stays one (each context's step would be another capture).
+
 On GPUs each segment of each step is captured once as a CUDA graph (decode_graphs.py, all in one
 memory pool on one capture stream per device: the steps never run at the same time) and replayed; on
-the CPU the decode step is compiled into one call (the plan's policy.cpu_step "compiled",
-engine/cpu_step.py; `compile_cpu_step()`, at load, falling back to the eager step with the reason in
+the CPU the decode steps are compiled into one call each (the plan's policy.cpu_step "compiled",
+engine/cpu_step.py; `compile_cpu_step()`, at load, falling back to the eager steps with the reason in
 `cpu_step_note`) and the other steps run eagerly. The capture runs when the engine loads (`capture_graphs()`, a
 few seconds for V4-Flash's buckets, said on stderr), not on the first request, whose wait it would
 add to. Counters get each step's routes afterwards.
@@ -40,6 +46,7 @@ import time
 import torch
 
 from ostinato.buckets import bucket_pieces
+from ostinato.buckets import decode_contexts as plan_decode_contexts
 
 from ..model.session import Session
 from ..model.static_decode.mtp_step import MtpState, StaticMtpStep
@@ -61,11 +68,14 @@ def on_gpu(step: StaticStep) -> bool:
 class StepRunner:
     def __init__(self, model, executor: PlacementExecutor, max_context: int, graphs: bool = True,
                  layer_gpus: list[int] | None = None, buckets: list[int] = (), speculative: bool = False,
-                 cpu_step: str = "eager"):
+                 cpu_step: str = "eager", decode_contexts: list[int] | None = None):
         """`layer_gpus`: the plan's GPU of each layer (the steps' segments, see StaticStep);
         `buckets`: the prefill buckets' token counts (> 1; the decode step is T = 1); `speculative`: every
         step keeps its tokens' streams, the 2-token step (made if no bucket is one) every token's logits;
-        `cpu_step`: "compiled" to compile the decode step's CPU segments (compile_cpu_step), else "eager"."""
+        `cpu_step`: "compiled" to compile the decode step's CPU segments (compile_cpu_step), else "eager";
+        `decode_contexts`: on an engine without GPU segments, the contexts of its decode steps (ascending, the
+        last max_context; default buckets.decode_contexts): each position decodes with the smallest that holds
+        it (StaticStep.within)."""
         if cpu_step not in ("compiled", "eager"):
             raise ValueError(f"cpu_step must be 'compiled' or 'eager', got {cpu_step!r}")
         if any(b < 2 for b in buckets):
@@ -94,20 +104,31 @@ class StepRunner:
         self.draft_graphs = {P: SegmentGraphs(step, pool) for P, step in self.drafts.items()}
         self.rollback_graphs = {name: SegmentGraphs(RollbackPass(self.rollback, name == "restore"), pool)
                                 for name in ("save", "restore")} if speculative else {}
+        contexts = list(decode_contexts or plan_decode_contexts(max_context))
+        if contexts[-1] != max_context or contexts != sorted(set(contexts)) or contexts[0] < 1:
+            raise ValueError(f"decode contexts {contexts}: ascending, each once, the last max_context={max_context}")
+        # (context, the decode step within it), ascending; GPU steps keep one (each would be another capture)
+        self.decode_steps = [(c, SegmentGraphs(self.step.within(c))) for c in contexts[:-1]
+                             if not on_gpu(self.step)] + [(max_context, self.graphs[1])]
         cpu = any(s.device.type == "cpu" for s in self.step.segments)
         self.cpu_step = cpu_step if cpu else "eager"
         self.cpu_step_note = "" if cpu else "no CPU segments"  # why the decode step runs eagerly on the CPU
 
-    def compile_cpu_step(self) -> bool:
-        """Compile the decode step's CPU segments (at load, as capture_graphs) -> whether it is compiled;
-        when it cannot be, the step stays eager and `cpu_step_note` says why (it is logged by the caller)."""
+    def compile_cpu_step(self, on_step=lambda context: None) -> bool:
+        """Compile the decode steps' CPU segments (at load, as capture_graphs) -> whether they are compiled;
+        when one cannot be, all stay eager and `cpu_step_note` says why (it is logged by the caller).
+        `on_step(context)`: called after each decode step's compile (a progress bar)."""
         if self.cpu_step != "compiled":
             return False
         self.release()
         self.release_drafter()
         try:
-            self.graphs[1].compile_cpu()
+            for context, graphs in self.decode_steps:
+                graphs.compile_cpu()
+                on_step(context)
         except CompileFailed as e:
+            for _, graphs in self.decode_steps:
+                graphs.compiled = {}
             self.cpu_step, self.cpu_step_note = "eager", str(e)
             return False
         return True
@@ -229,9 +250,15 @@ class StepRunner:
 
     def _run(self, T: int, ids: list[int]) -> torch.Tensor:
         """One step of T tokens -> its logits buffer [V]; counts its routes."""
-        step = self.steps[T]
+        graphs = self._decode_graphs() if T == 1 else self.graphs[T]
+        step = graphs.step
         start = time.perf_counter()
         step.set_tokens(ids)
-        logits = self.graphs[T].run()  # segments without a captured graph run eagerly
+        logits = graphs.run()  # segments without a captured graph run eagerly
         self.executor.count_decode(step.route_ids(), time.perf_counter() - start)
         return logits
+
+    def _decode_graphs(self) -> SegmentGraphs:
+        """The decode step of the smallest context that holds the next token."""
+        after = self.step.position + 1
+        return next((graphs for context, graphs in self.decode_steps if after <= context), self.graphs[1])

@@ -24,6 +24,8 @@ overlapped), width entry width (hd, or dI for index keys), R rows capacity.
 
 from __future__ import annotations
 
+import copy
+
 import torch
 
 from ..compressor import CompressorState, CompressorWeights
@@ -52,6 +54,13 @@ class CompressorBuffers:
         self.prev_gate = torch.full((m, width), float("-inf"), device=device) if w.overlap else None
         self.rows = torch.zeros(rows_capacity(max_context, m), width, dtype=dtype, device=device)  # [R, width]
         self.row_ids = torch.arange(self.rows.shape[0], device=device)  # [R]: visibility masks compare these
+
+    def within(self, context: int) -> CompressorBuffers:
+        """The same buffers, with rows and row_ids cut to the first `context` tokens' rows (views: writes
+        land in these buffers)."""
+        view, r = copy.copy(self), rows_capacity(context, self.ratio)
+        view.rows, view.row_ids = self.rows[:r], self.row_ids[:r]  # [r, width], [r]
+        return view
 
     def load(self, state: CompressorState, rows: GrowingRows, position: int) -> None:
         m, b = self.ratio, state.buf_kv.shape[0]
@@ -99,6 +108,14 @@ class LayerState:
         self.window_offsets = torch.arange(1 - W, 1, device=device)  # [W]: query p sees p-W+1 .. p
         self.comp = CompressorBuffers(a.compressor, max_context, dtype, device) if a.compressor else None
         self.index = CompressorBuffers(a.indexer.compressor, max_context, dtype, device) if a.indexer else None
+
+    def within(self, context: int) -> LayerState:
+        """The same buffers, with the compressors' rows cut to the first `context` tokens' (a step that
+        reads no more of them: static_decode/step.py `within`)."""
+        view = copy.copy(self)
+        view.comp = self.comp.within(context) if self.comp is not None else None
+        view.index = self.index.within(context) if self.index is not None else None
+        return view
 
     def load(self, lc: LayerCache, position: int) -> None:
         W = self.window.shape[0]

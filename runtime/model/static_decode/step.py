@@ -26,6 +26,8 @@ Legend: T tokens per step, N hc_mult streams, D hidden, V vocab, k experts per t
 
 from __future__ import annotations
 
+import copy
+
 import torch
 
 from ..fused import using
@@ -58,6 +60,8 @@ class StaticStep:
         if state is not None and state.max_context != max_context:
             raise ValueError(f"a shared state holds max_context={state.max_context}, not {max_context}")
         self.state = state or DecodeState(model.weights.layers, self.segments, max_context, model.dtype)
+        self.context = max_context  # the contexts this step runs at (within(): fewer, reading fewer rows)
+        self.layers = self.state.layers  # what the step reads and writes of each layer's buffers
         self.tokens = T
         N, D, k = cfg.hc_mult, cfg.hidden_size, cfg.num_experts_per_tok
         self.token = torch.zeros(T, dtype=torch.long, device=first)  # [T] input
@@ -76,6 +80,18 @@ class StaticStep:
         self.all_logits = torch.zeros(T if all_logits else 1, cfg.vocab_size, device=last)  # [T or 1, V] float32
         self.logits = self.all_logits[-1]  # [V]: the last token's logits (a view)
         self.streams = torch.zeros(T, N, D, device=last) if streams else None  # [T, N, D] float32
+
+    def within(self, context: int) -> StaticStep:
+        """This step for contexts up to `context` <= max_context tokens: every buffer shared (the state, the
+        token, logits, routes and streams buffers), but the compressors' rows read only up to `context`
+        tokens' (views), so attention and the indexer score R_b = ceil(context / m) rows instead of R.
+        Exact: rows past the position are masked either way, and the indexer keeps the same visible picks
+        (static_decode/indexer.py: k = min(index_topk, R_b) is still at least what is visible)."""
+        if not 1 <= context <= self.max_context:
+            raise ValueError(f"a step within {context} tokens of context: 1..max_context={self.max_context}")
+        view = copy.copy(self)
+        view.context, view.layers = context, [ls.within(context) for ls in self.state.layers]
+        return view
 
     # Host side.
 
@@ -110,7 +126,7 @@ class StaticStep:
 
     def check_room(self, steps: int = 1) -> None:
         """Raise before `steps` steps that would go beyond max_context."""
-        check_context(self.state.position + steps * self.tokens, self.max_context,
+        check_context(self.state.position + steps * self.tokens, self.context,
                       f"{steps} step(s) of {self.tokens} token(s) at position {self.state.position}")
 
     def rewind(self) -> None:
@@ -178,7 +194,7 @@ class StaticStep:
 
     def _layer(self, layer: int, streams: torch.Tensor, token: torch.Tensor, positions: torch.Tensor,
                seg: int) -> torch.Tensor:
-        m, lw, ls = self.model, self.model.weights.layers[layer], self.state.layers[layer]
+        m, lw, ls = self.model, self.model.weights.layers[layer], self.layers[layer]
         dev, eps = self.segments[seg].device, self.model.config.rms_norm_eps
         rope = m.ropes[dev]["main" if lw.kind == "sliding" else "compress"]
         row = layer - self.segments[seg].first_layer
