@@ -119,9 +119,32 @@ def test_host_head_logits_match_the_float32_product(kernels, T):
     assert kernels.takes_head(h, w) and not kernels.takes_head(torch.randn(5, D), w)  # 5 tokens: the reference
 
 
+def test_the_heads_prefetch_changes_no_logit(kernels, kernel_dir):
+    """Builds with other prefetch distances (none, one row ahead at most) give the plan build's logits bit for bit."""
+    g = torch.Generator().manual_seed(21)
+    h, w = torch.randn(2, 264, generator=g), (torch.randn(700, 264, generator=g) * 0.05).bfloat16()
+    want = kernels.head_logits(h, w)
+    for distance in (0, 8):
+        other = DenseOpsKernel(build_cpu_dense_ops(kernel_dir, head_prefetch_bytes=distance).path, None)
+        assert torch.equal(other.head_logits(h, w), want), distance
+
+
 def test_triton_head_logits_match_the_float32_product(kernels):
     g = torch.Generator().manual_seed(12)
     h, w = torch.randn(2, 96, generator=g), (torch.randn(150, 96, generator=g) * 0.05).bfloat16()
     out = torch.empty(2, 150)
     kernels.triton.head_logits_kernel[(-(-150 // 64), 2)](h, w, out, 150, 96, BV=64, BD=64)
     torch.testing.assert_close(out, head_reference(h, w), rtol=1e-5, atol=1e-6)
+
+
+def test_the_head_kernel_bench_times_every_distance_against_a_stream(capsys):
+    from ostinato.bench import head_kernel
+    head_kernel.main(["--vocab", "600", "--hidden", "64", "--distances", "0,4096", "--rounds", "1", "--calls", "2"])
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith("| ") and "ms" not in line]
+    assert [r.split(" | ")[0] for r in rows] == ["| prefetch 0 B", "| prefetch 4096 B (the plan's)", "| float32 stream"]
+    assert rows[-1].endswith("| 1.00 |")  # the stream is its own reference
+    with pytest.raises(SystemExit, match="--distances: comma-separated integers"):
+        head_kernel.main(["--distances", "4k"])
+    with pytest.raises(SystemExit, match="multiples of 8"):
+        head_kernel.main(["--hidden", "60"])

@@ -1,7 +1,7 @@
 """The row-wise dense-op kernels a plan needs (templates/*/dense_ops.*.j2): RMS norms, rotary
 embedding and the head's logits for a few tokens, for the host (C++) and the GPUs (Triton). They
-take every size at run time, so they have no parameters; the content hash still names them by
-their text and flags."""
+take every size at run time; their one parameter is the head's prefetch distance, a tuning constant
+(HEAD_PREFETCH_BYTES). The content hash names them by their text, parameters and flags."""
 
 from __future__ import annotations
 
@@ -15,10 +15,18 @@ CPU_TEMPLATE = "cpu/dense_ops.cpp.j2"
 TRITON_TEMPLATE = "triton/dense_ops.py.j2"
 
 
-def build_cpu_dense_ops(root: str | Path | None = None) -> KernelRecord:
+# How far ahead the head's rows are prefetched, in bytes (4 KB: 8 rows of a 256-wide head, half a row of
+# V4-Flash's). Measured by bench/head_kernel.py on an AMD EPYC Zen 3, 2 threads, 129,280 rows, GB/s at
+# 0 / 2 / 4 / 8 KB: hidden 256 (66 MB) 17.0 / 17.8 / 18.1 / 18.1; hidden 4,096 (1 GB) 16.8 / 17.8 / 18.0 / 17.0.
+HEAD_PREFETCH_BYTES = 4096
+
+
+def build_cpu_dense_ops(root: str | Path | None = None,
+                        head_prefetch_bytes: int = HEAD_PREFETCH_BYTES) -> KernelRecord:
     """Render and compile the host kernels for AVX2 (every host ISA a spec may name has it); the record's
-    path is the shared library."""
-    return compile_shared(render(CPU_TEMPLATE, {}, flags=(*BASE_FLAGS, *isa_flags("avx2")), root=root))
+    path is the shared library. `head_prefetch_bytes`: see HEAD_PREFETCH_BYTES (another value: a bench's)."""
+    return compile_shared(render(CPU_TEMPLATE, {"head_prefetch_bytes": int(head_prefetch_bytes)},
+                                 flags=(*BASE_FLAGS, *isa_flags("avx2")), root=root))
 
 
 def render_triton_dense_ops(root: str | Path | None = None) -> KernelRecord:

@@ -1,0 +1,101 @@
+"""MEASURED, side by side on this machine: the plan's LM-head kernel (templates/cpu/dense_ops.cpp.j2,
+`ost_head_logits`) at several prefetch distances, against the rate this machine streams memory at.
+
+    python -m ostinato.bench.head_kernel [--vocab 129280] [--hidden 256,4096] [--distances 0,2048,4096,8192]
+                                         [--rounds 5] [--threads N]
+
+A decode step reads the whole head once per token (129,280 bf16 rows: 66 MB at V4's hidden 256 of the
+real-vocab preset, 1 GB at V4-Flash's 4,096), so the head runs at memory's rate or below it. For each
+hidden size: a random bf16 head and one token; each round times, in turn, every kernel variant (one build
+per prefetch distance, 0 = none; codegen/dense_ops.py HEAD_PREFETCH_BYTES is the plan's) and a float32
+sum over the same bytes (torch, the same threads: a plain stream of those bytes, a reference for memory's
+rate, not a proven peak). Prints the median milliseconds per call, GB/s and the ratio to the stream, and
+checks that every variant gives the same logits bit for bit (a prefetch changes no result).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+
+import torch
+
+from ostinato.compiler.codegen.dense_ops import HEAD_PREFETCH_BYTES, build_cpu_dense_ops
+from ostinato.host import cpu_model
+from ostinato.runtime.kernels.dense_ops import DenseOpsKernel
+
+
+def _ints(text: str, what: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise SystemExit(f"--{what}: comma-separated integers, not {text!r}") from None
+    if not values or min(values) < 0:
+        raise SystemExit(f"--{what}: at least one value, none negative, not {text!r}")
+    return values
+
+
+def _best_of(fn, calls: int) -> float:
+    """Seconds per call: the median of `calls` timed calls after one untimed."""
+    fn()
+    times = []
+    for _ in range(calls):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def measure(vocab: int, hidden: int, kernels: dict[str, DenseOpsKernel], rounds: int, calls: int) -> dict:
+    """{variant: median seconds per call} over the rounds, the stream's included as "float32 stream"."""
+    g = torch.Generator().manual_seed(hidden)
+    w = (torch.randn(vocab, hidden, generator=g) * 0.05).bfloat16()  # [V, D] as a checkpoint stores it
+    h = torch.randn(1, hidden, generator=g)  # [1, D]: one token
+    stream = torch.randn(w.numel() // 2, generator=g)  # the head's bytes as float32
+    outs = {name: k.head_logits(h, w) for name, k in kernels.items()}
+    first = next(iter(outs.values()))
+    for name, out in outs.items():
+        if not torch.equal(out, first):
+            raise SystemExit(f"{name}: its logits differ from {next(iter(outs))}'s (a prefetch must not change them)")
+    times: dict[str, list[float]] = {name: [] for name in (*kernels, "float32 stream")}
+    for _ in range(rounds):
+        for name, k in kernels.items():
+            times[name].append(_best_of(lambda k=k: k.head_logits(h, w), calls))
+        times["float32 stream"].append(_best_of(lambda: stream.sum(), calls))
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--vocab", type=int, default=129_280, help="head rows (V4's vocabulary)")
+    p.add_argument("--hidden", default="256,4096", help="hidden sizes, comma-separated (real-vocab, V4-Flash)")
+    p.add_argument("--distances", default="0,2048,4096,8192", help="prefetch distances in bytes, 0 = none")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--calls", type=int, default=20, help="timed calls per variant per round")
+    p.add_argument("--threads", type=int, default=torch.get_num_threads())
+    a = p.parse_args(argv)
+    hidden, distances = _ints(a.hidden, "hidden"), _ints(a.distances, "distances")
+    if a.vocab < 1 or a.rounds < 1 or a.calls < 1 or a.threads < 1 or any(d % 8 for d in hidden):
+        raise SystemExit("--vocab, --rounds, --calls and --threads at least 1; hidden sizes multiples of 8")
+    torch.set_num_threads(a.threads)
+    with tempfile.TemporaryDirectory() as root:
+        kernels = {}
+        for d in distances:
+            k = DenseOpsKernel(build_cpu_dense_ops(root, head_prefetch_bytes=d).path, None)
+            k.threads = a.threads
+            kernels[f"prefetch {d} B" + (" (the plan's)" if d == HEAD_PREFETCH_BYTES else "")] = k
+        print(f"# {cpu_model()}, {a.threads} threads, {a.rounds} rounds of {a.calls} calls, head {a.vocab} rows")
+        for D in hidden:
+            med = measure(a.vocab, D, kernels, a.rounds, a.calls)
+            nbytes = a.vocab * D * 2
+            limit = nbytes / med["float32 stream"]
+            print(f"\nhidden {D} ({nbytes / 1e6:.0f} MB of bf16 rows): float32 stream {limit / 1e9:.1f} GB/s")
+            print("| variant | ms | GB/s | / stream |\n|---|---|---|---|")
+            for name, s in med.items():
+                print(f"| {name} | {s * 1e3:.2f} | {nbytes / s / 1e9:.1f} | {nbytes / s / limit:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
