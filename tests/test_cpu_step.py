@@ -170,6 +170,37 @@ def test_the_compiled_steps_of_two_contexts_equal_the_eager_step(compiled, tiny_
     assert err <= 1e-5, f"compiled vs eager across two contexts: {err:.2e} of the logits' scale"
 
 
+def _profiled_names(engine) -> set[str]:
+    """The profiler's event names over one decode step of a fresh session."""
+    from torch.profiler import ProfilerActivity, profile
+    s = engine.new_session()
+    s.prefill(PROMPT[:20])
+    s.decode(5)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        s.decode(6)
+    return {ev.key for ev in prof.key_averages()}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("exposed", [True, False])
+def test_a_compiled_step_is_called_past_dynamos_guards_where_torch_allows(compiled, tiny_ckpt, monkeypatch, exposed):
+    """Where this torch exposes its compiled entries the step calls its generated graph without Dynamo's
+    per-call guard check; where it does not, it keeps Dynamo's call. Either way exact."""
+    import torch._dynamo.eval_frame as eval_frame
+    if not exposed:
+        def hidden(code):
+            raise AttributeError("not in this torch")
+        monkeypatch.setattr(eval_frame, "_debug_get_cache_entry_list", hidden)
+    plan = _variant(compiled[0], "mixed", None)
+    fast = load_engine(plan, tiny_ckpt, device="cpu", cpu_step="compiled")
+    assert fast.step_runner.cpu_step == "compiled", fast.step_runner.cpu_step_note
+    names = _profiled_names(fast)
+    assert any("CompiledFxGraph" in n for n in names)  # the generated graph ran
+    assert ("TorchDynamo Cache Lookup" in names) == (not exposed)
+    eager = load_engine(plan, tiny_ckpt, device="cpu", cpu_step="eager")
+    assert _decode_all(fast)[0][:10] == _decode_all(eager)[0][:10]
+
+
 @pytest.mark.slow
 def test_a_compiled_step_issues_a_handful_of_python_torch_calls(compiled, tiny_ckpt):
     plan = _variant(compiled[0], "mixed", None)
