@@ -65,3 +65,26 @@ def test_a_cpu_only_decode_step_is_priced_as_its_plan_runs_it(tiny_ckpt, tmp_pat
     assert plans["compiled"].predictions.decode_ms_per_token < plans["eager"].predictions.decode_ms_per_token
     with pytest.raises(CompileError, match="--cpu-step is 'jit': one of compiled, eager"):
         compile_plan(CompileOptions(tiny_ckpt, tmp_path / "x.yaml", "cpu-only", build_kernels=False, cpu_step="jit"))
+
+
+@pytest.mark.parametrize("mode", ["compiled", "eager"])
+def test_the_simulator_prices_a_cpu_only_step_as_the_cost_model_does(tiny_ckpt, tmp_path, mode):
+    """bench/simulator's decode and bucket passes on a cpu-only spec dispatch the plan's step (its ops per
+    layer), as CostModel.decode_step and bucket_step do, not the dynamic forward's."""
+    import numpy as np
+
+    from ostinato.bench.simulator.policy import bucket_pass, static_decode
+    from ostinato.compiler.compile import CompileOptions, compile_plan
+
+    build = compile_plan(CompileOptions(tiny_ckpt, tmp_path / "p.yaml", "cpu-only", context=4096,
+                                        build_kernels=False, cpu_step=mode))
+    cost, L, k, E = build.cost, len(build.cost.layers), build.config.num_experts_per_tok, build.config.n_routed_experts
+    # no cold routes here, the plan's few in the cost model's expectation: within 1%, where the dispatch
+    # of the dynamic forward's ops instead of the step's would be off by 1.5x (compiled) or 10% (eager)
+    every_hot = np.ones((L, E), dtype=bool)
+    ids = np.tile(np.arange(k), (3, L, 1))  # [T=3 decode tokens, L, k]
+    steps, _ = static_decode(cost, every_hot, ids)
+    assert steps == pytest.approx([cost.decode_step()] * 3, rel=0.01)
+    counts = np.zeros((L, E))
+    counts[:, :k] = 2  # 2 tokens' routes, the first k experts
+    assert bucket_pass(cost, counts, 2, every_hot, [2]).seconds == pytest.approx(cost.bucket_step(2), rel=0.01)

@@ -111,7 +111,7 @@ def bucket_pass(cost: CostModel, counts: np.ndarray, n: int, gpu: np.ndarray, bu
             h = cost.cpu_experts_time(T, min(cold_routes, cold_d[l]), cold_routes)
             step += cost.overlap(cost.attention_time(l, T) + g, h)
             g_sum, c_sum = g_sum + g, c_sum + h
-        total += float(cost.forward_time(step, T, True, cost.decode_is_eager()))
+        total += float(cost.forward_time(step, T, True, cost.decode_is_eager(), cost.step_ops_per_layer(T)))
     return Forward(total, g_sum, c_sum, 0.0, "bucket")
 
 
@@ -147,7 +147,10 @@ def static_decode(cost: CostModel, gpu: np.ndarray, ids: np.ndarray, eager: bool
     k = ids.shape[2]
     hits = np.take_along_axis(gpu[None], ids, axis=2).sum(axis=2)         # [T, L]
     steps = decode_table(cost, k)[np.arange(ids.shape[1])[None], hits].sum(axis=1)  # [T]
-    steps = cost.forward_time(steps, 1, True, cost.decode_is_eager() if eager is None else eager)
+    # a cpu-only spec runs the plan's decode step (compiled or eager: cost.step_ops_per_layer, as decode_step
+    # prices it); a step forced eager on GPUs dispatches the dynamic forward's ops
+    ops = cost.step_ops_per_layer(1) if eager is None and cost.hw.cpu_only else None
+    steps = cost.forward_time(steps, 1, True, cost.decode_is_eager() if eager is None else eager, ops)
     gtab = np.array([cost.gpu_experts_time(h, h) for h in range(k + 1)])
     ctab = np.array([cost.cpu_experts_time(1, k - h, k - h) for h in range(k + 1)])
     return steps, Forward(float(steps.sum()), float(gtab[hits].sum()), float(ctab[hits].sum()), 0.0, "decode")
