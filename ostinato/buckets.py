@@ -44,8 +44,10 @@ def bucket_pieces(n: int, buckets: list[int]) -> list[int]:
 # the plan's context reads mostly rows past the position. The contexts are the plan's divided by powers of
 # DECODE_CONTEXT_FACTOR, down to DECODE_CONTEXT_SMALLEST: each costs a compile at load (cached by content),
 # and a step of context C runs positions up to C, so the rows read are within DECODE_CONTEXT_FACTOR x the
-# needed ones (measured on the real-vocab preset at ~600 tokens: the 8,192-context step 14.2 ms a token, a
-# 1,024-context one 12.8).
+# needed ones. Measured on the real-vocab preset (8,192 context), compiled engines side by side in one
+# process: at ~600 tokens 11.53 ms a token with the 8,192-token step alone, 10.12 with the 2,048-token one;
+# at ~300, 10.13 against 9.73 with the 512-token one (docs/benchmarks.md). Below 512 the rows a CSA layer
+# reads (128) cost little next to the rest of the step, and every context size is another compile.
 DECODE_CONTEXT_FACTOR = 4
 DECODE_CONTEXT_SMALLEST = 512
 

@@ -108,8 +108,8 @@ class StepRunner:
         if contexts[-1] != max_context or contexts != sorted(set(contexts)) or contexts[0] < 1:
             raise ValueError(f"decode contexts {contexts}: ascending, each once, the last max_context={max_context}")
         # (context, the decode step within it), ascending; GPU steps keep one (each would be another capture)
-        self.decode_steps = [(c, SegmentGraphs(self.step.within(c))) for c in contexts[:-1]
-                             if not on_gpu(self.step)] + [(max_context, self.graphs[1])]
+        smaller = [] if on_gpu(self.step) else contexts[:-1]
+        self.decode_steps = [(c, SegmentGraphs(self.step.within(c))) for c in smaller] + [(max_context, self.graphs[1])]
         cpu = any(s.device.type == "cpu" for s in self.step.segments)
         self.cpu_step = cpu_step if cpu else "eager"
         self.cpu_step_note = "" if cpu else "no CPU segments"  # why the decode step runs eagerly on the CPU

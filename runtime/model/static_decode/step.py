@@ -125,7 +125,7 @@ class StaticStep:
         self.token.copy_(ids)
 
     def check_room(self, steps: int = 1) -> None:
-        """Raise before `steps` steps that would go beyond max_context."""
+        """Raise before `steps` steps that would go beyond this step's context (max_context, or within()'s)."""
         check_context(self.state.position + steps * self.tokens, self.context,
                       f"{steps} step(s) of {self.tokens} token(s) at position {self.state.position}")
 
