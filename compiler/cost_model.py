@@ -78,8 +78,10 @@ EAGER_STEP_OPS_PER_LAYER = 270
 # ...and per layer of the decode step compiled into one call (policy.cpu_step "compiled"), in the same units:
 # host.op_dispatch_s is measured as the eager step's time per aten op (small ops' compute included), so the
 # compiled step's time per layer is the eager step's aten ops per layer x compiled / eager time, both steps
-# measured side by side on the tiny plan by bench/cpu_step.py (its last line).
-COMPILED_STEP_OPS_PER_LAYER = 69
+# measured side by side on the tiny plan by bench/cpu_step.py (its last line): eager 9.54 ms, compiled
+# 1.83 ms a token (5 rounds, AMD EPYC, 2 threads; the step called past Dynamo's guards, by context size), so
+# 194 x 1.83 / 9.54.
+COMPILED_STEP_OPS_PER_LAYER = 37
 # A PyTorch DSV4 forward without those two fusions: what the KTransformers-like baseline is priced with
 # (our runtime's own count before them; KTransformers' real count is not measured here).
 UNFUSED_EAGER_OPS_PER_LAYER = 600
