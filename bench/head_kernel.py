@@ -37,7 +37,7 @@ def _ints(text: str, what: str) -> list[int]:
     return values
 
 
-def _best_of(fn, calls: int) -> float:
+def _median_call(fn, calls: int) -> float:
     """Seconds per call: the median of `calls` timed calls after one untimed."""
     fn()
     times = []
@@ -62,8 +62,8 @@ def measure(vocab: int, hidden: int, kernels: dict[str, DenseOpsKernel], rounds:
     times: dict[str, list[float]] = {name: [] for name in (*kernels, "float32 stream")}
     for _ in range(rounds):
         for name, k in kernels.items():
-            times[name].append(_best_of(lambda k=k: k.head_logits(h, w), calls))
-        times["float32 stream"].append(_best_of(lambda: stream.sum(), calls))
+            times[name].append(_median_call(lambda k=k: k.head_logits(h, w), calls))
+        times["float32 stream"].append(_median_call(lambda: stream.sum(), calls))
     return {name: statistics.median(t) for name, t in times.items()}
 
 

@@ -147,9 +147,9 @@ def static_decode(cost: CostModel, gpu: np.ndarray, ids: np.ndarray, eager: bool
     k = ids.shape[2]
     hits = np.take_along_axis(gpu[None], ids, axis=2).sum(axis=2)         # [T, L]
     steps = decode_table(cost, k)[np.arange(ids.shape[1])[None], hits].sum(axis=1)  # [T]
-    # a cpu-only spec runs the plan's decode step (compiled or eager: cost.step_ops_per_layer, as decode_step
-    # prices it); a step forced eager on GPUs dispatches the dynamic forward's ops
-    ops = cost.step_ops_per_layer(1) if eager is None and cost.hw.cpu_only else None
+    # the plan's decode step, as decode_step prices it (dispatched only where it is eager: a cpu-only spec);
+    # a step forced eager on GPUs dispatches the dynamic forward's ops
+    ops = cost.step_ops_per_layer(1) if eager is None else None
     steps = cost.forward_time(steps, 1, True, cost.decode_is_eager() if eager is None else eager, ops)
     gtab = np.array([cost.gpu_experts_time(h, h) for h in range(k + 1)])
     ctab = np.array([cost.cpu_experts_time(1, k - h, k - h) for h in range(k + 1)])

@@ -39,6 +39,7 @@ a few KB to a few hundred KB each, and those run on the calling thread (`graph_t
 
 from __future__ import annotations
 
+import functools
 import os
 import types
 from collections.abc import Callable
@@ -102,8 +103,8 @@ def compile_segment(step: StaticStep, i: int) -> Callable[[], None]:
     threads = graph_threads(step.model.weights.layers, torch.get_num_threads())
     compiled = torch.compile(step._run_segment, fullgraph=True, dynamic=False, options=INDUCTOR_OPTIONS)
 
-    def context():  # what every call of the segment runs in (its guards check the grad mode and the threads)
-        return _in_step(kernels, threads)
+    # what every call of the segment runs in (its guards check the grad mode and the threads)
+    context = functools.partial(_in_step, kernels, threads)
 
     def run() -> None:
         with context():
