@@ -34,6 +34,7 @@ from ostinato.checkpoint.fingerprint import model_fingerprint
 from ostinato.profile_format import PHASES, RoutingProfile, pack_touched
 from ostinato.workload import SessionShape, TokenSource
 
+from .kernels.argmax import argmax
 from .model.mtp import mtp_logits
 
 DEFAULT_BOUNDARY = 1024
@@ -98,7 +99,7 @@ class MtpFollower:
         drafted = self.chunk(torch.tensor([token]), streams)
         if drafted is not None:
             self.drafts += 1
-            self.agreed += int(drafted[-1].argmax()) == int(logits[0].argmax())
+            self.agreed += argmax(drafted[-1]) == argmax(logits[0])
         return logits[0]
 
 
@@ -126,10 +127,10 @@ def record_profile(model, model_dir: str | Path, sessions: list[SessionShape], p
                     ids = tokens.take(turn.appended)
                     phase = "short_prefill" if turn.appended <= phase_boundary else "long_prefill"
                     logits = counter.run(phase, turn.appended, lambda: prefill(ids, last_only=True))
-                    nxt = int(logits[-1].argmax())
+                    nxt = argmax(logits[-1])
                 for _ in range(turn.generated if nxt is not None else 0):
                     logits = counter.run("decode", 1, lambda: decode(nxt))
-                    nxt = int(logits.argmax())
+                    nxt = argmax(logits)
                 bar.update(1)
             if follow is not None:
                 drafts, agreed = drafts + follow.drafts, agreed + follow.agreed

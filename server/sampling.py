@@ -32,6 +32,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ostinato.runtime.kernels.argmax import argmax
+
 from .errors import APIError
 
 MAX_TOP_LOGPROBS = 20          # chat completions; the legacy completions API allows 5
@@ -168,9 +170,13 @@ class Sampler:
         self.bias: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def adjust(self, logits: torch.Tensor) -> torch.Tensor:
-        """[vocab] logits -> a new [vocab] float32 tensor: bias, penalties, bans, constraint mask."""
+        """[vocab] logits -> [vocab] float32: bias, penalties, bans, constraint mask. A new tensor when any of them
+        applies (never in place: the engine may reuse its buffer), else the logits themselves, to be read only
+        (a greedy pick's copy of the vocabulary would cost as much as the pick)."""
         p = self.p
-        x = logits.reshape(-1).to(torch.float32, copy=True)  # never in place: the engine may reuse its buffer
+        changed = (bool(p.logit_bias or p.presence_penalty or p.frequency_penalty or p.banned)
+                   or self.constraint is not None)
+        x = logits.reshape(-1).to(torch.float32, copy=changed)
         if p.logit_bias:
             if self.bias is None:
                 ids, vals = zip(*p.logit_bias)
@@ -195,7 +201,7 @@ class Sampler:
         if forced is not None:
             token = forced
         elif self.seed is None:
-            token = int(x.argmax())
+            token = argmax(x)
         else:
             token = self._draw(x)
         if peek or not self.p.logprobs:
@@ -217,7 +223,7 @@ class Sampler:
             forced = self.p.end_think
         out = torch.zeros(x.numel(), dtype=torch.float64)
         if forced is not None or self.seed is None:
-            out[int(x.argmax()) if forced is None else forced] = 1.0
+            out[argmax(x) if forced is None else forced] = 1.0
             return out
         return self._nucleus(x)
 
@@ -238,7 +244,7 @@ class Sampler:
         g = torch.Generator().manual_seed(int.from_bytes(key[:8], "little") >> 1)  # on the CPU: the same anywhere
         u = torch.rand(p.numel(), generator=g, dtype=torch.float64).clamp_(min=1e-300)
         score = p.log() - (-u.log()).log()  # log p + Gumbel(0, 1); -inf where p = 0
-        return int(score.argmax())
+        return argmax(score)
 
     def accept(self, token: int) -> None:
         """Record a generated token (forced ones too): penalty counts, the constraint's state."""

@@ -13,7 +13,7 @@ from ostinato.cli.common import refuse
 from ostinato.plan import PlanError
 from ostinato.workload import WorkloadError
 
-from ..engine.greedy import greedy_tokens
+from ..engine.greedy import argmax, greedy_tokens
 from .engine_args import add_engine_args, load_engine_from_args
 
 SERVE_ALIAS_NOTE = ("ostinato-run: note: `ostinato-run PLAN --serve` is now `ostinato-serve PLAN` (same options); "
@@ -91,7 +91,7 @@ def _prompt(engine, model_dir: Path, text: str, max_new: int) -> None:
     tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
     ids = [engine.model.config.bos_token_id] + tok.encode(text).ids
     session = engine.new_session()
-    first = int(session.prefill(ids, last_only=True)[-1].argmax())
+    first = argmax(session.prefill(ids, last_only=True)[-1])
     out = greedy_tokens(session, first, max_new, engine.model.config.eos_token_id)
     print(tok.decode(out))
 

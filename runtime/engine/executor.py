@@ -25,6 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from ostinato.checkpoint.reader import PackedExpert
@@ -203,14 +204,19 @@ class PlacementExecutor:
     def count_decode(self, expert_ids: torch.Tensor, seconds: float, first_layer: int = 0) -> None:
         """Host side, after a fixed-shape step: count its routes (expert_ids [L, T, k] or [L, k] on the CPU, of
         layers first_layer ..) and check that every cold task succeeded."""
+        # In numpy, on views of the same memory: a step's counts are a few dozen values, where torch's per-op
+        # dispatch made them twice as slow (measured 34-47 us against 19-28 a step, 4 layers x 4 routes).
         c = self._counters
         expert_ids = expert_ids.reshape(expert_ids.shape[0], -1)  # [L, T * k]
-        hot_of = self._hot_of[first_layer:first_layer + expert_ids.shape[0]]  # [L, E]
-        hot = hot_of.gather(1, expert_ids)  # [L, T * k]
-        touched = torch.zeros_like(hot_of).scatter_(1, expert_ids, True)  # [L, E]
-        c.forwards += expert_ids.shape[0]
-        c.routes_hot += int(hot.sum())
-        c.routes_cold += int((~hot).sum())
+        ids = expert_ids.numpy()
+        hot_of = self._hot_of.numpy()[first_layer:first_layer + ids.shape[0]]  # [L, E]
+        rows = np.arange(ids.shape[0])[:, None]  # [L, 1]
+        hot = int(hot_of[rows, ids].sum())
+        touched = np.zeros_like(hot_of)  # [L, E]
+        touched[rows, ids] = True
+        c.forwards += ids.shape[0]
+        c.routes_hot += hot
+        c.routes_cold += ids.size - hot
         c.distinct_cold += int((touched & ~hot_of).sum())
         if self.route_sink is not None:
             self.route_sink(first_layer, expert_ids)

@@ -4,9 +4,7 @@ sampler (server/worker.py)."""
 
 from __future__ import annotations
 
-
-def argmax(logits) -> int:
-    return int(logits.reshape(-1).argmax())
+from ..kernels.argmax import argmax
 
 
 def greedy_tokens(session, first: int, n: int, eos: int | None = None) -> list[int]:

@@ -17,7 +17,7 @@ import numpy as np
 from ostinato.plan import Plan
 from ostinato.workload import SessionShape, TokenSource
 
-from .greedy import greedy_tokens
+from .greedy import argmax, greedy_tokens
 from .loader import Engine
 
 
@@ -59,12 +59,12 @@ def replay(engine: Engine, shape: SessionShape, tokens: TokenSource, on_turn=Non
         if turn.appended:
             mode = session.prefill_mode(turn.appended, last_only=True)
             logits = session.prefill(tokens.take(turn.appended), last_only=True)
-            nxt = int(logits[-1].argmax())
+            nxt = argmax(logits[-1])
         prefill = counters.minus(before)
         wait, speed = 0.0, None
         if nxt is not None and turn.generated:
             logits = session.decode(nxt)
-            nxt = int(logits.argmax())
+            nxt = argmax(logits)
             wait = time.perf_counter() - start
             t0 = time.perf_counter()
             gen = greedy_tokens(session, nxt, turn.generated - 1)  # speculative when the plan says

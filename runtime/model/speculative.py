@@ -43,11 +43,12 @@ from collections.abc import Callable
 
 import torch
 
+from ..kernels.argmax import argmax
 from .mtp import mtp_logits
 
 
 def greedy(logits: torch.Tensor) -> int:
-    return int(logits.reshape(-1).argmax())
+    return argmax(logits)
 
 
 class Sampled:
