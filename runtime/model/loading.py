@@ -23,6 +23,7 @@ from ostinato.checkpoint.tensor_specs import layer_prefix
 from .attention import AttentionWeights
 from .compressor import CompressorWeights
 from .fp8_matrix import Fp8Matrix, Matrix
+from .huge_pages import in_huge_pages
 from .hyper_connection import HcHeadWeights, HcWeights
 from .indexer import IndexerWeights
 from .moe import MoeWeights
@@ -156,7 +157,10 @@ def load_weights(c: Claims, dtype: torch.dtype, layer_devices: list | None = Non
         layers.append(_layer(c, layer, dtype, fp8))
         if on_layer is not None:
             on_layer(layer)
-    head = (c.get("head.weight", None), c.get("norm.weight", F32),
+    head_rows = c.get("head.weight", None)  # [V, D] as stored
+    if head_rows.device.type == "cpu":  # read whole every token: out of the memory map, into 2 MB pages
+        head_rows = in_huge_pages(head_rows)
+    head = (head_rows, c.get("norm.weight", F32),
             HcHeadWeights(c.get("hc_head_fn", F32), c.get("hc_head_base", F32), c.get("hc_head_scale", F32)))
     mtp = tuple(_mtp(c, n + k, dtype, fp8) for k in range(c.ckpt.config.num_nextn_predict_layers)) \
         if mtp and c.ckpt.has_mtp else ()  # beside the head, on the last layer's device
