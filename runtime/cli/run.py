@@ -13,7 +13,8 @@ from ostinato.cli.common import refuse
 from ostinato.plan import PlanError
 from ostinato.workload import WorkloadError
 
-from ..engine.greedy import argmax, greedy_tokens
+from ..engine.greedy import greedy_tokens
+from ..kernels.argmax import argmax
 from .engine_args import add_engine_args, load_engine_from_args
 
 SERVE_ALIAS_NOTE = ("ostinato-run: note: `ostinato-run PLAN --serve` is now `ostinato-serve PLAN` (same options); "

@@ -17,7 +17,8 @@ import numpy as np
 from ostinato.plan import Plan
 from ostinato.workload import SessionShape, TokenSource
 
-from .greedy import argmax, greedy_tokens
+from ..kernels.argmax import argmax
+from .greedy import greedy_tokens
 from .loader import Engine
 
 

@@ -27,7 +27,7 @@ def in_huge_pages(t: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"in_huge_pages: a CPU tensor, not one on {t.device}")
     nbytes = t.numel() * t.element_size()
     if nbytes == 0 or not hasattr(mmap, "MAP_ANONYMOUS"):
-        return t.contiguous().clone()
+        return t.clone(memory_format=torch.contiguous_format)
     size = -(-nbytes // HUGE_PAGE) * HUGE_PAGE
     region = mmap.mmap(-1, size + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     first = ctypes.c_char.from_buffer(region)

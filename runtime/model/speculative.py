@@ -47,10 +47,6 @@ from ..kernels.argmax import argmax
 from .mtp import mtp_logits
 
 
-def greedy(logits: torch.Tensor) -> int:
-    return argmax(logits)
-
-
 class Sampled:
     """Temperature sampling for speculative decoding: distributions and draws from one seeded generator."""
 
@@ -83,7 +79,7 @@ def accept_or_resample(p: torch.Tensor, q: torch.Tensor, d: int, sampling: Sampl
 
 
 class SpeculativeDecoder:
-    def __init__(self, session, pick: Callable[[torch.Tensor], int] = greedy,
+    def __init__(self, session, pick: Callable[[torch.Tensor], int] = argmax,
                  draft: Callable[[int, torch.Tensor], int] | None = None, sampling: Sampled | None = None):
         model = session.model
         if not model.weights.mtp:
@@ -93,7 +89,7 @@ class SpeculativeDecoder:
         self.pick = pick if sampling is None else (lambda logits: sampling.draw(sampling.probs(logits)))
         self.draws_from_mtp = draft is None  # else a given draft is certain: its q is a point mass
         if draft is None:
-            draft = (lambda position, logits: greedy(logits)) if sampling is None else \
+            draft = (lambda position, logits: argmax(logits)) if sampling is None else \
                 (lambda position, logits: sampling.draw(sampling.probs(logits)))
         self.draft = draft
         self.mtp_cache = model.new_mtp_cache()
