@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .bf16_widening import product
 from .compressor import CompressorWeights, compress
 from .fp8_matrix import Matrix, grouped_linear, linear
 from .indexer import IndexerWeights, index_queries, select
@@ -94,10 +95,10 @@ def attend_and_project(w: AttentionWeights, lw: torch.Tensor, vw: torch.Tensor, 
     logits = torch.cat([lw] + ([lc] if lc is not None else []) + [sink], dim=-1)  # [T, H, W (+n|k) + 1]
     probs = torch.softmax(logits, dim=-1).to(vw.dtype)  # softmax takes the row maximum out itself
     W = w.window
-    o = torch.bmm(probs[..., :W], vw)  # [T, H, hd]
+    o = product(probs[..., :W], vw)  # [T, H, hd]
     if lc is not None:
         p_c = probs[..., W:-1]  # [T, H, n|k]
-        o = o + (torch.bmm(p_c, vc) if vc.dim() == 3 else p_c @ vc)
+        o = o + product(p_c, vc)
     o = apply_rope(o, cos, sin, inverse=True)
 
     G = w.o_groups
@@ -119,7 +120,7 @@ def _window(w: AttentionWeights, q: torch.Tensor, kv: torch.Tensor, cache: Layer
     padded = torch.cat((keys.new_zeros(pad, hd), keys)) if pad else keys  # [W-1+T, hd]
     band = padded.unfold(0, W, 1)  # [T, hd, W] view: query i's window
     valid = (torch.arange(t, device=q.device)[:, None] + torch.arange(W, device=q.device)) >= pad  # [T, W]
-    logits = torch.bmm(q, band).float() * hd ** -0.5  # [T, H, W]
+    logits = product(q, band).float() * hd ** -0.5  # [T, H, W]
     return logits.masked_fill(~valid[:, None, :], float("-inf")), band.transpose(1, 2)
 
 
@@ -158,12 +159,12 @@ def _compressed_logits(w: AttentionWeights, q: torch.Tensor, positions: torch.Te
     t, n, scale = q.shape[0], rows.shape[0], w.head_dim ** -0.5
     if picks is None:  # HCA: every complete entry
         future = torch.arange(n, device=q.device) >= ((positions + 1) // w.compressor.ratio)[:, None]  # [Tb, n]
-        return ((q @ rows.T).float() * scale).masked_fill(future[:, None, :], float("-inf")), rows  # [Tb, H, n]
+        return (product(q, rows.T).float() * scale).masked_fill(future[:, None, :], float("-inf")), rows  # [Tb, H, n]
     if _csa_dense(w, n, picks.shape[1]):
         # Few entries: score them all and mask the unpicked (cheaper than gathering Tb x k rows).
         chosen = torch.zeros(t, n + 1, dtype=torch.bool, device=q.device)  # [Tb, n+1], column n: dropped picks
         chosen.scatter_(1, torch.where(picks < 0, n, picks), True)
-        return ((q @ rows.T).float() * scale).masked_fill(~chosen[:, None, :n], float("-inf")), rows  # [Tb, H, n]
+        return (product(q, rows.T).float() * scale).masked_fill(~chosen[:, None, :n], float("-inf")), rows  # [Tb, H, n]
     picked = rows[picks.clamp(min=0)]  # [Tb, k, hd]
-    logits = torch.bmm(q, picked.transpose(1, 2)).float() * scale  # [Tb, H, k]
+    logits = product(q, picked.transpose(1, 2)).float() * scale  # [Tb, H, k]
     return logits.masked_fill((picks < 0)[:, None, :], float("-inf")), picked

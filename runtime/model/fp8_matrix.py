@@ -6,7 +6,8 @@ bf16: what the plan counted, and what a decode token reads), and `linear(x, w)` 
   tile in registers;
 - elsewhere (the CPU twin) by dequantizing W to x's dtype for the call, bit for bit what a bf16
   plan holds (e4m3 x 2^k is exact in bf16), so an fp8 plan computes the same numbers as a bf16 one.
-Plain tensors (bf16 / float32 plans) go through `x @ w.T` as before, except in a CPU decode step that
+Plain tensors (bf16 / float32 plans) go through `x @ w.T` as before, except bf16 products of many tokens on a
+CPU without bf16 arithmetic (float32 a slab at a time, model/bf16_widening.py) and in a CPU decode step that
 torch.compile is tracing (engine/cpu_step.py): there a small float32 matrix at one token becomes row
 dots, `(x * W).sum(-1)`, which Inductor generates as a loop in its own code, fused with its neighbours.
 With the rows coming from memory, as in a decode step, an aten matmul called from the compiled code took
@@ -26,6 +27,7 @@ import torch
 from ostinato.checkpoint.formats import FP8_BLOCK, dequantize_fp8
 
 from ..kernels.scale_layout import word_aligned
+from .bf16_widening import widened_grouped, widened_linear, widens
 from .fused import inductor_generates
 
 ROW_DOT_MAX_ELEMENTS = 1 << 20  # largest matrix read as row dots in a compiled step (4 MB in float32)
@@ -73,11 +75,13 @@ def linear(x: torch.Tensor, w: Matrix) -> torch.Tensor:
     if isinstance(w, torch.Tensor):
         if _as_row_dots(x, w):
             return (x.unsqueeze(-2) * w).sum(-1)  # [T, 1, K] * [N, K] -> [T, N]
+        if widens(x, w):
+            return widened_linear(x, w)
         return x @ w.T
     if w.q.is_cuda:
         from ..kernels.fp8_triton import fp8_linear  # Triton only where there is a GPU
         return fp8_linear(x, w.q, w.scale)
-    return x @ w.dequantized(x.dtype).T
+    return linear(x, w.dequantized(x.dtype))
 
 
 def grouped_linear(x: torch.Tensor, w: Matrix) -> torch.Tensor:
@@ -88,6 +92,8 @@ def grouped_linear(x: torch.Tensor, w: Matrix) -> torch.Tensor:
         return torch.stack([linear(x[g], w.rows(g * M, (g + 1) * M)) for g in range(G)])
     if isinstance(w, Fp8Matrix):
         w = w.dequantized(x.dtype)
+    if widens(x, w):
+        return widened_grouped(x, w)
     if _as_row_dots(x, w):
         return (x.unsqueeze(-2) * w.view(G, 1, -1, x.shape[-1])).sum(-1)  # [G, T, 1, K] * [G, 1, M, K] -> [G, T, M]
     return torch.bmm(x, w.view(G, -1, x.shape[-1]).transpose(1, 2))

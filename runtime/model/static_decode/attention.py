@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from ..attention import AttentionWeights, attend_and_project, project_qkv
+from ..bf16_widening import product
 from ..indexer import index_queries
 from ..rope import Rope
 from .compressor import compressor_step
@@ -51,7 +52,7 @@ def window_keys(w: AttentionWeights, state: LayerState, q: torch.Tensor, kv: tor
     keys = torch.cat((state.window.index_select(0, ring), kv.to(state.window.dtype)))  # [W-1+T, hd]
     valid = torch.cat((held, held.new_ones(t)))  # [W-1+T]
     band = keys.unfold(0, W, 1)  # [T, hd, W] view: query i's window
-    logits = torch.bmm(q, band).float() * hd ** -0.5  # [T, H, W]
+    logits = product(q, band).float() * hd ** -0.5  # [T, H, W]
     logits = logits.masked_fill(~valid.unfold(0, W, 1)[:, None, :], NEG_INF)
     keep = min(t, W)  # the next steps need only the last W-1 keys
     slots = positions[t - keep:] % W  # [keep] distinct
@@ -72,7 +73,7 @@ def _decode_window_keys(w: AttentionWeights, state: LayerState, q: torch.Tensor,
     ring = wanted % W  # [W]
     keys = state.window.index_select(0, ring).unsqueeze(0)  # [1, W, hd] in position order
     valid = (state.window_pos.index_select(0, ring) == wanted) & (wanted >= 0)  # [W]: held, and in the context
-    logits = torch.bmm(q, keys.transpose(1, 2)).float() * hd ** -0.5  # [1, H, W]
+    logits = product(q, keys.transpose(1, 2)).float() * hd ** -0.5  # [1, H, W]
     return logits.masked_fill(~valid, NEG_INF), keys
 
 
@@ -88,11 +89,11 @@ def compressed_keys(w: AttentionWeights, state: LayerState, q: torch.Tensor, qr:
     rows = state.comp.rows  # [R, hd]
     if ix is None:  # HCA: every visible entry
         future = state.comp.row_ids >= visible[:, None]  # [T, R]
-        return ((q @ rows.T).float() * scale).masked_fill(future[:, None, :], NEG_INF), rows
+        return (product(q, rows.T).float() * scale).masked_fill(future[:, None, :], NEG_INF), rows
     compressor_step(ix.compressor, state.index, x, positions, rope, eps)
     qi, hw = index_queries(ix, qr, x, cos, sin)  # [T, HI, dI], [T, HI]
     picks, keep = select_fixed(qi, hw, state.index.rows, state.index.row_ids, visible, ix.topk)  # [T, k] each
     t, k = picks.shape
     picked = rows.index_select(0, picks.reshape(-1)).view(t, k, -1)  # [T, k, hd]
-    logits = torch.bmm(q, picked.transpose(1, 2)).float() * scale  # [T, H, k]
+    logits = product(q, picked.transpose(1, 2)).float() * scale  # [T, H, k]
     return logits.masked_fill(~keep[:, None, :], NEG_INF), picked
