@@ -49,7 +49,9 @@ from . import pinned_arena
 from .adapter import Adapter
 from .cpu_threads import CpuThreads, cpu_threads
 from .executor import LayerExperts, PlacementExecutor
+from .held_memory import tensors_in
 from .hot_compute import CpuPoolCompute, TorchPoolCompute, TritonPoolCompute
+from .prefetch import prefetch_mapped
 from .session import EngineSession
 from .step_runner import StepRunner
 
@@ -303,7 +305,10 @@ def load_engine(plan: str | Path | Plan, model_dir: str | Path | None = None, de
         with tqdm(total=len(runner.steps), desc="capturing CUDA graphs", unit="step", file=sys.stderr,
                   disable=disable) as bar:
             runner.capture_graphs(lambda T: bar.update())
-    return Engine(plan, model_dir, model, executor, devices, runner, threads, spec, _adapter(plan, executor, adapt))
+    engine = Engine(plan, model_dir, model, executor, devices, runner, threads, spec, _adapter(plan, executor, adapt))
+    if not cuda:  # the cold experts and the embedding are read from the mapped checkpoint: read it ahead
+        prefetch_mapped(t for _, t in tensors_in(engine))
+    return engine
 
 
 def _cpu_step(plan: Plan, choice: str | None) -> tuple[str, str]:
