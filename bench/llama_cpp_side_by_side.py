@@ -3,7 +3,7 @@ the same checkpoint (official DeepSeek-V4 format; llama.cpp reads it through its
 agent sessions, the same client, one server at a time on the same cores.
 
     python -m ostinato.bench.llama_cpp_side_by_side [--checkpoint DIR] [--sessions CSV] [--per-workload 2]
-        [--threads 2] [--rounds 2] [--doc [FILE]]
+        [--threads 2] [--rounds 2] [--no-eager] [--doc [FILE]]
 
 Without --checkpoint it writes the `real-vocab` preset (the real DeepSeek-V4 tokenizer, which llama.cpp's
 converter requires, and head_dim != index_head_dim, which its DSV4 loader requires). llama.cpp comes from
@@ -286,6 +286,8 @@ def main(argv=None) -> None:
     p.add_argument("--generate", type=int, default=64)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--rounds", type=int, default=2, help="rounds of the three servers, alternating (2)")
+    p.add_argument("--no-eager", action="store_true", help="leave out the eager-step server (a round then takes "
+                   "two servers' time; the table has no compiled / eager column)")
     p.add_argument("--probe-tokens", type=int, default=96, help="teacher-forced agreement: text length (96)")
     p.add_argument("--probe-from", type=int, default=32, help="first position probed (32)")
     p.add_argument("--threads", type=int, default=os.cpu_count())
@@ -332,8 +334,8 @@ def main(argv=None) -> None:
     ours_cmd = [sys.executable, "-m", "ostinato.server", str(plan), "--device", "cpu",
                 "--dtype", a.dtype, "--port", str(a.port + 1), "--model", str(ckpt)]
     OstinatoServer.model = ckpt.name
-    systems = ((LLAMA, LlamaServer, llama_cmd, a.port, env), (OURS, OstinatoServer, ours_cmd, a.port + 1, env),
-               (EAGER, OstinatoServer, ours_cmd, a.port + 1, dict(env, OSTINATO_CPU_STEP="eager")))
+    systems = ((LLAMA, LlamaServer, llama_cmd, a.port, env), (OURS, OstinatoServer, ours_cmd, a.port + 1, env)) + (
+        () if a.no_eager else ((EAGER, OstinatoServer, ours_cmd, a.port + 1, dict(env, OSTINATO_CPU_STEP="eager")),))
     rounds = {name: [] for name, *_ in systems}
     for r in range(a.rounds):
         for name, cls, cmd, port, server_env in systems:
