@@ -1,6 +1,6 @@
-"""A CPU engine's mapped checkpoint pages read ahead at load (madvise MADV_WILLNEED), not on first touch.
+"""A CPU engine's mapped checkpoint pages read in at load (madvise MADV_POPULATE_READ), not on first touch.
 
-On the CPU the cold experts and the token embedding are views of the memory-mapped checkpoint (no copy:
+On the CPU the routed experts' rows and the token embedding are views of the memory-mapped checkpoint (no copy:
 the page cache is their host memory, held_memory.py). A page is read from disk the first time a route or
 a token touches it: a major fault in the middle of a decode step or a tool output's prefill. Measured on a
 V4-Flash slice (4 layers, 32 experts, 2.7 GB of mapped experts and embedding; 2-core AMD EPYC, virtual
@@ -8,10 +8,10 @@ disk): a new token's embedding row took 27-68 ms to read where a resident one ta
 250 ms decode step in the profile, and a first 64-token prefill took 188 major faults. llama.cpp reads
 ahead its whole mapped model the same way by default.
 
-The advice is asynchronous: the kernel queues the reads and the engine goes on loading (the first steps
-may still wait on a page not read yet). It is skipped, with a line on stderr, when the mapped bytes exceed
-the memory the kernel reports available: reading them all would evict what the engine is about to use.
-Linux only (elsewhere a no-op that says so).
+The reads run on a thread of their own while the engine goes on loading (the first steps may still wait on
+a page not read yet). They are skipped, with a line on stderr, when the mapped bytes exceed the memory the
+kernel reports available: reading them all would evict what the engine is about to use. Linux only
+(elsewhere a no-op).
 
 Legend: ranges are (start, end) byte addresses, page-aligned.
 """
@@ -27,9 +27,8 @@ from pathlib import Path
 
 import torch
 
-MADV_WILLNEED = 3  # <sys/mman.h>
-MADV_POPULATE_READ = 22
-CHUNK_BYTES = 128 * 1024  # a typical block device's readahead window (read_ahead_kb 128)
+MADV_POPULATE_READ = 22  # <sys/mman.h>, Linux 5.14 (Python 3.11's mmap does not name it)
+WILLNEED_BYTES = 128 * 1024  # the fallback's advice a call: a typical block device's window (read_ahead_kb 128)
 
 
 def file_mappings(maps: str | Path = "/proc/self/maps") -> list[tuple[int, int]]:
@@ -89,15 +88,15 @@ def available_bytes(meminfo: str | Path = "/proc/meminfo") -> int | None:
 
 
 def prefetch_mapped(tensors: Iterable[torch.Tensor]) -> int:
-    """Advise the kernel to read the file-mapped bytes of `tensors` now -> the bytes advised (0: none or
-    skipped, see the module docstring)."""
+    """Start reading the file-mapped bytes of `tensors` in -> those bytes (0: none, or skipped: see the
+    module docstring)."""
     if not sys.platform.startswith("linux"):
         return 0
     ranges = within(storage_ranges(tensors), merge(file_mappings()))
     total = sum(hi - lo for lo, hi in ranges)
-    available = available_bytes()
     if total == 0:
         return 0
+    available = available_bytes()
     if available is not None and total > available:
         print(f"ostinato: not reading ahead the {total / 2**30:.1f} GiB of mapped checkpoint the CPU computes "
               f"from: only {available / 2**30:.1f} GiB is available (their pages load on first use)",
@@ -116,5 +115,5 @@ def _populate(ranges: list[tuple[int, int]]) -> None:
     for lo, hi in ranges:
         if madvise(lo, hi - lo, MADV_POPULATE_READ) == 0:
             continue
-        for start in range(lo, hi, CHUNK_BYTES):  # advice: a failure only means no read-ahead
-            madvise(start, min(CHUNK_BYTES, hi - start), MADV_WILLNEED)
+        for start in range(lo, hi, WILLNEED_BYTES):  # advice: a failure only means no read-ahead
+            madvise(start, min(WILLNEED_BYTES, hi - start), mmap.MADV_WILLNEED)
