@@ -18,13 +18,13 @@ Prints milliseconds per call (median over rounds, the variants alternating in ea
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import time
 
 import torch
 
+from ostinato.bench import matrix_shapes
 from ostinato.host import cpu_model
 from ostinato.isa import detect_isa
 from ostinato.runtime.model.bf16_widening import widened_linear
@@ -83,23 +83,7 @@ def crossover(table: dict[int, dict[str, float]]) -> int | None:
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--shapes", default=DEFAULT_SHAPES, help="NxK matrices, comma-separated (default: %(default)s)")
-    p.add_argument("--tokens", default=DEFAULT_TOKENS, help="token counts (default: %(default)s)")
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--calls", type=int, default=2, help="calls per variant per round")
-    p.add_argument("--threads", type=int, help="torch's intra-op threads (default: torch's)")
-    a = p.parse_args(argv)
-    try:
-        shapes = [tuple(int(v) for v in s.lower().split("x")) for s in a.shapes.split(",")]
-        tokens = sorted({int(t) for t in a.tokens.split(",")})
-    except ValueError:
-        p.error(f"--shapes takes NxK,NxK... and --tokens T,T,... (got {a.shapes!r}, {a.tokens!r})")
-    if any(len(s) != 2 or min(s) < 1 for s in shapes) or min(tokens) < 1:
-        p.error(f"--shapes: NxK with N, K >= 1; --tokens: >= 1 (got {a.shapes!r}, {a.tokens!r})")
-    if a.threads:
-        torch.set_num_threads(a.threads)
+    a, shapes, tokens = matrix_shapes.parse(matrix_shapes.parser(__doc__, DEFAULT_SHAPES, DEFAULT_TOKENS, 3, 2), argv)
     print(f"{cpu_model()} ({detect_isa()}), {torch.get_num_threads()} threads, load average "
           f"{os.getloadavg()[0]:.2f}, {a.rounds} rounds of {a.calls} calls")
     crossings = []

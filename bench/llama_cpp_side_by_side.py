@@ -293,6 +293,9 @@ def main(argv=None) -> None:
     p.add_argument("--threads", type=int, default=os.cpu_count())
     p.add_argument("--context", type=int, default=8192)
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="Ostinato's dtype")
+    p.add_argument("--dense-format", choices=("fp8", "bf16", "float32"),
+                   help="how Ostinato's plan holds the dense matrices (default: the dtype's own, bf16 or float32; "
+                        "fp8: as the checkpoint stores them, read by the plan's FP8 kernel at decode)")
     p.add_argument("--outtype", help="llama.cpp converter's --outtype (default: its own choice)")
     p.add_argument("--cache", type=Path, default=llama_cpp_build.default_cache())
     p.add_argument("--llama-cpp-src", type=Path, help="a llama.cpp source tree (default: the pinned sdist)")
@@ -321,7 +324,7 @@ def main(argv=None) -> None:
     ckpt = a.checkpoint or _real_vocab(a.out / "real-vocab")
     gguf = llama_cpp_build.convert(src, ckpt, a.cache, a.outtype)
     hardware = _hardware(a.out, a.device_gib)
-    dense = "bf16" if a.dtype == "bfloat16" else "float32"
+    dense = a.dense_format or ("bf16" if a.dtype == "bfloat16" else "float32")
     plan, profile = _compile(ckpt, a.sessions, a.out, a.context, a.profile, a.prefill_chunk, hardware, dense)
 
     sessions = shrink_sessions([s for g in by_workload(read_sessions(a.sessions), a.per_workload).values() for s in g],
@@ -391,7 +394,8 @@ def _real_vocab(directory: Path) -> Path:
 
 def _plan_label(a, profile: str) -> str:
     device = f" with a {a.device_gib:g} GiB device" if a.device_gib else ""
-    return f"cpu-only{device}, profile {Path(profile).name if a.profile == 'record' else profile}"
+    dense = f", dense matrices in {a.dense_format}" if a.dense_format else ""
+    return f"cpu-only{device}{dense}, profile {Path(profile).name if a.profile == 'record' else profile}"
 
 
 def _hardware(out: Path, device_gib: float | None) -> str:

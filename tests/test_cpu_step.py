@@ -154,6 +154,35 @@ def test_the_compiled_step_equals_the_eager_step(compiled, tiny_ckpt, placement)
 
 
 @pytest.mark.slow
+def test_an_fp8_plans_compiled_step_reads_its_matrices_as_stored_and_equals_the_eager_step(tiny_ckpt, tmp_path,
+                                                                                            kernel_dir):
+    """Dense matrices held as the checkpoint's FP8 bytes: the compiled step calls the plan's FP8 kernel (one op
+    a matrix, in the generated code) and, run in float32, equals the eager step to 1e-5 of the logits' scale."""
+    from conftest import compile_tiny_plan
+
+    compile_tiny_plan(tiny_ckpt, tmp_path, kernel_dir, context=1024, max_hot_per_layer=4, dense_format="fp8")
+    plan = _variant(load_engine(tmp_path / "plan.yaml", tiny_ckpt, device="cpu", cpu_step="eager").plan, "mixed", None)
+    eager = load_engine(plan, tiny_ckpt, device="cpu", dtype=torch.float32, cpu_step="eager")
+    fast = load_engine(plan, tiny_ckpt, device="cpu", dtype=torch.float32, cpu_step="compiled")
+    assert fast.step_runner.cpu_step == "compiled", fast.step_runner.cpu_step_note
+    assert isinstance(fast.model.weights.layers[1].attn.wq_a, fp8_matrix.Fp8Matrix)
+    want, want_logits = _decode_all(eager)
+    got, _ = _decode_all(fast)
+    assert got == want
+    _, forced = _decode_all(fast, [_first_pick(eager)] + want[:-1])
+    err = ((forced - want_logits).abs().amax(dim=1) / want_logits.abs().amax(dim=1)).max()
+    assert err <= 1e-5, f"compiled vs eager, fp8 plan: {err:.2e} of the logits' scale"
+    s = fast.new_session()
+    s.prefill(PROMPT[:20])
+    s.decode(5)
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        s.decode(6)
+    fp8_calls = sum(ev.count for ev in prof.key_averages() if "fp8_linear" in ev.key)
+    assert fp8_calls >= len(plan.layers), fp8_calls  # the attention's FP8 matrices at least, every layer
+
+
+@pytest.mark.slow
 def test_the_compiled_steps_of_two_contexts_equal_the_eager_step(compiled, tiny_ckpt, monkeypatch):
     """Positions 100..140 cross from the 128-token context's compiled step to the plan context's."""
     monkeypatch.setattr(buckets, "DECODE_CONTEXT_SMALLEST", 128)

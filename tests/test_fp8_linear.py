@@ -66,15 +66,21 @@ def test_shapes_are_checked():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_the_cpu_twin_equals_the_dequantized_matrix_bit_for_bit(dtype):
+def test_the_cpu_twin_equals_the_dequantized_matrix(dtype):
+    """Without a plan's kernels (tests/test_fp8_host_kernel.py has them): W dequantized a slab of rows at a
+    time, the float32 product rounded once to x's dtype."""
     g = torch.Generator().manual_seed(1)
     q, s = _random_fp8(512, 256, g)
     w = Fp8Matrix(q, s.view(torch.uint8))
-    dense = dequantize_fp8(q, s, dtype)
+    dense = dequantize_fp8(q, s)
+    rel = 2e-6 if dtype == torch.float32 else 2 ** -8
     x = torch.randn(4, 256, generator=g).to(dtype)
-    assert torch.equal(linear(x, w), x @ dense.T)
+    want = x.double() @ dense.double().T
+    assert linear(x, w).dtype == dtype
+    assert (linear(x, w).double() - want).abs().max() <= rel * want.abs().max()
     grouped = torch.randn(4, 3, 256, generator=g).to(dtype)  # 4 groups of 128 rows
-    assert torch.equal(grouped_linear(grouped, w), grouped_linear(grouped, dense))
+    want = torch.bmm(grouped.double(), dense.double().view(4, 128, 256).transpose(1, 2))
+    assert (grouped_linear(grouped, w).double() - want).abs().max() <= rel * want.abs().max()
     halves = Fp8Matrix.cat([w.rows(0, 256), w.rows(256, 512)])
     assert torch.equal(halves.q.view(torch.uint8), q.view(torch.uint8)) and torch.equal(halves.scale, w.scale)
     with pytest.raises(ValueError, match="scale block"):
@@ -83,25 +89,33 @@ def test_the_cpu_twin_equals_the_dequantized_matrix_bit_for_bit(dtype):
 
 @pytest.mark.slow  # compiled plans (C++ kernels)
 def test_an_fp8_plan_computes_what_a_bf16_plan_computes(tiny_ckpt, tmp_path, kernel_dir):
-    """Same checkpoint, same placement, dense weights held as stored FP8 or dequantized to bf16: on the
-    CPU the same logits bit for bit (prefill and decode steps), with half the bytes of those matrices."""
+    """Same checkpoint, same placement, dense weights held as stored FP8 or dequantized to bf16: on the CPU
+    the same logits to bf16 rounding (prefill and decode steps; the FP8 kernel sums the same exact products
+    in another order) and the same greedy tokens, with half the bytes of those matrices."""
     from conftest import compile_tiny_plan
 
     from ostinato.runtime.engine.loader import load_engine
 
-    logits, dense = {}, {}
+    logits, picks, dense = {}, {}, {}
     ids = torch.randint(0, 1000, (40,), generator=torch.Generator().manual_seed(3))
     for fmt in ("fp8", "bf16"):
         compile_tiny_plan(tiny_ckpt, tmp_path / fmt, kernel_dir, context=1024, max_hot_per_layer=4, dense_format=fmt)
         engine = load_engine(tmp_path / fmt / "plan.yaml", device="cpu")
         session = engine.new_session()
         steps = [session.prefill(ids[:30])[-1]] + [session.decode(int(t)) for t in ids[30:]]
-        logits[fmt] = torch.stack(steps)
+        logits[fmt] = torch.stack(steps).float()
+        session = engine.new_session()
+        tok, picks[fmt] = int(session.prefill(ids[:30])[-1].argmax()), []
+        for _ in range(16):
+            tok = int(session.decode(tok).argmax())
+            picks[fmt].append(tok)
         dense[fmt] = next(m for m in engine.plan.memory if m.device == "gpu0").components["dense_weights"]
         attn = engine.model.weights.layers[1].attn
         assert isinstance(attn.wq_a, Fp8Matrix) == (fmt == "fp8")
         engine.close()
-    assert torch.equal(logits["fp8"], logits["bf16"])
+    err = ((logits["fp8"] - logits["bf16"]).abs().amax(dim=1) / logits["bf16"].abs().amax(dim=1)).max()
+    assert err <= 0.05, f"fp8 vs bf16 plan: {err:.2e} of the logits' scale"  # bf16 rounding through 4 layers
+    assert picks["fp8"] == picks["bf16"]
     assert dense["fp8"] < 0.8 * dense["bf16"]  # the FP8 matrices halve; norms, mHC, compressors stay float32
 
 

@@ -55,3 +55,12 @@ def test_the_doc_block_is_replaced_between_markers():
     assert sbs.doc_with(text, "new", "x") == f"a\n{b}\n\nnew\n\n{e}\n{other}"
     with pytest.raises(SystemExit):
         sbs.doc_with(text, "new", "z")
+
+
+def test_the_table_names_the_dense_format_a_run_chose():
+    from argparse import Namespace
+    chosen = Namespace(device_gib=8.0, dense_format="fp8", profile="synthetic:1.0")
+    assert sbs._plan_label(chosen, "synthetic:1.0") == \
+        "cpu-only with a 8 GiB device, dense matrices in fp8, profile synthetic:1.0"
+    default = Namespace(device_gib=None, dense_format=None, profile="record")
+    assert sbs._plan_label(default, "build/x/profile.safetensors") == "cpu-only, profile profile.safetensors"

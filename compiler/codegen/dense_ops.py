@@ -15,10 +15,12 @@ CPU_TEMPLATE = "cpu/dense_ops.cpp.j2"
 TRITON_TEMPLATE = "triton/dense_ops.py.j2"
 
 
-# How far ahead the head's rows are prefetched, in bytes (4 KB: 8 rows of a 256-wide head, half a row of
-# V4-Flash's). Measured by bench/head_kernel.py on an AMD EPYC Zen 3, 2 threads, 129,280 rows, GB/s at
-# 0 / 2 / 4 / 8 KB: hidden 256 (66 MB) 17.0 / 17.8 / 18.1 / 18.1; hidden 4,096 (1 GB) 16.8 / 17.8 / 18.0 / 17.0.
-HEAD_PREFETCH_BYTES = 4096
+# How far ahead the head's rows are prefetched, in bytes (0: the hardware prefetcher alone). Measured by
+# bench/head_kernel.py on the same 2-core AMD EPYC Zen 3 VM on two days, 129,280 rows, GB/s at 0 / 2 / 4 / 8 KB:
+# 2026-12-01, hidden 256 (66 MB) 17.0 / 17.8 / 18.1 / 18.1, hidden 4,096 (1 GB) 16.8 / 17.8 / 18.0 / 17.0;
+# 2026-12-03 (its float32 stream at 32 GB/s), hidden 256 31.9 / 31.5 / 32.3 / 32.0, hidden 4,096 21.6 / 17.2 /
+# 16.7 / 17.2. Prefetching gained 7% the first day and cost 23% the second: none.
+HEAD_PREFETCH_BYTES = 0
 
 
 def build_cpu_dense_ops(root: str | Path | None = None,

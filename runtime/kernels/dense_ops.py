@@ -2,11 +2,13 @@
 
 Registered torch ops, each one dispatch where the reference (runtime/model/norms.py, rope.py) issues
 5-10: `torch.ops.ostinato.rms_norm(x, weight, eps, unweighted, kernel)`,
-`torch.ops.ostinato.rope(x, cos, sin, inverse, kernel)`; and `head_logits(h, w, kernel)` (kernel: the
-handle as a tensor, torch_ops.handle_tensor), the LM
-head for up to 4 tokens from its stored bf16 rows (the reference widens each block of rows to a
-float32 copy first, which at one token costs more than the product). CPU tensors go to the host library (ctypes,
-which releases the GIL), CUDA tensors to the Triton kernels; `kernel` is the loaded kernels' handle
+`torch.ops.ostinato.rope(x, cos, sin, inverse, kernel)`; `head_logits(h, w, kernel)` (kernel: the handle
+as a tensor, torch_ops.handle_tensor), the LM head for up to 4 tokens from its stored bf16 rows (the
+reference widens each block of rows to a float32 copy first, which at one token costs more than the
+product); and `fp8_linear(x, q, scale, groups, kernel)`, a checkpoint FP8 matrix as stored times up to 4
+tokens on the host (model/fp8_matrix.py), whose rows `fp8_dequantize_rows` widens a slab at a time for
+more tokens (a plain call: no graph traces it). CPU tensors go to the host library (ctypes, which
+releases the GIL), CUDA tensors to the Triton kernels; `kernel` is the loaded kernels' handle
 (torch_ops.py).
 The model reaches them through runtime/model/fused.py while a plan's engine runs a forward; a model
 loaded without a plan uses the reference.
@@ -27,6 +29,7 @@ from .torch_ops import define, handle_tensor, loaded, register
 
 _DTYPE_CODE = {torch.float32: 0, torch.bfloat16: 1}  # the host library's dtypes; Triton adds float16
 HEAD_MAX_TOKENS = 4  # the host kernel's limit; more tokens take the reference's float32 row blocks
+FP8_MAX_TOKENS = 4  # the host FP8 kernel's limit; more tokens dequantize a slab of rows at a time
 HEAD_BLOCK = (64, 128)  # Triton: rows per program, columns per step (a 16 KB bf16 tile)
 
 define("rms_norm(Tensor x, Tensor? weight, float eps, bool unweighted, int kernel) -> Tensor",
@@ -38,6 +41,9 @@ define("rope(Tensor x, Tensor cos, Tensor sin, bool inverse, int kernel) -> Tens
 define("head_logits(Tensor h, Tensor w, Tensor kernel) -> Tensor",
        lambda h, w, kernel: loaded(kernel).head_logits_impl(h, w),
        lambda h, w, kernel: h.new_empty(h.shape[0], w.shape[0]))
+define("fp8_linear(Tensor x, Tensor q, Tensor scale, int groups, Tensor kernel) -> Tensor",
+       lambda x, q, scale, groups, kernel: loaded(kernel).fp8_linear_impl(x, q, scale, groups),
+       lambda x, q, scale, groups, kernel: x.new_empty(x.shape[0], x.shape[1], q.shape[0] // groups))
 
 
 def _block(n: int) -> int:
@@ -53,7 +59,11 @@ class DenseOpsKernel:
         self.lib.ost_rms_norm.argtypes = [p, p, i64, i64, p, f32, i32, i32]
         self.lib.ost_rope.argtypes = [p, p, i64, i64, i64, i64, p, p, i32, i32]
         self.lib.ost_head_logits.argtypes = [p, p, p, i64, i64, i64, i32]
-        self.lib.ost_rms_norm.restype = self.lib.ost_rope.restype = self.lib.ost_head_logits.restype = ctypes.c_int
+        self.lib.ost_fp8_linear.argtypes = [p, p, p, i64, p, i64, i64, i64, i64, i32]
+        self.lib.ost_fp8_dequantize.argtypes = [p, p, i64, p, i64, i64, i64]
+        for f in (self.lib.ost_rms_norm, self.lib.ost_rope, self.lib.ost_head_logits, self.lib.ost_fp8_linear,
+                  self.lib.ost_fp8_dequantize):
+            f.restype = ctypes.c_int
         self.triton = triton_module
         self.threads: int | None = None  # the head's threads on the host; None: torch's intra-op count
         self.handle = register(self)
@@ -75,9 +85,23 @@ class DenseOpsKernel:
                 and h.shape[1] % 8 == 0 and h.device == w.device
                 and (h.device.type == "cpu" or self.triton is not None))
 
+    def takes_fp8(self, x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, groups: int) -> bool:
+        """Whether fp8_linear computes x [G, T, K] float32 with q [N, K] e4m3 on the host (else the caller
+        dequantizes): up to FP8_MAX_TOKENS tokens, K a multiple of 8, G groups of whole rows."""
+        return (x.dim() == 3 and x.shape[0] == groups and 0 < x.shape[1] <= FP8_MAX_TOKENS and x.dtype == torch.float32
+                and x.device.type == q.device.type == scale.device.type == "cpu" and q.dim() == 2
+                and q.dtype == torch.float8_e4m3fn and q.is_contiguous() and q.shape[1] == x.shape[2]
+                and x.shape[2] % 8 == 0 and q.shape[0] % groups == 0 and scale.dim() == 2 and scale.stride(1) == 1
+                and scale.element_size() == 1 and scale.shape[0] * 128 >= q.shape[0]
+                and scale.shape[1] * 128 >= q.shape[1])
+
     # ----- the model's entry points (one torch op each) --------------------------------------------
     def head_logits(self, h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         return torch.ops.ostinato.head_logits(h, w, self.head_handle)
+
+    def fp8_linear(self, x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, groups: int) -> torch.Tensor:
+        """x [G, T, K] float32 (contiguous) @ (q, scale) [G*M, K]^T by groups -> [G, T, M] float32."""
+        return torch.ops.ostinato.fp8_linear(x, q, scale, groups, self.head_handle)
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
         return torch.ops.ostinato.rms_norm(x, weight, eps, False, self.handle)
@@ -138,3 +162,27 @@ class DenseOpsKernel:
             bv, bd = HEAD_BLOCK
             launch(self.triton.head_logits_kernel, (-(-V // bv), T), h, w, out, V, D, BV=bv, BD=bd)
         return out
+
+    def fp8_linear_impl(self, x, q, scale, groups) -> torch.Tensor:
+        G, T, K = x.shape
+        M = q.shape[0] // groups
+        out = x.new_empty(G, T, M)  # [G, T, M] float32
+        x = x.contiguous()
+        rc = self.lib.ost_fp8_linear(x.data_ptr(), q.data_ptr(), scale.data_ptr(), scale.stride(0), out.data_ptr(),
+                                     G, T, M, K, self.threads or torch.get_num_threads())
+        if rc:
+            raise ValueError(f"ost_fp8_linear rejected x {tuple(x.shape)} and an FP8 matrix {tuple(q.shape)} "
+                             f"with scales {tuple(scale.shape)} in {groups} groups")
+        return out
+
+    def fp8_dequantize_rows(self, q: torch.Tensor, scale: torch.Tensor, r0: int, r1: int, out: torch.Tensor) -> bool:
+        """Rows r0..r1-1 of (q [N, K] e4m3, scale) in float32 into out [r1 - r0, K] (contiguous); False when the
+        host library does not take them (the caller converts with torch)."""
+        K = q.shape[1]
+        if not (q.device.type == "cpu" and q.is_contiguous() and K % 8 == 0 and out.is_contiguous()
+                and out.dtype == torch.float32 and out.shape == (r1 - r0, K) and scale.stride(1) == 1):
+            return False
+        rc = self.lib.ost_fp8_dequantize(q.data_ptr(), scale.data_ptr(), scale.stride(0), out.data_ptr(), r0, r1, K)
+        if rc:
+            raise ValueError(f"ost_fp8_dequantize rejected rows {r0}:{r1} of an FP8 matrix {tuple(q.shape)}")
+        return True

@@ -20,6 +20,8 @@ Legend: T tokens, K inputs, N output rows, R slab rows, G groups.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from ostinato.isa import supports
@@ -56,17 +58,23 @@ def widens(x: torch.Tensor, w: torch.Tensor) -> bool:
 
 def widened_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """x [..., T, K] bf16 @ W[N, K]^T bf16 -> [..., T, N] bf16, in float32 a slab of W's rows at a time."""
+    return slab_product(x, w.shape[0], lambda r0, r1, part: part.copy_(w[r0:r1])).to(torch.bfloat16)
+
+
+def slab_product(x: torch.Tensor, N: int, fill: Callable[[int, int, torch.Tensor], object],
+                 align: int = 1) -> torch.Tensor:
+    """x [..., T, K] @ W[N, K]^T -> [..., T, N] float32, where fill(r0, r1, part) writes W's rows r0..r1-1
+    in float32 into part [r1 - r0, K]: a slab of at most SLAB_ELEMENTS (a multiple of `align` rows) at a time."""
     lead, K = x.shape[:-1], x.shape[-1]
-    N = w.shape[0]
     xt = x.reshape(-1, K).float().T.contiguous()  # [K, T'] (T' = all leading positions)
     out = torch.empty(N, xt.shape[1], dtype=torch.float32)  # [N, T']: each slab's rows are contiguous
-    rows = max(1, SLAB_ELEMENTS // K)
+    rows = max(align, SLAB_ELEMENTS // K // align * align)
     slab = torch.empty(min(rows, N), K, dtype=torch.float32)
     for r in range(0, N, rows):
         part = slab[:min(rows, N - r)]
-        part.copy_(w[r:r + rows])  # [R, K] widened
+        fill(r, r + part.shape[0], part)  # [R, K] widened
         torch.mm(part, xt, out=out[r:r + rows])  # [R, K] @ [K, T'] -> [R, T']
-    return out.T.to(torch.bfloat16).reshape(*lead, N)
+    return out.T.reshape(*lead, N)
 
 
 def widened_grouped(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

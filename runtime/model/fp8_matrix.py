@@ -4,8 +4,14 @@ A plan whose `dense_format` is `fp8` keeps every FP8 matrix of the checkpoint so
 bf16: what the plan counted, and what a decode token reads), and `linear(x, w)` computes x @ W^T:
 - on a GPU with the Triton block-scaled kernel (kernels/fp8_triton.py), which decodes each weight
   tile in registers;
-- elsewhere (the CPU twin) by dequantizing W to x's dtype for the call, bit for bit what a bf16
-  plan holds (e4m3 x 2^k is exact in bf16), so an fp8 plan computes the same numbers as a bf16 one.
+- on the CPU at up to 4 tokens (a decode step, a speculative verify), in a plan's forward, with the plan's
+  host kernel (`ost_fp8_linear`, kernels/dense_ops.py), which widens each e4m3 byte exactly as it reads
+  it: a decode token reads 1 byte a weight where a bf16 plan reads 2 (`python -m ostinato.bench.fp8_linear`);
+- otherwise on the CPU (more tokens, or a model loaded without a plan) by dequantizing a slab of W's rows
+  at a time to float32 (bf16_widening.slab_product), never the whole matrix.
+Every path is the float32 sum of the dequantized weights' exact products (e4m3 x 2^k is exact in float32)
+rounded once to x's dtype: an fp8 plan computes what a bf16 plan does up to summation order (in bf16, a
+rounding step here and there), and in float32 what the float32 reference does.
 Plain tensors (bf16 / float32 plans) go through `x @ w.T` as before, except bf16 products of many tokens on a
 CPU without bf16 arithmetic (float32 a slab at a time, model/bf16_widening.py) and in a CPU decode step that
 torch.compile is tracing (engine/cpu_step.py): there a small float32 matrix at one token becomes row
@@ -24,11 +30,11 @@ from dataclasses import dataclass
 
 import torch
 
-from ostinato.checkpoint.formats import FP8_BLOCK, dequantize_fp8
+from ostinato.checkpoint.formats import FP8_BLOCK, dequantize_fp8, e8m0_to_float
 
 from ..kernels.scale_layout import word_aligned
-from .bf16_widening import widened_grouped, widened_linear, widens
-from .fused import inductor_generates
+from .bf16_widening import slab_product, widened_grouped, widened_linear, widens
+from .fused import active, inductor_generates
 
 ROW_DOT_MAX_ELEMENTS = 1 << 20  # largest matrix read as row dots in a compiled step (4 MB in float32)
 
@@ -81,7 +87,7 @@ def linear(x: torch.Tensor, w: Matrix) -> torch.Tensor:
     if w.q.is_cuda:
         from ..kernels.fp8_triton import fp8_linear  # Triton only where there is a GPU
         return fp8_linear(x, w.q, w.scale)
-    return linear(x, w.dequantized(x.dtype))
+    return _on_host(x.reshape(1, -1, x.shape[-1]), w).reshape(*x.shape[:-1], w.shape[0])
 
 
 def grouped_linear(x: torch.Tensor, w: Matrix) -> torch.Tensor:
@@ -91,12 +97,42 @@ def grouped_linear(x: torch.Tensor, w: Matrix) -> torch.Tensor:
         M = w.shape[0] // G
         return torch.stack([linear(x[g], w.rows(g * M, (g + 1) * M)) for g in range(G)])
     if isinstance(w, Fp8Matrix):
-        w = w.dequantized(x.dtype)
+        return _on_host(x, w)
     if widens(x, w):
         return widened_grouped(x, w)
     if _as_row_dots(x, w):
         return (x.unsqueeze(-2) * w.view(G, 1, -1, x.shape[-1])).sum(-1)  # [G, T, 1, K] * [G, 1, M, K] -> [G, T, M]
     return torch.bmm(x, w.view(G, -1, x.shape[-1]).transpose(1, 2))
+
+
+def _on_host(x: torch.Tensor, w: Fp8Matrix) -> torch.Tensor:
+    """x [G, T, K] @ W [G*M, K]^T by groups -> [G, T, M] in x's dtype, W as stored, on the CPU: a few tokens
+    through the plan's FP8 kernel (kernels/dense_ops.py; one read of W's bytes, a decode step's case), more
+    (or a model without a plan) a slab of W's rows dequantized to float32 at a time (bf16_widening.py). Either
+    way float32 sums of the dequantized weights' exact products, rounded once to x's dtype."""
+    G, T, K = x.shape
+    kernels = active()
+    x32 = x.float()
+    if kernels is not None and kernels.takes_fp8(x32, w.q, w.scale, G):
+        return kernels.fp8_linear(x32.contiguous(), w.q, w.scale, G).to(x.dtype)
+    M = w.shape[0] // G
+    return torch.stack([slab_product(x32[g], M, lambda r0, r1, part, o=g * M: _dequantize_rows(w, o + r0, o + r1, part,
+                                                                                            kernels),
+                                     align=FP8_BLOCK) for g in range(G)]).to(x.dtype)
+
+
+def _dequantize_rows(w: Fp8Matrix, r0: int, r1: int, out: torch.Tensor, kernels=None) -> None:
+    """W's rows r0..r1-1 in float32 into out [r1 - r0, K] (exact: e4m3 x 2^k): with the plan's host library
+    where there is one (torch's e4m3 conversion is ~40x slower), else with torch."""
+    if kernels is not None and kernels.fp8_dequantize_rows(w.q, w.scale, r0, r1, out):
+        return
+    B, K = FP8_BLOCK, out.shape[1]
+    out.copy_(w.q[r0:r1])
+    s = e8m0_to_float(w.scale[r0 // B: -(-r1 // B)])  # [Rb, Kb]
+    if r0 % B == 0 and (r1 - r0) % B == 0 and K % B == 0:
+        out.view(-1, B, K // B, B).mul_(s[:, None, :, None])  # [Rb, B, Kb, B] * [Rb, 1, Kb, 1]
+    else:
+        out.mul_(s.repeat_interleave(B, 0)[r0 % B: r0 % B + r1 - r0].repeat_interleave(B, 1)[:, :K])
 
 
 def _as_row_dots(x: torch.Tensor, w: torch.Tensor) -> bool:

@@ -1,0 +1,39 @@
+"""The command line the matrix-product benches share (bf16_matmul.py, fp8_linear.py): which [N, K] matrices,
+at which token counts, how many rounds and calls, on how many threads."""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+
+def parser(doc: str, shapes: str, tokens: str, rounds: int, calls: int) -> argparse.ArgumentParser:
+    """The shared options, with these defaults; a bench adds its own."""
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--shapes", default=shapes, help="NxK matrices, comma-separated (default: %(default)s)")
+    p.add_argument("--tokens", default=tokens, help="token counts (default: %(default)s)")
+    p.add_argument("--rounds", type=int, default=rounds)
+    p.add_argument("--calls", type=int, default=calls, help="calls per variant per round")
+    p.add_argument("--threads", type=int, help="torch's intra-op threads (default: torch's)")
+    return p
+
+
+def parse(p: argparse.ArgumentParser, argv=None, k_multiple: int = 1,
+          max_tokens: int | None = None) -> tuple[argparse.Namespace, list[tuple[int, int]], list[int]]:
+    """(options, [(N, K)], sorted token counts); refuses K not a multiple of `k_multiple` and token counts
+    outside 1..max_tokens. Sets torch's threads when --threads is given."""
+    a = p.parse_args(argv)
+    try:
+        shapes = [tuple(int(v) for v in s.lower().split("x")) for s in a.shapes.split(",")]
+        tokens = sorted({int(t) for t in a.tokens.split(",")})
+    except ValueError:
+        p.error(f"--shapes takes NxK,NxK... and --tokens T,T,... (got {a.shapes!r}, {a.tokens!r})")
+    limit = f"1-{max_tokens}" if max_tokens else ">= 1"
+    if (any(len(s) != 2 or min(s) < 1 or s[1] % k_multiple for s in shapes) or min(tokens) < 1
+            or (max_tokens and max(tokens) > max_tokens)):
+        p.error("--shapes: NxK with N, K >= 1" + (f", K a multiple of {k_multiple}" if k_multiple > 1 else "")
+                + f"; --tokens: {limit} (got {a.shapes!r}, {a.tokens!r})")
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    return a, shapes, tokens

@@ -1,0 +1,137 @@
+"""The host FP8 kernel (`ost_fp8_linear`, templates/cpu/dense_ops.cpp.j2): a checkpoint FP8 matrix as stored
+times up to 4 tokens, against the float32 product of the dequantized matrix, on fresh random inputs; every
+e4m3 code and scale decoded exactly; the way model/fp8_matrix.py chooses it (a plan's forward, a few tokens)
+or dequantizes a slab of rows at a time (more tokens, or no plan), both against the same reference.
+Legend: G groups, T tokens, N = G M output rows, K inputs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ostinato.checkpoint.formats import dequantize_fp8, quantize_fp8
+from ostinato.compiler.codegen.dense_ops import build_cpu_dense_ops
+from ostinato.runtime.engine.op_count import OpCounter
+from ostinato.runtime.kernels.dense_ops import DenseOpsKernel
+from ostinato.runtime.model import fused
+from ostinato.runtime.model.fp8_matrix import Fp8Matrix, grouped_linear, linear
+
+pytestmark = pytest.mark.slow  # compiles the host library (C++)
+
+REL = 2e-6  # float32 sums of the same exact products in another order
+
+
+@pytest.fixture(scope="module")
+def kernels(kernel_dir):
+    return DenseOpsKernel(build_cpu_dense_ops(kernel_dir).path, None)
+
+
+def _matrix(n: int, k: int, gen: torch.Generator) -> Fp8Matrix:
+    """Rows of very different sizes (block scales far apart), some weights in e4m3's subnormal range."""
+    pad_n, pad_k = -(-n // 128) * 128, -(-k // 128) * 128
+    w = torch.randn(pad_n, pad_k, generator=gen) * torch.logspace(-4, 2, pad_n)[:, None]
+    q, s = quantize_fp8(w)
+    return Fp8Matrix.of_bytes(q[:n, :k].contiguous(), s)
+
+
+def _reference(x: torch.Tensor, m: Fp8Matrix) -> torch.Tensor:
+    """x [G, T, K] float32 @ dequantized W [G*M, K]^T by groups -> [G, T, M], in float64."""
+    w = dequantize_fp8(m.q, m.scale).double()
+    G = x.shape[0]
+    return torch.bmm(x.double(), w.view(G, -1, w.shape[1]).transpose(1, 2))
+
+
+def _close(got: torch.Tensor, want: torch.Tensor, rel: float = REL) -> None:
+    err = float((got.double() - want).abs().max() / want.abs().max())
+    assert err <= rel, f"{err:.2e} of the product's scale"
+
+
+@pytest.mark.parametrize("G,T,N,K", [(1, 1, 256, 4096), (1, 2, 384, 1024), (1, 3, 300, 136), (1, 4, 130, 264),
+                                     (4, 1, 512, 256), (8, 2, 1024, 512), (2, 4, 200, 152), (1, 1, 302, 264),
+                                     (2, 1, 202, 136), (3, 2, 390, 8)])
+def test_the_kernel_equals_the_dequantized_product(kernels, G, T, N, K):
+    """K = 0, 8, 16 and 24 mod 32 (the kernel's tails) and K < 32, N cutting a scale block, groups cutting one
+    too and rows that do not fill the kernel's groups of 4 (one token) or 2 (two)."""
+    g = torch.Generator().manual_seed(N * K + T)
+    m = _matrix(N, K, g)
+    x = torch.randn(G, T, K, generator=g) * 4
+    assert kernels.takes_fp8(x, m.q, m.scale, G)
+    with OpCounter() as ops:
+        got = kernels.fp8_linear(x, m.q, m.scale, G)
+    assert ops.ops == 1 and got.shape == (G, T, N // G) and got.dtype == torch.float32
+    _close(got, _reference(x, m))
+
+
+def test_every_code_and_scale_decodes_exactly(kernels):
+    """Row r holds all 254 finite e4m3 codes (and two zeros), subnormals among them, under block scales
+    2^-60 and 2^60; x = one-hot columns, so each output is one weight, which must be the dequantized one."""
+    finite = [c for c in range(256) if c & 0x7F != 0x7F]  # 0x7F / 0xFF are NaN
+    codes = torch.tensor(finite + [0, 0], dtype=torch.uint8).repeat(128, 1)  # [128, 256]
+    q = codes.view(torch.float8_e4m3fn)
+    scale = torch.tensor([[67, 187]], dtype=torch.uint8)
+    m = Fp8Matrix.of_bytes(q, scale)
+    want = dequantize_fp8(q, scale.view(torch.float8_e8m0fnu))  # [128, 256]
+    for cols in range(0, 256, 4):  # 4 tokens a call, each one-hot on a column
+        x = torch.zeros(1, 4, 256)
+        x[0, torch.arange(4), torch.arange(cols, cols + 4)] = 1.0
+        got = kernels.fp8_linear(x, m.q, m.scale, 1)[0]  # [4, 128]
+        assert torch.equal(got, want[:, cols:cols + 4].T)
+
+
+def test_what_the_kernel_does_not_take_is_refused_or_left_to_the_caller(kernels):
+    g = torch.Generator().manual_seed(5)
+    m = _matrix(256, 256, g)
+    x = torch.randn(1, 1, 256, generator=g)
+    assert not kernels.takes_fp8(torch.randn(1, 5, 256), m.q, m.scale, 1)  # more than 4 tokens
+    assert not kernels.takes_fp8(x.bfloat16(), m.q, m.scale, 1)  # the caller widens x first
+    assert not kernels.takes_fp8(x, m.q, m.scale, 3)  # groups of whole rows only
+    assert not kernels.takes_fp8(torch.randn(1, 1, 252), _matrix(256, 252, g).q, m.scale, 1)  # K % 8
+    with pytest.raises(ValueError, match="ost_fp8_linear rejected"):
+        kernels.fp8_linear_impl(torch.randn(1, 5, 256), m.q, m.scale, 1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("T", [1, 4, 5, 40])
+@pytest.mark.parametrize("with_plan", [True, False])
+def test_the_model_takes_the_kernel_for_a_few_tokens_in_a_plans_forward(kernels, dtype, T, with_plan):
+    """A plan's forward at up to 4 tokens: one op; else W dequantized a slab of rows at a time (1,000 rows
+    of K 1,152 span slabs of 896); either way the float32 product rounded once to x's dtype."""
+    g = torch.Generator().manual_seed(T)
+    m = _matrix(1000, 1152, g)
+    x = (torch.randn(T, 1152, generator=g)).to(dtype)
+    xg = (torch.randn(4, T, 1152, generator=g)).to(dtype)  # 4 groups of 250 rows
+    with fused.using(kernels if with_plan else None), OpCounter() as ops:
+        got = linear(x, m), grouped_linear(xg, m)
+    if with_plan and T <= 4:
+        assert sum(n for op, n in ops.by_op.items() if "fp8_linear" in op) == 2
+    else:
+        assert not any("fp8_linear" in op for op in ops.by_op)
+    rel = REL if dtype == torch.float32 else 2 ** -8  # bf16: one rounding of the float32 sum
+    for out, want in ((got[0], _reference(x.float()[None], m)[0]), (got[1], _reference(xg.float(), m))):
+        assert out.dtype == dtype
+        _close(out, want, rel)
+
+
+def test_rows_dequantize_bit_for_bit(kernels):
+    """The slab path's widening: any rows (block-aligned or not), every code, the format's own values."""
+    g = torch.Generator().manual_seed(9)
+    m = _matrix(390, 264, g)
+    want = dequantize_fp8(m.q, m.scale)  # [390, 264]
+    for r0, r1 in ((0, 128), (100, 390), (250, 251)):
+        out = torch.empty(r1 - r0, 264)
+        assert kernels.fp8_dequantize_rows(m.q, m.scale, r0, r1, out)
+        assert torch.equal(out, want[r0:r1])
+    assert not kernels.fp8_dequantize_rows(m.q, m.scale, 0, 2, torch.empty(2, 264, dtype=torch.bfloat16))
+
+
+def test_the_bench_times_the_three_variants_and_refuses_what_the_kernel_cannot_take(capsys):
+    from ostinato.bench import bf16_matmul, fp8_linear
+    fp8_linear.main(["--shapes", "256x264", "--tokens", "1,3", "--rounds", "1", "--calls", "1"])
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.strip().startswith(("1 |", "3 |"))]
+    assert len(rows) == 2 and all(len(r.split("|")) == 5 for r in rows)  # tokens, fp8, bf16, float32, ratio
+    with pytest.raises(SystemExit):
+        fp8_linear.main(["--shapes", "256x260"])  # K not a multiple of 8
+    with pytest.raises(SystemExit):
+        fp8_linear.main(["--tokens", "5"])  # the kernel's limit is 4
+    with pytest.raises(SystemExit):
+        bf16_matmul.main(["--shapes", "256"])  # the shared parser: NxK
