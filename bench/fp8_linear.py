@@ -75,11 +75,12 @@ def time_shape(kernel: DenseOpsKernel, n: int, k: int, tokens: list[int], rounds
 def main(argv=None) -> None:
     a, shapes, tokens = matrix_shapes.parse(matrix_shapes.parser(__doc__, DEFAULT_SHAPES, DEFAULT_TOKENS, 5, 4), argv,
                                             k_multiple=8, max_tokens=4)
-    kernel = DenseOpsKernel(build_cpu_dense_ops(tempfile.mkdtemp(prefix="ostinato-fp8-")).path, None)
     print(f"{cpu_model()} ({detect_isa()}), {torch.get_num_threads()} threads, load average "
           f"{os.getloadavg()[0]:.2f}, {a.rounds} rounds of {a.calls} calls")
-    for n, k in shapes:
-        table = time_shape(kernel, n, k, tokens, a.rounds, a.calls)
+    with tempfile.TemporaryDirectory() as root:
+        kernel = DenseOpsKernel(build_cpu_dense_ops(root).path, None)
+        tables = {(n, k): time_shape(kernel, n, k, tokens, a.rounds, a.calls) for n, k in shapes}
+    for (n, k), table in tables.items():
         print(f"[{n}, {k}]  tokens | fp8 ms (GB/s) | bf16 ms (GB/s) | float32 ms (GB/s) | bf16 / fp8")
         for T, row in table.items():
             cells = " | ".join(f"{ms:7.3f} ({gbs:5.1f})" for ms, gbs in row.values())

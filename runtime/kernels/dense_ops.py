@@ -24,6 +24,8 @@ from types import ModuleType
 
 import torch
 
+from ostinato.checkpoint.formats import FP8_BLOCK
+
 from .launch import launch
 from .torch_ops import define, handle_tensor, loaded, register
 
@@ -67,7 +69,7 @@ class DenseOpsKernel:
         self.triton = triton_module
         self.threads: int | None = None  # the head's threads on the host; None: torch's intra-op count
         self.handle = register(self)
-        self.head_handle = handle_tensor(self.handle)  # the head's op is called from compiled steps too
+        self.op_handle = handle_tensor(self.handle)  # for the ops compiled steps call (head, FP8 products)
 
     def takes(self, x: torch.Tensor) -> bool:
         """Whether the kernels compute x as it is (else the caller runs the reference): contiguous, on
@@ -92,16 +94,16 @@ class DenseOpsKernel:
                 and x.device.type == q.device.type == scale.device.type == "cpu" and q.dim() == 2
                 and q.dtype == torch.float8_e4m3fn and q.is_contiguous() and q.shape[1] == x.shape[2]
                 and x.shape[2] % 8 == 0 and q.shape[0] % groups == 0 and scale.dim() == 2 and scale.stride(1) == 1
-                and scale.element_size() == 1 and scale.shape[0] * 128 >= q.shape[0]
-                and scale.shape[1] * 128 >= q.shape[1])
+                and scale.element_size() == 1 and scale.shape[0] * FP8_BLOCK >= q.shape[0]
+                and scale.shape[1] * FP8_BLOCK >= q.shape[1])
 
     # ----- the model's entry points (one torch op each) --------------------------------------------
     def head_logits(self, h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        return torch.ops.ostinato.head_logits(h, w, self.head_handle)
+        return torch.ops.ostinato.head_logits(h, w, self.op_handle)
 
     def fp8_linear(self, x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, groups: int) -> torch.Tensor:
         """x [G, T, K] float32 (contiguous) @ (q, scale) [G*M, K]^T by groups -> [G, T, M] float32."""
-        return torch.ops.ostinato.fp8_linear(x, q, scale, groups, self.head_handle)
+        return torch.ops.ostinato.fp8_linear(x, q, scale, groups, self.op_handle)
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
         return torch.ops.ostinato.rms_norm(x, weight, eps, False, self.handle)
