@@ -2,15 +2,18 @@
 `ost_head_logits`) at several prefetch distances, against the rate this machine streams memory at.
 
     python -m ostinato.bench.head_kernel [--vocab 129280] [--hidden 256,4096] [--distances 0,2048,4096,8192]
-                                         [--rounds 5] [--threads N]
+                                         [--rows 1,2,4] [--rounds 5] [--threads N] [--isa avx2|avx512]
 
 A decode step reads the whole head once per token (129,280 bf16 rows: 66 MB at V4's hidden 256 of the
 real-vocab preset, 1 GB at V4-Flash's 4,096), so the head runs at memory's rate or below it. For each
 hidden size: a random bf16 head and one token; each round times, in turn, every kernel variant (one build
-per prefetch distance, 0 = none; codegen/dense_ops.py HEAD_PREFETCH_BYTES is the plan's) and a float32
+per prefetch distance, 0 = none, and per number of rows sharing each load of x; codegen/dense_ops.py
+HEAD_PREFETCH_BYTES and HEAD_ROWS are the plan's) and a float32
 sum over the same bytes (torch, the same threads: a plain stream of those bytes, a reference for memory's
-rate, not a proven peak). Prints the median milliseconds per call, GB/s and the ratio to the stream, and
-checks that every variant gives the same logits bit for bit (a prefetch changes no result).
+rate, not a proven peak). The library is built for one ISA code path (--isa; default the widest this CPU
+has: the plan's for a spec naming the host's ISA). Prints the median milliseconds per call, GB/s and the
+ratio to the stream, and checks that every variant gives the same logits bit for bit (neither a prefetch nor
+rows sharing a load of x changes a row's sums).
 """
 
 from __future__ import annotations
@@ -22,8 +25,9 @@ import time
 
 import torch
 
-from ostinato.compiler.codegen.dense_ops import HEAD_PREFETCH_BYTES, build_cpu_dense_ops
+from ostinato.compiler.codegen.dense_ops import HEAD_PREFETCH_BYTES, HEAD_ROWS, build_cpu_dense_ops
 from ostinato.host import cpu_model
+from ostinato.isa import detect_isa, kernel_variant, supports
 from ostinato.runtime.kernels.dense_ops import DenseOpsKernel
 
 
@@ -58,7 +62,7 @@ def measure(vocab: int, hidden: int, kernels: dict[str, DenseOpsKernel], rounds:
     first = next(iter(outs.values()))
     for name, out in outs.items():
         if not torch.equal(out, first):
-            raise SystemExit(f"{name}: its logits differ from {next(iter(outs))}'s (a prefetch must not change them)")
+            raise SystemExit(f"{name}: its logits differ from {next(iter(outs))}'s (the variants must not change them)")
     times: dict[str, list[float]] = {name: [] for name in (*kernels, "float32 stream")}
     for _ in range(rounds):
         for name, k in kernels.items():
@@ -72,21 +76,33 @@ def main(argv=None) -> None:
     p.add_argument("--vocab", type=int, default=129_280, help="head rows (V4's vocabulary)")
     p.add_argument("--hidden", default="256,4096", help="hidden sizes, comma-separated (real-vocab, V4-Flash)")
     p.add_argument("--distances", default="0,2048,4096,8192", help="prefetch distances in bytes, 0 = none")
+    p.add_argument("--rows", default=str(HEAD_ROWS), help="rows sharing each load of x at one token, comma-separated "
+                                                          f"(1-8; default the plan's, {HEAD_ROWS})")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--calls", type=int, default=20, help="timed calls per variant per round")
     p.add_argument("--threads", type=int, default=torch.get_num_threads())
+    p.add_argument("--isa", choices=("avx2", "avx512"), help="the library's ISA code path (default: the widest this "
+                                                             "CPU has)")
     a = p.parse_args(argv)
-    hidden, distances = _ints(a.hidden, "hidden"), _ints(a.distances, "distances")
+    isa = a.isa or ("avx2" if kernel_variant(detect_isa()) == "avx2" else "avx512")
+    if not supports(isa):
+        raise SystemExit(f"--isa {isa}: this CPU runs at most {detect_isa()} code")
+    hidden, distances, rows = _ints(a.hidden, "hidden"), _ints(a.distances, "distances"), _ints(a.rows, "rows")
+    if not all(1 <= r <= 8 for r in rows):
+        raise SystemExit(f"--rows: 1 to 8 rows share a load of x, not {a.rows!r}")
     if a.vocab < 1 or a.rounds < 1 or a.calls < 1 or a.threads < 1 or any(d % 8 for d in hidden):
         raise SystemExit("--vocab, --rounds, --calls and --threads at least 1; hidden sizes multiples of 8")
     torch.set_num_threads(a.threads)
     with tempfile.TemporaryDirectory() as root:
         kernels = {}
         for d in distances:
-            k = DenseOpsKernel(build_cpu_dense_ops(root, head_prefetch_bytes=d).path, None)
-            k.threads = a.threads
-            kernels[f"prefetch {d} B" + (" (the plan's)" if d == HEAD_PREFETCH_BYTES else "")] = k
-        print(f"# {cpu_model()}, {a.threads} threads, {a.rounds} rounds of {a.calls} calls, head {a.vocab} rows")
+            for r in rows:
+                k = DenseOpsKernel(build_cpu_dense_ops(root, head_prefetch_bytes=d, isa=isa, head_rows=r).path, None)
+                k.threads = a.threads
+                name = f"prefetch {d} B" + (f", {r} rows a load of x" if rows != [HEAD_ROWS] else "")
+                kernels[name + (" (the plan's)" if (d, r) == (HEAD_PREFETCH_BYTES, HEAD_ROWS) else "")] = k
+        print(f"# {cpu_model()} ({isa} code path), {a.threads} threads, {a.rounds} rounds of {a.calls} calls, "
+              f"head {a.vocab} rows")
         for D in hidden:
             med = measure(a.vocab, D, kernels, a.rounds, a.calls)
             nbytes = a.vocab * D * 2

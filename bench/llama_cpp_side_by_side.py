@@ -46,6 +46,7 @@ from ostinato.bench import llama_cpp_build
 from ostinato.bench.simulator.bench import by_workload
 from ostinato.bench.simulator.kernels import KERNELS_FILE
 from ostinato.host import cpu_model
+from ostinato.isa import detect_isa
 from ostinato.plans import plans_dir
 from ostinato.workload import TokenSource, read_sessions, shrink_sessions
 
@@ -174,17 +175,18 @@ def replay(server: Server, sessions, source_of) -> dict:
             "median_session_s": statistics.median(sessions_s), "waits": len(waits)}
 
 
-def top1(server: Server, text_ids: list[int], first: int) -> list[int]:
-    """The greedy next token after text_ids[:p] for every p from `first` on (teacher-forced)."""
-    return [server.generate(text_ids[:p], 1)[0][0] for p in range(first, len(text_ids))]
+def top1(server: Server, text_ids: list[int], first: int, eos: int) -> list[int]:
+    """The greedy next token after text_ids[:p] for every p from `first` on (teacher-forced). A server that picks
+    the end of sequence may stop without returning it (llama.cpp does): no token reads as `eos`."""
+    return [(server.generate(text_ids[:p], 1)[0] or [eos])[0] for p in range(first, len(text_ids))]
 
 
-def measure(server: Server, a, sessions, source_of, probe: list[int]) -> dict:
+def measure(server: Server, a, sessions, source_of, probe: list[int], eos: int) -> dict:
     warm = source_of(10_000).take(64).tolist()
     server.generate(warm, 4)                 # first requests pay one-time setup: not what is measured
     res = bench_shape(server, source_of(20_000).take(a.prompt).tolist(), a.generate, a.repeats)
     res |= replay(server, sessions, source_of)
-    res["top1"] = top1(server, probe, a.probe_from)
+    res["top1"] = top1(server, probe, a.probe_from, eos)
     return res
 
 
@@ -323,13 +325,15 @@ def main(argv=None) -> None:
     binary = llama_cpp_build.find_or_build_server(src, a.cache, a.llama_server)
     ckpt = a.checkpoint or _real_vocab(a.out / "real-vocab")
     gguf = llama_cpp_build.convert(src, ckpt, a.cache, a.outtype)
-    hardware = _hardware(a.out, a.device_gib)
+    isa = detect_isa()
+    hardware = _hardware(a.out, a.device_gib, isa)
     dense = a.dense_format or ("bf16" if a.dtype == "bfloat16" else "float32")
     plan, profile = _compile(ckpt, a.sessions, a.out, a.context, a.profile, a.prefill_chunk, hardware, dense)
 
     sessions = shrink_sessions([s for g in by_workload(read_sessions(a.sessions), a.per_workload).values() for s in g],
                                scale=a.scale, max_turns=a.limit_turns, max_generated=a.max_generated)
-    vocab = json.loads((ckpt / "config.json").read_text())["vocab_size"]
+    config = json.loads((ckpt / "config.json").read_text())
+    vocab, eos = config["vocab_size"], config["eos_token_id"]
     probe = TokenSource(ckpt, vocab, 30_000).take(a.probe_tokens).tolist()
     env = dict(os.environ, OMP_NUM_THREADS=str(a.threads))
     llama_cmd = [str(binary), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(a.port), "-t", str(a.threads),
@@ -345,7 +349,7 @@ def main(argv=None) -> None:
             print(f"== round {r + 1}/{a.rounds}, {name}: starting ({' '.join(cmd[:2])} ...)", flush=True)
             server = start(cls, cmd, port, a.out / f"{name.replace(', ', '-').replace(' ', '-')}.log", server_env)
             try:
-                rounds[name].append(measure(server, a, sessions, lambda i: TokenSource(ckpt, vocab, i), probe))
+                rounds[name].append(measure(server, a, sessions, lambda i: TokenSource(ckpt, vocab, i), probe, eos))
             finally:
                 server.stop()
             print(json.dumps({k: v for k, v in rounds[name][-1].items() if k != "top1"}, indent=1), flush=True)
@@ -353,7 +357,7 @@ def main(argv=None) -> None:
     info = {"machine": cpu_model(), "threads": a.threads,
             "checkpoint": f"`{ckpt.name}` ({vocab:,} vocabulary)", "llama": llama_cpp_build.LLAMA_CPP_BIN,
             "gguf": a.outtype or "its default types", "llama_flags": " ".join(llama_cmd[llama_cmd.index("-t"):]),
-            "dtype": a.dtype, "plan": _plan_label(a, profile),
+            "dtype": a.dtype, "plan": _plan_label(a, profile, isa),
             "sessions": f"{len(sessions)} from {a.sessions.name} ({a.per_workload} per workload, appended x{a.scale}, "
                         f"<= {a.limit_turns} turns, <= {a.max_generated} generated)",
             "prompt": a.prompt, "generate": a.generate}
@@ -392,21 +396,23 @@ def _real_vocab(directory: Path) -> Path:
     return directory
 
 
-def _plan_label(a, profile: str) -> str:
+def _plan_label(a, profile: str, isa: str) -> str:
     device = f" with a {a.device_gib:g} GiB device" if a.device_gib else ""
     dense = f", dense matrices in {a.dense_format}" if a.dense_format else ""
-    return f"cpu-only{device}{dense}, profile {Path(profile).name if a.profile == 'record' else profile}"
+    return f"cpu-only ({isa}){device}{dense}, profile {Path(profile).name if a.profile == 'record' else profile}"
 
 
-def _hardware(out: Path, device_gib: float | None) -> str:
-    """The cpu-only preset, or a copy of it whose CPU-mapped "device" holds `device_gib` GiB (the preset's 4 GiB
-    of host memory is too little for a V4-Flash slice's dense weights; it is all host memory either way)."""
-    if device_gib is None:
-        return "cpu-only"
+def _hardware(out: Path, device_gib: float | None, isa: str) -> str:
+    """A copy of the cpu-only preset for this host: its kernels built for `isa` (the host's, as llama.cpp's
+    build targets the host's; the preset names avx2, what every machine of its kind has), and with
+    `device_gib`, a CPU-mapped "device" of that many GiB (the preset's 4 GiB of host memory is too little
+    for a V4-Flash slice's dense weights; it is all host memory either way)."""
     import yaml
     spec = yaml.safe_load((plans_dir() / "hardware" / "cpu-only.yaml").read_text())
-    spec["gpus"]["usable_bytes"] = int(device_gib * 2**30)
-    path = out / "cpu-only-device.yaml"
+    spec["host"]["isa"] = isa
+    if device_gib is not None:
+        spec["gpus"]["usable_bytes"] = int(device_gib * 2**30)
+    path = out / "cpu-only-host.yaml"
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
     return str(path)
 

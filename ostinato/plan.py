@@ -50,7 +50,7 @@ class KernelName(str, Enum):
     HOT_EXPERTS_DECODE = "hot_experts_decode"      # resident experts, top_k fixed masked slots (Triton)
     HC_MIX_CPU = "hc_mix_cpu"                      # mHC mixing weights + Sinkhorn on the host (C++)
     HC_MIX_TRITON = "hc_mix_triton"                # the same on the GPUs (Triton)
-    DENSE_OPS_CPU = "dense_ops_cpu"                # RMS norms and rope on the host (C++)
+    DENSE_OPS_CPU = "dense_ops_cpu"                # norms, rope, head, FP8 products on the host (C++)
     DENSE_OPS_TRITON = "dense_ops_triton"          # the same on the GPUs (Triton)
 
 

@@ -27,6 +27,7 @@ os.environ.setdefault("OSTINATO_CPU_STEP", "eager")
 
 import pytest  # noqa: E402
 
+from ostinato.isa import detect_isa, supports  # noqa: E402
 from ostinato.tiny import write_tiny_checkpoint  # noqa: E402
 
 
@@ -46,6 +47,15 @@ def kernel_dir(tmp_path_factory):
     compiler/codegen/render.py), so each distinct kernel compiles once per run, whichever test asks
     first. Tests that check building into a given folder, or the build cache itself, use their own."""
     return tmp_path_factory.mktemp("kernels")
+
+
+@pytest.fixture(scope="module", params=("avx2", "avx512"))
+def host_isa(request):
+    """Each code path of the plan's dense-op host library (avx512_bf16 and amx build avx512's) that this CPU
+    can run; the others are skipped with the reason, never run on a path the CPU lacks."""
+    if not supports(request.param):
+        pytest.skip(f"{request.param}: this CPU runs at most {detect_isa()} code")
+    return request.param
 
 
 @pytest.fixture(scope="session")

@@ -1,7 +1,7 @@
 """The plan's row-wise dense-op kernels (templates/*/dense_ops.*.j2) against the torch reference
-(runtime/model/norms.py, rope.py), on fresh random inputs: the host library in float32 and bf16, the
-Triton kernels under the interpreter in float32 and float16, one torch op per call, and the switch
-that lets only a plan's forwards use them."""
+(runtime/model/norms.py, rope.py), on fresh random inputs: the host library in float32 and bf16 (on each
+ISA code path this CPU has), the Triton kernels under the interpreter in float32 and float16, one torch op
+per call, and the switch that lets only a plan's forwards use them."""
 
 import pytest
 import torch
@@ -25,6 +25,12 @@ TOL = {torch.float32: dict(rtol=2e-6, atol=1e-6), torch.bfloat16: dict(rtol=2 **
 def kernels(kernel_dir):
     return DenseOpsKernel(build_cpu_dense_ops(kernel_dir).path,
                           load_triton_module(render_triton_dense_ops(kernel_dir).path))
+
+
+@pytest.fixture(scope="module")
+def host_kernels(kernel_dir, host_isa):
+    """The host library alone, on each ISA code path this CPU has."""
+    return DenseOpsKernel(build_cpu_dense_ops(kernel_dir, isa=host_isa).path, None)
 
 
 def inputs(shape, dtype, seed):
@@ -56,9 +62,9 @@ def assert_close(got: dict, ref: dict, dtype, what: str) -> None:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("shape", [(1, 64), (7, 3, 48), (33, 2, 4, 40)])  # [T, C], [T, heads, C], more dims
-def test_host_kernels_match_the_reference(kernels, dtype, shape):
+def test_host_kernels_match_the_reference(host_kernels, dtype, shape):
     x, w, cos, sin = inputs(shape, dtype, seed=sum(shape))
-    assert_close(host(kernels, x, w, cos, sin), references(x, w, cos, sin), dtype, f"host {shape} {dtype}")
+    assert_close(host(host_kernels, x, w, cos, sin), references(x, w, cos, sin), dtype, f"host {shape} {dtype}")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])  # the interpreter computes bf16 wrongly
@@ -109,24 +115,28 @@ def head_reference(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("T", [1, 2, 3, 4])
-def test_host_head_logits_match_the_float32_product(kernels, T):
+def test_host_head_logits_match_the_float32_product(host_kernels, T):
     g = torch.Generator().manual_seed(T)
-    for V, D in ((1000, 64), (300, 40)):  # 40: a last 8-column step; 1000: not a whole number of 256-row chunks
+    # 40, 88: the last 8 and 24 columns after 16- or 32-column steps; 1000: not a whole number of 256-row chunks
+    for V, D in ((1000, 64), (300, 40), (260, 88)):
         h, w = torch.randn(T, D, generator=g), (torch.randn(V, D, generator=g) * 0.05).bfloat16()
-        got = kernels.head_logits(h, w)
+        got = host_kernels.head_logits(h, w)
         assert got.shape == (T, V) and got.dtype == torch.float32
         torch.testing.assert_close(got, head_reference(h, w), rtol=1e-5, atol=1e-6)
-    assert kernels.takes_head(h, w) and not kernels.takes_head(torch.randn(5, D), w)  # 5 tokens: the reference
+    assert host_kernels.takes_head(h, w) and not host_kernels.takes_head(torch.randn(5, D), w)  # 5: the reference
 
 
-def test_the_heads_prefetch_changes_no_logit(kernels, kernel_dir):
-    """Builds with other prefetch distances (none, one row ahead at most) give the plan build's logits bit for bit."""
+@pytest.mark.parametrize("T", [1, 2])
+def test_the_heads_prefetch_and_row_groups_change_no_logit(host_kernels, host_isa, kernel_dir, T):
+    """Builds with other prefetch distances (none, one row ahead at most) and other numbers of rows sharing a load
+    of x (3: 700 rows leave a remainder) give the plan build's logits bit for bit."""
     g = torch.Generator().manual_seed(21)
-    h, w = torch.randn(2, 264, generator=g), (torch.randn(700, 264, generator=g) * 0.05).bfloat16()
-    want = kernels.head_logits(h, w)
-    for distance in (0, 8):
-        other = DenseOpsKernel(build_cpu_dense_ops(kernel_dir, head_prefetch_bytes=distance).path, None)
-        assert torch.equal(other.head_logits(h, w), want), distance
+    h, w = torch.randn(T, 264, generator=g), (torch.randn(700, 264, generator=g) * 0.05).bfloat16()
+    want = host_kernels.head_logits(h, w)
+    for distance, rows in ((8, 1), (0, 3), (4096, 4)):
+        other = DenseOpsKernel(build_cpu_dense_ops(kernel_dir, head_prefetch_bytes=distance, isa=host_isa,
+                                                   head_rows=rows).path, None)
+        assert torch.equal(other.head_logits(h, w), want), (distance, rows)
 
 
 def test_triton_head_logits_match_the_float32_product(kernels):

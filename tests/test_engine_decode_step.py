@@ -147,14 +147,16 @@ def test_ostinato_run_decode_modes_give_the_same_reply(compiled, tiny_ckpt, caps
     assert replies[0] == replies[1] == replies[2] and replies[0].strip()
 
 
-def test_a_cpu_kernel_for_an_isa_this_cpu_lacks_is_refused(compiled, tiny_ckpt, monkeypatch):
-    """Loading it would die with SIGILL; the loader names the ISA and what to do instead."""
+@pytest.mark.parametrize("library", ["cold_experts_cpu", "dense_ops_cpu"])
+def test_a_cpu_kernel_for_an_isa_this_cpu_lacks_is_refused(compiled, tiny_ckpt, monkeypatch, library):
+    """Loading it would die with SIGILL; the loader names the ISA and what to do instead (the expert kernel
+    and the dense ops' library alike)."""
     from ostinato.plan import KernelName, PlanError
     from ostinato.runtime.engine import loader
 
     plan, work = compiled
     monkeypatch.setattr(loader, "supports", lambda isa: isa == "avx2")
-    kernels = [k.replace(params=dict(k.params, isa="avx512_bf16")) if k.name == KernelName.COLD_EXPERTS_CPU else k
+    kernels = [k.replace(params=dict(k.params, isa="avx512_bf16")) if k.name == KernelName(library) else k
                for k in plan.kernels]
     with pytest.raises(PlanError, match="built for avx512_bf16 .* compile the plan with a hardware spec"):
         loader.load_engine(plan.replace(kernels=kernels), tiny_ckpt, device="cpu")

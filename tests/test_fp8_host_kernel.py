@@ -1,7 +1,8 @@
 """The host FP8 kernel (`ost_fp8_linear`, templates/cpu/dense_ops.cpp.j2): a checkpoint FP8 matrix as stored
 times up to 4 tokens, against the float32 product of the dequantized matrix, on fresh random inputs; every
 e4m3 code and scale decoded exactly; the way model/fp8_matrix.py chooses it (a plan's forward, a few tokens)
-or dequantizes a slab of rows at a time (more tokens, or no plan), both against the same reference.
+or dequantizes a slab of rows at a time (more tokens, or no plan), both against the same reference. Every
+test runs on each ISA code path this CPU has (AVX2; AVX-512's 16-float vectors).
 Legend: G groups, T tokens, N = G M output rows, K inputs."""
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import torch
 
 from ostinato.checkpoint.formats import dequantize_fp8, quantize_fp8
 from ostinato.compiler.codegen.dense_ops import build_cpu_dense_ops
+from ostinato.isa import supports
 from ostinato.runtime.engine.op_count import OpCounter
 from ostinato.runtime.kernels.dense_ops import DenseOpsKernel
 from ostinato.runtime.model import fused
@@ -22,8 +24,8 @@ REL = 2e-6  # float32 sums of the same exact products in another order
 
 
 @pytest.fixture(scope="module")
-def kernels(kernel_dir):
-    return DenseOpsKernel(build_cpu_dense_ops(kernel_dir).path, None)
+def kernels(kernel_dir, host_isa):
+    return DenseOpsKernel(build_cpu_dense_ops(kernel_dir, isa=host_isa).path, None)
 
 
 def _matrix(n: int, k: int, gen: torch.Generator) -> Fp8Matrix:
@@ -126,9 +128,17 @@ def test_rows_dequantize_bit_for_bit(kernels):
 
 def test_the_bench_times_the_three_variants_and_refuses_what_the_kernel_cannot_take(capsys):
     from ostinato.bench import bf16_matmul, fp8_linear
-    fp8_linear.main(["--shapes", "256x264", "--tokens", "1,3", "--rounds", "1", "--calls", "1"])
+    fp8_linear.main(["--shapes", "256x264", "--tokens", "1,3", "--rounds", "1", "--calls", "1", "--isas", "avx2"])
     rows = [line for line in capsys.readouterr().out.splitlines() if line.strip().startswith(("1 |", "3 |"))]
     assert len(rows) == 2 and all(len(r.split("|")) == 5 for r in rows)  # tokens, fp8, bf16, float32, ratio
+    paths = [isa for isa in fp8_linear.CODE_PATHS if supports(isa)]
+    fp8_linear.main(["--shapes", "256x264", "--tokens", "2", "--rounds", "1", "--calls", "1"])  # every path here
+    out = capsys.readouterr().out
+    assert all(f"fp8 {isa} ms" in out for isa in paths)
+    row = next(line for line in out.splitlines() if line.strip().startswith("2 |"))
+    assert len(row.split("|")) == 3 + 2 * len(paths)  # tokens, each path, bf16, float32, a ratio per path
+    with pytest.raises(SystemExit):
+        fp8_linear.main(["--isas", "sse4"])
     with pytest.raises(SystemExit):
         fp8_linear.main(["--shapes", "256x260"])  # K not a multiple of 8
     with pytest.raises(SystemExit):

@@ -144,3 +144,20 @@ def test_every_spec_isa_renders_a_kernel_variant_the_template_has(tmp_path):
         assert f'#define OST_ISA "{params["isa"]}"' in text
         assert ("#define OST_AVX512 1" in text) == (params["isa"] != "avx2")
         assert ("#define OST_BF16DOT 1" in text) == (params["isa"] == "avx512_bf16")
+
+
+def test_the_dense_ops_library_renders_the_spec_isas_code_path(tmp_path):
+    """The host dense ops (head, FP8 products) follow the spec's host.isa like the expert kernel: AVX-512's
+    16-float vectors for every AVX-512 ISA, AVX2's otherwise, with that ISA's flags."""
+    from ostinato.compiler.codegen import dense_ops
+    from ostinato.isa import ISAS, kernel_variant
+
+    for isa in ISAS:
+        params = {"head_prefetch_bytes": 0, "isa": kernel_variant(isa), "head_rows": 4, "fp8_prefetch_bytes": 0,
+                  "fp8_rows": 4}
+        record = render(dense_ops.CPU_TEMPLATE, params, isa_flags(isa), root=tmp_path)
+        text = open(record.path).read()
+        assert ("#define OST_AVX512 1" in text) == (isa != "avx2") and ("#define OST_AVX2 1" in text) == (isa == "avx2")
+        assert ("-mavx512f" in record.flags) == (isa != "avx2")
+    with pytest.raises(ValueError, match="head_rows: 1 to 8"):
+        dense_ops.build_cpu_dense_ops(tmp_path, head_rows=0)

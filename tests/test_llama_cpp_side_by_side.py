@@ -1,6 +1,8 @@
 """The side-by-side replay's bookkeeping (ostinato.bench.llama_cpp_side_by_side), with a scripted server in place
 of llama-server / ostinato-serve: what each request carries, what counts as a wait, teacher forcing."""
 
+from pathlib import Path
+
 import pytest
 
 from ostinato.bench import llama_cpp_side_by_side as sbs
@@ -44,8 +46,16 @@ def test_replay_feeds_each_turn_the_conversation_with_its_own_replies():
 
 def test_top1_is_teacher_forced_one_token_per_prefix():
     server = Scripted()
-    assert sbs.top1(server, list(range(10)), 7) == [7, 8, 9]
+    assert sbs.top1(server, list(range(10)), 7, eos=1) == [7, 8, 9]
     assert [len(p) for p in server.prompts] == [7, 8, 9]
+
+
+def test_a_server_that_stops_at_the_end_of_sequence_picked_it():
+    class StopsAtEight(Scripted):
+        def generate(self, ids, n):  # as llama.cpp: the end of sequence ends the reply and is not returned
+            out, first, last = super().generate(ids, n)
+            return ([] if len(ids) == 8 else out), first, last
+    assert sbs.top1(StopsAtEight(), list(range(10)), 7, eos=1) == [7, 1, 9]
 
 
 def test_the_doc_block_is_replaced_between_markers():
@@ -60,7 +70,16 @@ def test_the_doc_block_is_replaced_between_markers():
 def test_the_table_names_the_dense_format_a_run_chose():
     from argparse import Namespace
     chosen = Namespace(device_gib=8.0, dense_format="fp8", profile="synthetic:1.0")
-    assert sbs._plan_label(chosen, "synthetic:1.0") == \
-        "cpu-only with a 8 GiB device, dense matrices in fp8, profile synthetic:1.0"
+    assert sbs._plan_label(chosen, "synthetic:1.0", "avx512_bf16") == \
+        "cpu-only (avx512_bf16) with a 8 GiB device, dense matrices in fp8, profile synthetic:1.0"
     default = Namespace(device_gib=None, dense_format=None, profile="record")
-    assert sbs._plan_label(default, "build/x/profile.safetensors") == "cpu-only, profile profile.safetensors"
+    assert sbs._plan_label(default, "build/x/profile.safetensors", "avx2") == \
+        "cpu-only (avx2), profile profile.safetensors"
+
+
+def test_ours_is_planned_for_this_hosts_isa(tmp_path):
+    import yaml
+    spec = yaml.safe_load(Path(sbs._hardware(tmp_path, None, "avx512")).read_text())
+    assert spec["host"]["isa"] == "avx512" and spec["gpus"]["usable_bytes"] == 4 * 2**30  # the preset's
+    spec = yaml.safe_load(Path(sbs._hardware(tmp_path, 8.0, "avx2")).read_text())
+    assert spec["host"]["isa"] == "avx2" and spec["gpus"]["usable_bytes"] == 8 * 2**30

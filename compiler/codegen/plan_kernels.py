@@ -3,8 +3,9 @@
 A plan needs, for the model's expert shape (D, I): the CPU kernel for its cold routes, built for
 the hardware spec's host ISA with the plan's thread count, and the two Triton variants for its hot
 routes (prefill: routes grouped by expert; decode: top_k fixed route slots per token, masked); and
-for the mHC mixing of every sublayer, a host and a Triton kernel (hc_mix.py); for the RMS norms and
-rotary embeddings of the dense path, a host and a Triton kernel (dense_ops.py). The
+for the mHC mixing of every sublayer, a host and a Triton kernel (hc_mix.py); for the RMS norms,
+rotary embeddings, head and FP8 products of the dense path, a host kernel (for the host ISA too) and a
+Triton one (dense_ops.py). The
 records go into the plan's `kernels` section, their paths relative to the plan file.
 """
 
@@ -65,7 +66,7 @@ def build_plan_kernels(b) -> tuple[list[KernelEntry], dict]:
     records = [(KernelName.COLD_EXPERTS_CPU, cpu), (KernelName.HOT_EXPERTS_PREFILL, prefill),
                (KernelName.HOT_EXPERTS_DECODE, decode), (KernelName.HC_MIX_CPU, build_cpu_hc_mix(mix, root)),
                (KernelName.HC_MIX_TRITON, render_triton_hc_mix(mix, root)),
-               (KernelName.DENSE_OPS_CPU, build_cpu_dense_ops(root)),
+               (KernelName.DENSE_OPS_CPU, build_cpu_dense_ops(root, isa=hw.host.isa)),
                (KernelName.DENSE_OPS_TRITON, render_triton_dense_ops(root))]
     templates = {r.template: r.template_hash for _, r in records}
     for _, r in records:  # the headers a template includes are inputs as much as its text (render.py)

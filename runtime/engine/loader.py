@@ -109,10 +109,11 @@ def _artifact(plan: Plan, entry: KernelEntry) -> Path:
     return path
 
 
-def _cpu_kernel_for_this_host(plan: Plan) -> Path:
-    """The plan's CPU kernel library, after checking this CPU can run its ISA (else SIGILL on load)."""
-    entry = plan.kernel(KernelName.COLD_EXPERTS_CPU)
-    path, isa = _artifact(plan, entry), entry.params["isa"]
+def _cpu_kernel_for_this_host(plan: Plan, name: KernelName = KernelName.COLD_EXPERTS_CPU) -> Path:
+    """One of the plan's CPU kernel libraries, after checking this CPU can run its ISA (else SIGILL on load).
+    Plans from before the dense ops took the host ISA built them for avx2, and record no isa."""
+    entry = plan.kernel(name)
+    path, isa = _artifact(plan, entry), entry.params.get("isa", "avx2")
     if not supports(isa):
         raise PlanError(f"the plan's CPU kernel {path} was built for {isa} (its hardware spec's host.isa), but this "
                         f"CPU supports at most {detect_isa()}: compile the plan with a hardware spec whose host.isa "
@@ -281,7 +282,7 @@ def load_engine(plan: str | Path | Plan, model_dir: str | Path | None = None, de
                            fp8=plan.model.dense_format == "fp8", mtp=spec)
     model.max_context, model.max_snapshots = plan.policy.context, plan.policy.snapshots  # what the plan sized
     model.hc_mix = _hc_mix_kernel(plan, cfg, cuda)
-    model.dense_ops = DenseOpsKernel(_artifact(plan, plan.kernel(KernelName.DENSE_OPS_CPU)), load_triton_module(
+    model.dense_ops = DenseOpsKernel(_cpu_kernel_for_this_host(plan, KernelName.DENSE_OPS_CPU), load_triton_module(
         _artifact(plan, plan.kernel(KernelName.DENSE_OPS_TRITON))) if cuda else None)
     if not cuda:  # the dense path's torch ops and Inductor's code share the plan kernels' OpenMP threads
         torch.set_num_threads(threads.threads)
