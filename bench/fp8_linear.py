@@ -27,7 +27,7 @@ import torch
 
 from ostinato.bench import matrix_shapes
 from ostinato.checkpoint.formats import dequantize_fp8, quantize_fp8
-from ostinato.compiler.codegen.dense_ops import FP8_PREFETCH_BYTES, FP8_ROWS, build_cpu_dense_ops
+from ostinato.compiler.codegen.dense_ops import CODE_PATHS, FP8_PREFETCH_BYTES, FP8_ROWS, MAX_ROWS, build_cpu_dense_ops
 from ostinato.host import cpu_model
 from ostinato.isa import detect_isa, supports
 from ostinato.runtime.kernels.dense_ops import DenseOpsKernel
@@ -36,7 +36,6 @@ from ostinato.runtime.model.fp8_matrix import Fp8Matrix
 FLUSH_BYTES = 64 * 1024 * 1024
 DEFAULT_SHAPES = "1024x4096,32768x1024,4096x8192"
 DEFAULT_TOKENS = "1,2,4"
-CODE_PATHS = ("avx2", "avx512")  # the host library's (an avx512_bf16 or amx plan builds avx512's)
 
 
 def _label(isa: str, prefetch: int, rows: int, prefetches: list[int], row_counts: list[int]) -> str:
@@ -96,13 +95,7 @@ def main(argv=None) -> None:
     isas = a.isas.split(",") if a.isas else [isa for isa in CODE_PATHS if supports(isa)]
     if not isas or any(isa not in CODE_PATHS or not supports(isa) for isa in isas):
         p.error(f"--isas {a.isas}: each one of {', '.join(CODE_PATHS)} that this CPU has (it has {detect_isa()})")
-    try:
-        prefetch = [int(v) for v in a.prefetch.split(",")]
-        rows = [int(v) for v in a.rows.split(",")]
-    except ValueError:
-        p.error(f"--prefetch and --rows take comma-separated integers (got {a.prefetch!r}, {a.rows!r})")
-    if min(prefetch) < 0 or not all(1 <= r <= 8 for r in rows):
-        p.error(f"--prefetch: bytes >= 0; --rows: 1 to 8 (got {a.prefetch!r}, {a.rows!r})")
+    prefetch, rows = matrix_shapes.int_list(a.prefetch, "prefetch"), matrix_shapes.int_list(a.rows, "rows", 1, MAX_ROWS)
     builds = {_label(isa, d, r, prefetch, rows): dict(isa=isa, fp8_prefetch_bytes=d, fp8_rows=r)
               for isa in isas for d in prefetch for r in rows}
     print(f"{cpu_model()} ({detect_isa()}), {torch.get_num_threads()} threads, load average "

@@ -25,20 +25,18 @@ import time
 
 import torch
 
-from ostinato.compiler.codegen.dense_ops import HEAD_PREFETCH_BYTES, HEAD_ROWS, build_cpu_dense_ops
+from ostinato.bench.matrix_shapes import int_list
+from ostinato.compiler.codegen.dense_ops import (
+    CODE_PATHS,
+    HEAD_PREFETCH_BYTES,
+    HEAD_ROWS,
+    MAX_ROWS,
+    build_cpu_dense_ops,
+    code_path,
+)
 from ostinato.host import cpu_model
-from ostinato.isa import detect_isa, kernel_variant, supports
+from ostinato.isa import detect_isa, supports
 from ostinato.runtime.kernels.dense_ops import DenseOpsKernel
-
-
-def _ints(text: str, what: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise SystemExit(f"--{what}: comma-separated integers, not {text!r}") from None
-    if not values or min(values) < 0:
-        raise SystemExit(f"--{what}: at least one value, none negative, not {text!r}")
-    return values
 
 
 def _median_call(fn, calls: int) -> float:
@@ -77,19 +75,17 @@ def main(argv=None) -> None:
     p.add_argument("--hidden", default="256,4096", help="hidden sizes, comma-separated (real-vocab, V4-Flash)")
     p.add_argument("--distances", default="0,2048,4096,8192", help="prefetch distances in bytes, 0 = none")
     p.add_argument("--rows", default=str(HEAD_ROWS), help="rows sharing each load of x at one token, comma-separated "
-                                                          f"(1-8; default the plan's, {HEAD_ROWS})")
+                                                          f"(1-{MAX_ROWS}; default the plan's, {HEAD_ROWS})")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--calls", type=int, default=20, help="timed calls per variant per round")
     p.add_argument("--threads", type=int, default=torch.get_num_threads())
-    p.add_argument("--isa", choices=("avx2", "avx512"), help="the library's ISA code path (default: the widest this "
-                                                             "CPU has)")
+    p.add_argument("--isa", choices=CODE_PATHS, help="the library's ISA code path (default: the widest this CPU has)")
     a = p.parse_args(argv)
-    isa = a.isa or ("avx2" if kernel_variant(detect_isa()) == "avx2" else "avx512")
+    isa = a.isa or code_path(detect_isa())
     if not supports(isa):
         raise SystemExit(f"--isa {isa}: this CPU runs at most {detect_isa()} code")
-    hidden, distances, rows = _ints(a.hidden, "hidden"), _ints(a.distances, "distances"), _ints(a.rows, "rows")
-    if not all(1 <= r <= 8 for r in rows):
-        raise SystemExit(f"--rows: 1 to 8 rows share a load of x, not {a.rows!r}")
+    hidden, distances = int_list(a.hidden, "hidden"), int_list(a.distances, "distances")
+    rows = int_list(a.rows, "rows", 1, MAX_ROWS)
     if a.vocab < 1 or a.rounds < 1 or a.calls < 1 or a.threads < 1 or any(d % 8 for d in hidden):
         raise SystemExit("--vocab, --rounds, --calls and --threads at least 1; hidden sizes multiples of 8")
     torch.set_num_threads(a.threads)

@@ -1,5 +1,6 @@
 """The command line the matrix-product benches share (bf16_matmul.py, fp8_linear.py): which [N, K] matrices,
-at which token counts, how many rounds and calls, on how many threads."""
+at which token counts, how many rounds and calls, on how many threads; and the integer lists the kernel benches
+sweep (int_list: fp8_linear.py, head_kernel.py)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,18 @@ def parser(doc: str, shapes: str, tokens: str, rounds: int, calls: int) -> argpa
     p.add_argument("--calls", type=int, default=calls, help="calls per variant per round")
     p.add_argument("--threads", type=int, help="torch's intra-op threads (default: torch's)")
     return p
+
+
+def int_list(text: str, what: str, low: int = 0, high: int | None = None) -> list[int]:
+    """A comma-separated option's integers, each in low..high; else SystemExit naming --what."""
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise SystemExit(f"--{what}: comma-separated integers, not {text!r}") from None
+    if not values or min(values) < low or (high is not None and max(values) > high):
+        bound = f"from {low}" + (f" to {high}" if high is not None else "")
+        raise SystemExit(f"--{what}: at least one value, each {bound}, not {text!r}")
+    return values
 
 
 def parse(p: argparse.ArgumentParser, argv=None, k_multiple: int = 1,

@@ -27,6 +27,7 @@ os.environ.setdefault("OSTINATO_CPU_STEP", "eager")
 
 import pytest  # noqa: E402
 
+from ostinato.compiler.codegen.dense_ops import CODE_PATHS  # noqa: E402
 from ostinato.isa import detect_isa, supports  # noqa: E402
 from ostinato.tiny import write_tiny_checkpoint  # noqa: E402
 
@@ -49,7 +50,7 @@ def kernel_dir(tmp_path_factory):
     return tmp_path_factory.mktemp("kernels")
 
 
-@pytest.fixture(scope="module", params=("avx2", "avx512"))
+@pytest.fixture(scope="module", params=CODE_PATHS)
 def host_isa(request):
     """Each code path of the plan's dense-op host library (avx512_bf16 and amx build avx512's) that this CPU
     can run; the others are skipped with the reason, never run on a path the CPU lacks."""

@@ -1,8 +1,8 @@
 """The row-wise dense-op kernels a plan needs (templates/*/dense_ops.*.j2): RMS norms, rotary
 embedding, the head's logits and the FP8 matrices' products for a few tokens, for the host (C++) and the GPUs
 (Triton). They take every size at run time; the host library's parameters are the plan's host ISA (like the
-expert kernel's) and the head's prefetch distance, a tuning constant (HEAD_PREFETCH_BYTES). The content hash
-names them by their text, parameters and flags."""
+expert kernel's; CODE_PATHS) and measured tuning constants (HEAD_PREFETCH_BYTES, HEAD_ROWS, FP8_PREFETCH_BYTES,
+FP8_ROWS). The content hash names them by their text, parameters and flags."""
 
 from __future__ import annotations
 
@@ -16,6 +16,15 @@ from .render import KernelRecord, render
 
 CPU_TEMPLATE = "cpu/dense_ops.cpp.j2"
 TRITON_TEMPLATE = "triton/dense_ops.py.j2"
+
+# The host library's code paths: every AVX-512 ISA (avx512, avx512_bf16, amx) builds avx512's 16-float vectors.
+CODE_PATHS = ("avx2", "avx512")
+MAX_ROWS = 8  # rows sharing a load of x: the most the template's register blocking is meant for
+
+
+def code_path(isa: str) -> str:
+    """The code path of CODE_PATHS a spec ISA builds."""
+    return "avx2" if kernel_variant(isa) == "avx2" else "avx512"
 
 
 # How far ahead the head's rows are prefetched, in bytes (0: the hardware prefetcher alone). Measured by
@@ -48,8 +57,8 @@ def build_cpu_dense_ops(root: str | Path | None = None, head_prefetch_bytes: int
     where the head and the FP8 products use 16-float vectors); the record's path is the shared library.
     The tuning constants (other values: a bench's): see HEAD_PREFETCH_BYTES, HEAD_ROWS, FP8_PREFETCH_BYTES, FP8_ROWS."""
     for name, rows in (("head_rows", head_rows), ("fp8_rows", fp8_rows)):
-        if not 1 <= rows <= 8:
-            raise ValueError(f"{name}: 1 to 8 rows share a load of x, not {rows}")
+        if not 1 <= rows <= MAX_ROWS:
+            raise ValueError(f"{name}: 1 to {MAX_ROWS} rows share a load of x, not {rows}")
     params = {"head_prefetch_bytes": int(head_prefetch_bytes), "isa": kernel_variant(isa), "head_rows": int(head_rows),
               "fp8_prefetch_bytes": int(fp8_prefetch_bytes), "fp8_rows": int(fp8_rows)}
     return compile_shared(render(CPU_TEMPLATE, params, flags=(*BASE_FLAGS, *isa_flags(isa)), root=root))

@@ -5,8 +5,8 @@ the hardware spec's host ISA with the plan's thread count, and the two Triton va
 routes (prefill: routes grouped by expert; decode: top_k fixed route slots per token, masked); and
 for the mHC mixing of every sublayer, a host and a Triton kernel (hc_mix.py); for the RMS norms,
 rotary embeddings, head and FP8 products of the dense path, a host kernel (for the host ISA too) and a
-Triton one (dense_ops.py). The
-records go into the plan's `kernels` section, their paths relative to the plan file.
+Triton one (dense_ops.py). The records go into the plan's `kernels` section, their paths relative to the
+plan file.
 """
 
 from __future__ import annotations
