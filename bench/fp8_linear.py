@@ -1,10 +1,11 @@
 """MEASURED, side by side on this machine: a checkpoint FP8 matrix times a few tokens on the CPU, read as
 stored by the plan's kernel (`ost_fp8_linear`, templates/cpu/dense_ops.cpp.j2) on each of its ISA code paths
-this CPU has (AVX2; AVX-512), against the same product from the bf16 copy a bf16 plan holds (`x @ W.T`,
+this CPU has (AVX2; AVX-512; AVX512_BF16, whose build also takes a bf16 plan's bf16 x on vdpbf16ps: the
+"bf16 x" columns), against the same product from the bf16 copy a bf16 plan holds (`x @ W.T`,
 torch's GEMV) and from a float32 copy.
 
     python -m ostinato.bench.fp8_linear [--rounds 5] [--shapes 1024x4096,32768x1024,4096x8192]
-        [--tokens 1,2,4] [--threads N] [--isas avx2,avx512] [--prefetch 0,4096] [--rows 4,8]
+        [--tokens 1,2,4] [--threads N] [--isas avx2,avx512,avx512_bf16] [--prefetch 0,4096] [--rows 4,8]
 
 Why: a decode token reads every dense matrix once, so its time is the bytes read over the rate they are
 read at. The FP8 matrix is 1 byte a weight (plus a scale byte per 128 x 128 block), its bf16 copy 2 and
@@ -56,13 +57,17 @@ def time_shape(kernels: dict[str, DenseOpsKernel], n: int, k: int, tokens: list[
     variants = {
         **{f"fp8 {label}": (lambda x, kernel=kernel: kernel.fp8_linear(x[None], m.q, m.scale, 1)[0],
                             m.q.numel() + m.scale.numel()) for label, kernel in kernels.items()},
+        # x as a bf16 plan holds it: the avx512_bf16 build's vdpbf16ps path
+        **{f"fp8 {label} bf16 x": (lambda x, kernel=kernel: kernel.fp8_linear(x.bfloat16()[None], m.q, m.scale, 1)[0],
+                                   m.q.numel() + m.scale.numel())
+           for label, kernel in kernels.items() if kernel.fp8_bf16_dot},
         "bf16": (lambda x: (x.to(torch.bfloat16) @ w16.T).float(), 2 * w16.numel()),
         "float32": (lambda x: x @ w32.T, 4 * w32.numel()),
     }
     flush = torch.empty(FLUSH_BYTES // 4)
     out = {}
     for T in tokens:
-        x = torch.randn(T, k)
+        x = torch.randn(T, k).bfloat16().float()  # exact in bf16: every variant computes with the same x
         ref = (x.double() @ w32.double().T).float()
         for name, (fn, _) in variants.items():
             err = float((fn(x) - ref).abs().max() / ref.abs().max())
@@ -105,11 +110,12 @@ def main(argv=None) -> None:
         tables = {(n, k): time_shape(kernels, n, k, tokens, a.rounds, a.calls) for n, k in shapes}
     for (n, k), table in tables.items():
         names = list(next(iter(table.values())))
+        fp8 = [name for name in names if name.startswith("fp8 ")]
         print(f"[{n}, {k}]  tokens | " + " | ".join(f"{name} ms (GB/s)" for name in names) + " | "
-              + " | ".join(f"bf16 / fp8 {label}" for label in builds))
+              + " | ".join(f"bf16 / {name}" for name in fp8))
         for T, row in table.items():
             cells = " | ".join(f"{ms:7.3f} ({gbs:5.1f})" for ms, gbs in row.values())
-            ratios = " | ".join(f"{row['bf16'][0] / row[f'fp8 {label}'][0]:.2f}" for label in builds)
+            ratios = " | ".join(f"{row['bf16'][0] / row[name][0]:.2f}" for name in fp8)
             print(f"  {T:>5} | {cells} | {ratios}")
     print(f"load average {os.getloadavg()[0]:.2f}")
 

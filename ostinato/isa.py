@@ -25,9 +25,11 @@ def kernel_variant(isa: str) -> str:
     return "avx512_bf16" if isa == "amx" else isa
 
 # cpuinfo flags each ISA needs (checked from the richest down).
+# avx512_bf16 needs AVX512_VBMI too (the dense ops' e4m3 byte lookups, vpermi2b): every CPU with both bf16 dot
+# products and AMX has it (Zen 4 and later, Sapphire Rapids and later); one without it (Cooper Lake) runs avx512.
 REQUIRED_FLAGS = (
-    ("amx", ("amx_tile", "amx_bf16", "avx512_bf16", "avx512f", "avx512bw", "avx512vl", "avx512dq")),
-    ("avx512_bf16", ("avx512_bf16", "avx512f", "avx512bw", "avx512vl", "avx512dq")),
+    ("amx", ("amx_tile", "amx_bf16", "avx512_bf16", "avx512vbmi", "avx512f", "avx512bw", "avx512vl", "avx512dq")),
+    ("avx512_bf16", ("avx512_bf16", "avx512vbmi", "avx512f", "avx512bw", "avx512vl", "avx512dq")),
     ("avx512", ("avx512f", "avx512bw", "avx512vl", "avx512dq")),
     ("avx2", ("avx2", "fma", "f16c")),
 )

@@ -52,8 +52,8 @@ def kernel_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module", params=CODE_PATHS)
 def host_isa(request):
-    """Each code path of the plan's dense-op host library (avx512_bf16 and amx build avx512's) that this CPU
-    can run; the others are skipped with the reason, never run on a path the CPU lacks."""
+    """Each code path of the plan's dense-op host library (amx builds avx512_bf16's) that this CPU can run;
+    the others are skipped with the reason, never run on a path the CPU lacks."""
     if not supports(request.param):
         pytest.skip(f"{request.param}: this CPU runs at most {detect_isa()} code")
     return request.param
@@ -72,13 +72,13 @@ def small_ckpt(tmp_path_factory):
                                  progress=False)
 
 
-def compile_tiny_plan(ckpt, work, kernel_dir=None, **options):
-    """Compile a cpu-only plan with kernels for `ckpt` into work/plan.yaml; kernels go to `kernel_dir`
-    (pass the session's `kernel_dir` fixture), else to work/build/kernels beside the plan."""
+def compile_tiny_plan(ckpt, work, kernel_dir=None, hardware="cpu-only", **options):
+    """Compile a plan (cpu-only unless `hardware` names another spec) with kernels for `ckpt` into work/plan.yaml;
+    kernels go to `kernel_dir` (pass the session's `kernel_dir` fixture), else to work/build/kernels beside it."""
     from ostinato.compiler.compile import CompileOptions, compile_plan
 
     kernel_dir = kernel_dir if kernel_dir is not None else work / "build" / "kernels"
-    plan = compile_plan(CompileOptions(ckpt, work / "plan.yaml", "cpu-only", kernel_dir=kernel_dir, **options)).plan
+    plan = compile_plan(CompileOptions(ckpt, work / "plan.yaml", hardware, kernel_dir=kernel_dir, **options)).plan
     plan.write(work / "plan.yaml")
     return plan
 

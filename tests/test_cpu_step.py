@@ -183,6 +183,46 @@ def test_an_fp8_plans_compiled_step_reads_its_matrices_as_stored_and_equals_the_
 
 
 @pytest.mark.slow
+def test_a_bf16_fp8_plan_on_bf16_dot_products_stays_within_bf16_of_float32(tiny_ckpt, tmp_path, kernel_dir):
+    """An avx512_bf16 plan run in bf16: the compiled step hands each FP8 product its bf16 x (exact in bf16) and
+    the plan's library multiplies it with vdpbf16ps (ost_fp8_linear_bf16); teacher-forced, its logits stay within
+    bf16's rounding (LOW_PRECISION_CHECK of their scale) of the float32 eager step's, and pick the same tokens
+    where float32's top two are more than that apart."""
+    import yaml
+    from conftest import compile_tiny_plan
+
+    from ostinato.isa import supports
+    from ostinato.plans import plans_dir
+
+    if not supports("avx512_bf16"):
+        pytest.skip("avx512_bf16: this CPU has no AVX512_BF16 + AVX512_VBMI (the path is not built for it)")
+    spec = yaml.safe_load((plans_dir() / "hardware" / "cpu-only.yaml").read_text())
+    spec["host"]["isa"] = "avx512_bf16"
+    (tmp_path / "hw.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    compile_tiny_plan(tiny_ckpt, tmp_path, kernel_dir, context=1024, max_hot_per_layer=4, dense_format="fp8",
+                      hardware=str(tmp_path / "hw.yaml"))
+    reference = load_engine(tmp_path / "plan.yaml", tiny_ckpt, device="cpu", dtype=torch.float32, cpu_step="eager")
+    fast = load_engine(tmp_path / "plan.yaml", tiny_ckpt, device="cpu", dtype=torch.bfloat16, cpu_step="compiled")
+    assert fast.step_runner.cpu_step == "compiled", fast.step_runner.cpu_step_note
+    kernels = fast.model.dense_ops
+    assert kernels.fp8_bf16_dot
+    calls, product = [], kernels.lib.ost_fp8_linear_bf16
+    kernels.lib.ost_fp8_linear_bf16 = lambda *args: calls.append(1) or product(*args)
+    try:
+        want, want_logits = _decode_all(reference)
+        _, got = _decode_all(fast, [_first_pick(reference)] + want[:-1])
+    finally:
+        kernels.lib.ost_fp8_linear_bf16 = product
+    assert len(calls) >= STEPS * len(fast.plan.layers)  # the attention's FP8 matrices at least, every step
+    scale = want_logits.abs().amax(dim=1)
+    err = ((got.float() - want_logits).abs().amax(dim=1) / scale).max()
+    assert err <= cpu_step.LOW_PRECISION_CHECK, f"bf16 fp8 plan vs float32: {err:.2e} of the logits' scale"
+    top2 = want_logits.topk(2, dim=1).values
+    clear = (top2[:, 0] - top2[:, 1]) > 2 * cpu_step.LOW_PRECISION_CHECK * scale
+    assert torch.equal(got.argmax(dim=1)[clear], want_logits.argmax(dim=1)[clear])
+
+
+@pytest.mark.slow
 def test_the_compiled_steps_of_two_contexts_equal_the_eager_step(compiled, tiny_ckpt, monkeypatch):
     """Positions 100..140 cross from the 128-token context's compiled step to the plan context's."""
     monkeypatch.setattr(buckets, "DECODE_CONTEXT_SMALLEST", 128)

@@ -2,7 +2,8 @@
 times up to 4 tokens, against the float32 product of the dequantized matrix, on fresh random inputs; every
 e4m3 code and scale decoded exactly; the way model/fp8_matrix.py chooses it (a plan's forward, a few tokens)
 or dequantizes a slab of rows at a time (more tokens, or no plan), both against the same reference. Every
-test runs on each ISA code path this CPU has (AVX2; AVX-512's 16-float vectors).
+test runs on each ISA code path this CPU has (AVX2; AVX-512's 16-float vectors; AVX512_BF16, whose build takes a
+bf16 plan's bf16 x on vdpbf16ps: the tests give x in bf16 too, and on the other paths the library widens it).
 Legend: G groups, T tokens, N = G M output rows, K inputs."""
 
 from __future__ import annotations
@@ -50,18 +51,51 @@ def _close(got: torch.Tensor, want: torch.Tensor, rel: float = REL) -> None:
 
 @pytest.mark.parametrize("G,T,N,K", [(1, 1, 256, 4096), (1, 2, 384, 1024), (1, 3, 300, 136), (1, 4, 130, 264),
                                      (4, 1, 512, 256), (8, 2, 1024, 512), (2, 4, 200, 152), (1, 1, 302, 264),
-                                     (2, 1, 202, 136), (3, 2, 390, 8)])
-def test_the_kernel_equals_the_dequantized_product(kernels, G, T, N, K):
+                                     (2, 1, 202, 136), (3, 2, 390, 8), (1, 3, 256, 64), (2, 2, 256, 192)])
+@pytest.mark.parametrize("x_dtype", [torch.float32, torch.bfloat16])
+def test_the_kernel_equals_the_dequantized_product(kernels, G, T, N, K, x_dtype):
     """K = 0, 8, 16 and 24 mod 32 (the kernel's tails) and K < 32, N cutting a scale block, groups cutting one
-    too and rows that do not fill the kernel's groups of 4 (one token) or 2 (two)."""
+    too and rows that do not fill the kernel's groups of 4 (one token) or 2 (two); bf16 x at K a multiple of 64
+    (the vdpbf16ps path where the build has it: K = 64 and 192 end in half a scale block) and not (widened)."""
     g = torch.Generator().manual_seed(N * K + T)
     m = _matrix(N, K, g)
-    x = torch.randn(G, T, K, generator=g) * 4
+    x = (torch.randn(G, T, K, generator=g) * 4).to(x_dtype)
     assert kernels.takes_fp8(x, m.q, m.scale, G)
     with OpCounter() as ops:
         got = kernels.fp8_linear(x, m.q, m.scale, G)
     assert ops.ops == 1 and got.shape == (G, T, N // G) and got.dtype == torch.float32
-    _close(got, _reference(x, m))
+    _close(got, _reference(x.float(), m))
+
+
+def test_the_bf16_dot_path_is_built_where_the_isa_has_it(kernels, host_isa):
+    assert kernels.fp8_bf16_dot == (host_isa == "avx512_bf16")
+
+
+def test_a_library_built_before_the_bf16_path_widens_bf16_x(tmp_path):
+    """A plan compiled before ost_fp8_linear_bf16 existed keeps its library: loading it must not fail, and its
+    bf16 x goes to ost_fp8_linear as float32 (here a stand-in library with the older symbols only, whose
+    product records the x it was given)."""
+    import subprocess
+
+    from ostinato.compiler.codegen.cxx import compiler
+
+    src = tmp_path / "older.cpp"
+    src.write_text("""#include <stdint.h>
+extern "C" {
+int ost_rms_norm(void) { return 0; }
+int ost_rope(void) { return 0; }
+int ost_head_logits(void) { return 0; }
+int ost_fp8_dequantize(void) { return 0; }
+int ost_fp8_linear(const float* x, const uint8_t* W, const uint8_t* s, int64_t ss, float* out, int64_t G, int64_t T,
+                   int64_t M, int64_t K, int n) { for (int64_t i = 0; i < G * T * M; ++i) out[i] = x[0]; return 0; }
+}
+""")
+    subprocess.run([compiler(), "-shared", "-fPIC", str(src), "-o", str(tmp_path / "libolder.so")], check=True)
+    older = DenseOpsKernel(tmp_path / "libolder.so", None)
+    assert not older.fp8_bf16_dot
+    x = torch.full((1, 1, 128), 1.5, dtype=torch.bfloat16)
+    m = _matrix(128, 128, torch.Generator().manual_seed(1))
+    assert torch.equal(older.fp8_linear_impl(x, m.q, m.scale, 1), torch.full((1, 1, 128), 1.5))
 
 
 def test_every_code_and_scale_decodes_exactly(kernels):
@@ -76,8 +110,9 @@ def test_every_code_and_scale_decodes_exactly(kernels):
     for cols in range(0, 256, 4):  # 4 tokens a call, each one-hot on a column
         x = torch.zeros(1, 4, 256)
         x[0, torch.arange(4), torch.arange(cols, cols + 4)] = 1.0
-        got = kernels.fp8_linear(x, m.q, m.scale, 1)[0]  # [4, 128]
-        assert torch.equal(got, want[:, cols:cols + 4].T)
+        for xk in (x, x.bfloat16()):  # float32 x widens the weights, bf16 x (K = 256) looks them up as bf16
+            got = kernels.fp8_linear(xk, m.q, m.scale, 1)[0]  # [4, 128]
+            assert torch.equal(got, want[:, cols:cols + 4].T)
 
 
 def test_what_the_kernel_does_not_take_is_refused_or_left_to_the_caller(kernels):
@@ -85,7 +120,7 @@ def test_what_the_kernel_does_not_take_is_refused_or_left_to_the_caller(kernels)
     m = _matrix(256, 256, g)
     x = torch.randn(1, 1, 256, generator=g)
     assert not kernels.takes_fp8(torch.randn(1, 5, 256), m.q, m.scale, 1)  # more than 4 tokens
-    assert not kernels.takes_fp8(x.bfloat16(), m.q, m.scale, 1)  # the caller widens x first
+    assert not kernels.takes_fp8(x.half(), m.q, m.scale, 1)  # float32 or a bf16 plan's bf16 only
     assert not kernels.takes_fp8(x, m.q, m.scale, 3)  # groups of whole rows only
     assert not kernels.takes_fp8(torch.randn(1, 1, 252), _matrix(256, 252, g).q, m.scale, 1)  # K % 8
     with pytest.raises(ValueError, match="ost_fp8_linear rejected"):
@@ -136,7 +171,9 @@ def test_the_bench_times_the_three_variants_and_refuses_what_the_kernel_cannot_t
     out = capsys.readouterr().out
     assert all(f"fp8 {isa} ms" in out for isa in paths)
     row = next(line for line in out.splitlines() if line.strip().startswith("2 |"))
-    assert len(row.split("|")) == 3 + 2 * len(paths)  # tokens, each path, bf16, float32, a ratio per path
+    columns = len(paths) + ("avx512_bf16" in paths)  # each path's fp8 column, and avx512_bf16's with bf16 x
+    assert ("fp8 avx512_bf16 bf16 x ms" in out) == ("avx512_bf16" in paths)
+    assert len(row.split("|")) == 3 + 2 * columns  # tokens, the fp8 columns, bf16, float32, a ratio per fp8 column
     with pytest.raises(SystemExit):
         fp8_linear.main(["--isas", "sse4"])
     with pytest.raises(SystemExit):

@@ -112,8 +112,10 @@ def test_params_are_validated_with_the_field_name():
 @pytest.mark.parametrize("flags,isa", [
     ("fpu sse2 avx avx2 fma f16c", "avx2"),
     ("avx2 fma f16c avx512f avx512bw avx512vl avx512dq", "avx512"),
-    ("avx2 fma f16c avx512f avx512bw avx512vl avx512dq avx512_bf16 avx512_vnni", "avx512_bf16"),
-    ("avx2 fma f16c avx512f avx512bw avx512vl avx512dq avx512_bf16 amx_tile amx_bf16", "amx"),
+    ("avx2 fma f16c avx512f avx512bw avx512vl avx512dq avx512_bf16 avx512vbmi avx512_vnni", "avx512_bf16"),
+    ("avx2 fma f16c avx512f avx512bw avx512vl avx512dq avx512_bf16 avx512vbmi amx_tile amx_bf16", "amx"),
+    # bf16 dot products without VBMI's byte lookups (Cooper Lake): the dense ops' avx512_bf16 path cannot run
+    ("avx2 fma f16c avx512f avx512bw avx512vl avx512dq avx512_bf16 avx512_vnni", "avx512"),
 ])
 def test_isa_detection_from_cpuinfo(tmp_path, flags, isa):
     (tmp_path / "cpuinfo").write_text(f"processor\t: 0\nflags\t\t: {flags}\n")
@@ -148,7 +150,8 @@ def test_every_spec_isa_renders_a_kernel_variant_the_template_has(tmp_path):
 
 def test_the_dense_ops_library_renders_the_spec_isas_code_path(tmp_path):
     """The host dense ops (head, FP8 products) follow the spec's host.isa like the expert kernel: AVX-512's
-    16-float vectors for every AVX-512 ISA, AVX2's otherwise, with that ISA's flags."""
+    16-float vectors for every AVX-512 ISA, AVX2's otherwise, avx512_bf16's (and amx's) vdpbf16ps FP8 products
+    with its flags (AVX512_VBMI's byte lookups among them)."""
     from ostinato.compiler.codegen import dense_ops
     from ostinato.isa import ISAS, kernel_variant
 
@@ -159,5 +162,7 @@ def test_the_dense_ops_library_renders_the_spec_isas_code_path(tmp_path):
         text = open(record.path).read()
         assert ("#define OST_AVX512 1" in text) == (isa != "avx2") and ("#define OST_AVX2 1" in text) == (isa == "avx2")
         assert ("-mavx512f" in record.flags) == (isa != "avx2")
+        bf16_dot = kernel_variant(isa) == "avx512_bf16"
+        assert ("#define OST_BF16DOT 1" in text) == bf16_dot == ("-mavx512vbmi" in record.flags)
     with pytest.raises(ValueError, match="head_rows: 1 to 8"):
         dense_ops.build_cpu_dense_ops(tmp_path, head_rows=0)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ostinato.isa import kernel_variant
+from ostinato.isa import KERNEL_VARIANTS, kernel_variant
 
 from .cxx import BASE_FLAGS, compile_shared
 from .isa import isa_flags
@@ -17,14 +17,16 @@ from .render import KernelRecord, render
 CPU_TEMPLATE = "cpu/dense_ops.cpp.j2"
 TRITON_TEMPLATE = "triton/dense_ops.py.j2"
 
-# The host library's code paths: every AVX-512 ISA (avx512, avx512_bf16, amx) builds avx512's 16-float vectors.
-CODE_PATHS = ("avx2", "avx512")
+# The host library's code paths, the expert kernel's (ostinato/isa.py KERNEL_VARIANTS): every AVX-512 ISA builds
+# 16-float vectors for the head and the FP8 products; avx512_bf16 (and amx, which builds it) adds the FP8 products
+# on bf16 activations with vdpbf16ps (the template's OST_BF16DOT).
+CODE_PATHS = KERNEL_VARIANTS
 MAX_ROWS = 8  # rows sharing a load of x: the most the template's register blocking is meant for
 
 
 def code_path(isa: str) -> str:
     """The code path of CODE_PATHS a spec ISA builds."""
-    return "avx2" if kernel_variant(isa) == "avx2" else "avx512"
+    return kernel_variant(isa)
 
 
 # How far ahead the head's rows are prefetched, in bytes (0: the hardware prefetcher alone). Measured by
@@ -40,6 +42,9 @@ HEAD_PREFETCH_BYTES = 0
 # ahead), [1024, 4096] 8.3 / 7.6. On a 2-core Zen 4 (AVX-512 code) the same day, at 4 / 8 rows without prefetch and
 # with it: [1024, 4096] 9.2 / 10.1, 11.0 / 10.0; [32768, 1024] 9.4 / 10.8, 15.4 / 9.2; [4096, 8192] 17.0 / 16.7,
 # 17.0 / 17.2 (8 rows gained at two tokens on two shapes, lost on one).
+# avx512_bf16's path for a bf16 plan's bf16 x (vdpbf16ps) reads one row at a time with no software prefetch:
+# one core of the same Zen 4, 16 copies of a [4096, 4096] matrix, GB/s: one row 15-21 (a plain read 17-23), four
+# rows sharing x or a 1-4 KB prefetch 8-17 (docs/benchmarks.md, "FP8 products on bf16 dot products").
 FP8_PREFETCH_BYTES = 4096
 FP8_ROWS = 4
 
@@ -54,7 +59,8 @@ def build_cpu_dense_ops(root: str | Path | None = None, head_prefetch_bytes: int
                         isa: str = "avx2", head_rows: int = HEAD_ROWS, fp8_prefetch_bytes: int = FP8_PREFETCH_BYTES,
                         fp8_rows: int = FP8_ROWS) -> KernelRecord:
     """Render and compile the host kernels for a spec's host ISA (its kernel variant: avx2, or an AVX-512 one
-    where the head and the FP8 products use 16-float vectors); the record's path is the shared library.
+    where the head and the FP8 products use 16-float vectors, and avx512_bf16's vdpbf16ps FP8 products on bf16
+    activations); the record's path is the shared library.
     The tuning constants (other values: a bench's): see HEAD_PREFETCH_BYTES, HEAD_ROWS, FP8_PREFETCH_BYTES, FP8_ROWS."""
     for name, rows in (("head_rows", head_rows), ("fp8_rows", fp8_rows)):
         if not 1 <= rows <= MAX_ROWS:

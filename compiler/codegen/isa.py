@@ -8,7 +8,7 @@ _AVX512 = ("-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl",
 ISA_FLAGS: dict[str, tuple[str, ...]] = {
     "avx2": ("-mavx2", "-mfma", "-mf16c"),
     "avx512": _AVX512,
-    "avx512_bf16": _AVX512 + ("-mavx512bf16", "-mavx512vnni"),
+    "avx512_bf16": _AVX512 + ("-mavx512bf16", "-mavx512vnni", "-mavx512vbmi"),
 }
 assert tuple(ISA_FLAGS) == KERNEL_VARIANTS
 

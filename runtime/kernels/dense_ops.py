@@ -45,7 +45,8 @@ define("head_logits(Tensor h, Tensor w, Tensor kernel) -> Tensor",
        lambda h, w, kernel: h.new_empty(h.shape[0], w.shape[0]))
 define("fp8_linear(Tensor x, Tensor q, Tensor scale, int groups, Tensor kernel) -> Tensor",
        lambda x, q, scale, groups, kernel: loaded(kernel).fp8_linear_impl(x, q, scale, groups),
-       lambda x, q, scale, groups, kernel: x.new_empty(x.shape[0], x.shape[1], q.shape[0] // groups))
+       lambda x, q, scale, groups, kernel: x.new_empty(x.shape[0], x.shape[1], q.shape[0] // groups,
+                                                      dtype=torch.float32))
 
 
 def _block(n: int) -> int:
@@ -66,6 +67,13 @@ class DenseOpsKernel:
         for f in (self.lib.ost_rms_norm, self.lib.ost_rope, self.lib.ost_head_logits, self.lib.ost_fp8_linear,
                   self.lib.ost_fp8_dequantize):
             f.restype = ctypes.c_int
+        # bf16 x goes to the vdpbf16ps path where the build has one (avx512_bf16), else is widened to float32; a
+        # library built before that path (a plan compiled earlier) has neither symbol
+        has_path = getattr(self.lib, "ost_fp8_bf16_dot", None)
+        self.fp8_bf16_dot = has_path is not None and bool(has_path())
+        if self.fp8_bf16_dot:
+            self.lib.ost_fp8_linear_bf16.argtypes = [p, p, p, i64, p, i64, i64, i64, i64, i32]
+            self.lib.ost_fp8_linear_bf16.restype = ctypes.c_int
         self.triton = triton_module
         self.threads: int | None = None  # the head's threads on the host; None: torch's intra-op count
         self.handle = register(self)
@@ -88,9 +96,10 @@ class DenseOpsKernel:
                 and (h.device.type == "cpu" or self.triton is not None))
 
     def takes_fp8(self, x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, groups: int) -> bool:
-        """Whether fp8_linear computes x [G, T, K] float32 with q [N, K] e4m3 on the host (else the caller
-        dequantizes): up to FP8_MAX_TOKENS tokens, K a multiple of 8, G groups of whole rows."""
-        return (x.dim() == 3 and x.shape[0] == groups and 0 < x.shape[1] <= FP8_MAX_TOKENS and x.dtype == torch.float32
+        """Whether fp8_linear computes x [G, T, K] (float32, or bf16: a bf16 plan's activations) with q [N, K] e4m3
+        on the host (else the caller dequantizes): up to FP8_MAX_TOKENS tokens, K a multiple of 8, G groups of
+        whole rows."""
+        return (x.dim() == 3 and x.shape[0] == groups and 0 < x.shape[1] <= FP8_MAX_TOKENS and x.dtype in _DTYPE_CODE
                 and x.device.type == q.device.type == scale.device.type == "cpu" and q.dim() == 2
                 and q.dtype == torch.float8_e4m3fn and q.is_contiguous() and q.shape[1] == x.shape[2]
                 and x.shape[2] % 8 == 0 and q.shape[0] % groups == 0 and scale.dim() == 2 and scale.stride(1) == 1
@@ -102,7 +111,7 @@ class DenseOpsKernel:
         return torch.ops.ostinato.head_logits(h, w, self.op_handle)
 
     def fp8_linear(self, x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, groups: int) -> torch.Tensor:
-        """x [G, T, K] float32 (contiguous) @ (q, scale) [G*M, K]^T by groups -> [G, T, M] float32."""
+        """x [G, T, K] float32 or bf16 (contiguous) @ (q, scale) [G*M, K]^T by groups -> [G, T, M] float32."""
         return torch.ops.ostinato.fp8_linear(x, q, scale, groups, self.op_handle)
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
@@ -168,10 +177,14 @@ class DenseOpsKernel:
     def fp8_linear_impl(self, x, q, scale, groups) -> torch.Tensor:
         G, T, K = x.shape
         M = q.shape[0] // groups
-        out = x.new_empty(G, T, M)  # [G, T, M] float32
+        out = x.new_empty(G, T, M, dtype=torch.float32)  # [G, T, M]
         x = x.contiguous()
-        rc = self.lib.ost_fp8_linear(x.data_ptr(), q.data_ptr(), scale.data_ptr(), scale.stride(0), out.data_ptr(),
-                                     G, T, M, K, self.threads or torch.get_num_threads())
+        if x.dtype == torch.bfloat16 and self.fp8_bf16_dot and K % 64 == 0:
+            product = self.lib.ost_fp8_linear_bf16  # exact bf16 x, vdpbf16ps
+        else:
+            x, product = x.float(), self.lib.ost_fp8_linear
+        rc = product(x.data_ptr(), q.data_ptr(), scale.data_ptr(), scale.stride(0), out.data_ptr(),
+                     G, T, M, K, self.threads or torch.get_num_threads())
         if rc:
             raise ValueError(f"ost_fp8_linear rejected x {tuple(x.shape)} and an FP8 matrix {tuple(q.shape)} "
                              f"with scales {tuple(scale.shape)} in {groups} groups")

@@ -7,6 +7,7 @@ bf16: what the plan counted, and what a decode token reads), and `linear(x, w)` 
 - on the CPU at up to 4 tokens (a decode step, a speculative verify), in a plan's forward, with the plan's
   host kernel (`ost_fp8_linear`, kernels/dense_ops.py), which widens each e4m3 byte exactly as it reads
   it: a decode token reads 1 byte a weight where a bf16 plan reads 2 (`python -m ostinato.bench.fp8_linear`);
+  a bf16 plan's x goes to it as bf16 (exact there), which an avx512_bf16 build multiplies with vdpbf16ps;
 - otherwise on the CPU (more tokens, or a model loaded without a plan) by dequantizing a slab of W's rows
   at a time to float32 (bf16_widening.slab_product), never the whole matrix.
 Every path is the float32 sum of the dequantized weights' exact products (e4m3 x 2^k is exact in float32)
@@ -113,8 +114,10 @@ def _on_host(x: torch.Tensor, w: Fp8Matrix) -> torch.Tensor:
     G, T, K = x.shape
     kernels = active()
     x32 = x.float()
-    if kernels is not None and kernels.takes_fp8(x32, w.q, w.scale, G):
-        return kernels.fp8_linear(x32.contiguous(), w.q, w.scale, G).to(x.dtype)
+    # bf16 x as it is: exact in bf16, the kernel's vdpbf16ps path takes it (float32 x, the widening path)
+    xk = x if x.dtype == torch.bfloat16 else x32
+    if kernels is not None and kernels.takes_fp8(xk, w.q, w.scale, G):
+        return kernels.fp8_linear(xk.contiguous(), w.q, w.scale, G).to(x.dtype)
     M = w.shape[0] // G
     return torch.stack([slab_product(x32[g], M, lambda r0, r1, part, o=g * M: _dequantize_rows(w, o + r0, o + r1, part,
                                                                                             kernels),
