@@ -163,6 +163,26 @@ def test_a_two_gpu_pipeline_plan(compiled, tiny_ckpt, reference):
     engine.close()
 
 
+def test_a_cpu_engine_of_small_matrices_prefills_a_short_prompt_on_one_thread(compiled, tiny_ckpt, reference):
+    """Engine.prefill_threads: the tiny model's matrices are all small (cpu_step.graph_threads' rule), so a prompt
+    of up to ONE_THREAD_PREFILL_TOKENS tokens runs the dynamic model's torch ops on one thread and a longer one
+    on torch's count, which is back as it was afterwards; the logits are the plain model's either way."""
+    from ostinato.runtime.engine.cpu_step import ONE_THREAD_PREFILL_TOKENS
+
+    plan, _ = compiled
+    engine = load_engine(_variant(plan, "mixed", None), tiny_ckpt, device="cpu")
+    threads, seen, head = torch.get_num_threads(), [], engine.model.head
+    engine.model.head = lambda *a, **k: seen.append(torch.get_num_threads()) or head(*a, **k)
+    long_ids = torch.randint(0, engine.model.config.vocab_size, (ONE_THREAD_PREFILL_TOKENS + 8,),
+                             generator=torch.Generator().manual_seed(4))
+    for ids, want_threads in ((IDS[:40], 1), (long_ids, threads)):
+        seen.clear()
+        got = engine.new_session().prefill(ids)
+        assert seen and set(seen) == {want_threads} and torch.get_num_threads() == threads
+        _close(got, reference.new_session().prefill(ids))
+    engine.close()
+
+
 def test_lru_cache_baseline_is_exact_and_follows_its_rules(compiled, tiny_ckpt, reference):
     from ostinato.bench.lru_executor import FILL_MAX_TOKENS, lru_cache_engine
 

@@ -183,6 +183,15 @@ def graph_threads(layer_weights, threads: int) -> int:
     return 1 if largest <= ROW_DOT_MAX_ELEMENTS else threads
 
 
+# Short prefills on such a model (graph_threads' rule) run their torch ops on one thread too: they are the
+# dynamic model's, op by op, each a few hundred microseconds of work. Measured on the real-vocab preset (2-core
+# AMD EPYC Zen 4, 2026-12-03, a CPU engine, prefills after 400 tokens, 5 each), ms on 1 / 2 threads: 16 tokens
+# 18-24 / 31-37, 60 26-37 / 34-46, 128 37-53 / 48-59, 256 78-91 / 98-154, 512 162-290 / 228-284, 1,024
+# 411-848 / 422-647 (no longer a difference). Longer prompts keep the plan's threads.
+# (engine/loader.py, Engine.prefill_threads)
+ONE_THREAD_PREFILL_TOKENS = 512
+
+
 @contextmanager
 def intra_op_threads(n: int):
     """torch's intra-op thread count set to n for the block (a call costs well under a microsecond)."""

@@ -16,6 +16,7 @@ tests and CI run all of it.
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from dataclasses import dataclass
@@ -47,6 +48,7 @@ from ..kernels.triton_experts import HotPool, load_triton_module
 from ..model.model import Model, load_model
 from . import pinned_arena
 from .adapter import Adapter
+from .cpu_step import ONE_THREAD_PREFILL_TOKENS, graph_threads
 from .cpu_threads import CpuThreads, cpu_threads
 from .executor import LayerExperts, PlacementExecutor
 from .held_memory import tensors_in
@@ -72,7 +74,20 @@ class Engine:
 
     def new_session(self) -> EngineSession:
         return EngineSession(self.model.new_session(), self.executor, self.plan.policy.prefill_threshold,
-                             self.step_runner, self.speculative, self.adapter)
+                             self.step_runner, self.speculative, self.adapter, self.prefill_threads)
+
+    def prefill_threads(self, tokens: int) -> int:
+        """torch's intra-op threads for a dynamic prefill of `tokens` tokens: one for a short prompt
+        (cpu_step.ONE_THREAD_PREFILL_TOKENS) on a CPU-only engine of small matrices, else torch's count."""
+        if self._small_cpu_model and tokens <= ONE_THREAD_PREFILL_TOKENS:
+            return 1
+        return torch.get_num_threads()
+
+    @functools.cached_property
+    def _small_cpu_model(self) -> bool:
+        """No GPU, and every matrix small enough that torch's threads do not repay (cpu_step.graph_threads)."""
+        return (all(torch.device(d).type == "cpu" for d in self.devices)
+                and graph_threads(self.model.weights.layers, 2) == 1)
 
     def end_turn(self, session: EngineSession) -> None:
         """A turn of `session` ended (its reply is out; the agent's tool runs): re-place hot experts for it."""

@@ -21,10 +21,13 @@ or the static state's mark, then the same one-token step). `drafted` / `accepted
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from ..model.session import Session
 from .adapter import Adapter, SessionRoutes
+from .cpu_step import intra_op_threads
 from .drafter import MtpDrafter
 from .executor import PlacementExecutor
 from .step_runner import StepRunner
@@ -32,9 +35,12 @@ from .step_runner import StepRunner
 
 class EngineSession:
     def __init__(self, session: Session, executor: PlacementExecutor, threshold: int | None,
-                 runner: StepRunner | None = None, speculative: bool = False, adapter: Adapter | None = None):
+                 runner: StepRunner | None = None, speculative: bool = False, adapter: Adapter | None = None,
+                 prefill_threads: Callable[[int], int] | None = None):
+        """`prefill_threads`: torch's intra-op threads for a dynamic prefill of n tokens (Engine.prefill_threads);
+        None: torch's count as it is."""
         self.session, self.executor, self.threshold, self.runner = session, executor, threshold, runner
-        self.adapter = adapter
+        self.adapter, self.prefill_threads = adapter, prefill_threads
         # this session's routes, per main layer and expert (engine/adapter.py re-places the hot set from them)
         self.routes = SessionRoutes(session.model.config.n_layers, session.model.config.n_routed_experts)
         self.drafter = MtpDrafter(session.model, executor, len(session), runner) if speculative else None
@@ -60,15 +66,18 @@ class EngineSession:
             return self.runner.prefill(self.session, ids, follow)
         self._release()
         mode = self.prefill_mode(ids.numel())
+        threads = torch.get_num_threads() if self.prefill_threads is None else self.prefill_threads(ids.numel())
         if follow is None:
             self.executor.set_mode(mode)
-            return self.session.prefill(ids, last_only)
+            with intra_op_threads(threads):
+                return self.session.prefill(ids, last_only)
 
         def chunk(chunk_ids, streams):  # the drafter's MTP forwards set their own mode
             follow(chunk_ids, streams)
             self.executor.set_mode(mode)
         self.executor.set_mode(mode)
-        return self.session.prefill(ids, last_only, on_chunk=chunk)
+        with intra_op_threads(threads):
+            return self.session.prefill(ids, last_only, on_chunk=chunk)
 
     def decode(self, token_id) -> torch.Tensor:
         self._settle()
@@ -156,7 +165,8 @@ class EngineSession:
     def fork(self) -> EngineSession:
         self._settle()
         self._release()
-        other = EngineSession(self.session.fork(), self.executor, self.threshold, self.runner, adapter=self.adapter)
+        other = EngineSession(self.session.fork(), self.executor, self.threshold, self.runner, adapter=self.adapter,
+                              prefill_threads=self.prefill_threads)
         other.drafter = None if self.drafter is None else self.drafter.fork()
         other.routes.counts = self.routes.counts.copy()
         return other
