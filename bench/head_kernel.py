@@ -2,7 +2,7 @@
 `ost_head_logits`) at several prefetch distances, against the rate this machine streams memory at.
 
     python -m ostinato.bench.head_kernel [--vocab 129280] [--hidden 256,4096] [--distances 0,2048,4096,8192]
-                                         [--rows 1,2,4] [--rounds 5] [--threads N] [--isa avx2|avx512]
+                                         [--rows 1,2,4] [--rounds 5] [--threads N] [--isa avx2|avx512|avx512_bf16]
 
 A decode step reads the whole head once per token (129,280 bf16 rows: 66 MB at V4's hidden 256 of the
 real-vocab preset, 1 GB at V4-Flash's 4,096), so the head runs at memory's rate or below it. For each

@@ -179,8 +179,12 @@ def graph_threads(layer_weights, threads: int) -> int:
     costs a fork and join on 2 threads that a small one does not repay (measured on the real-vocab preset,
     eager step, 2 threads against 1: the sliding window's [1, 4, 128] x [128, 16] product 125 against 19 us, a
     [1, 256] x [256, 256] matmul 76 against 52 us)."""
-    largest = max((t.numel() for _, t in tensors_in(layer_weights) if t.dim() == 2), default=0)
-    return 1 if largest <= ROW_DOT_MAX_ELEMENTS else threads
+    return 1 if small_matrices(layer_weights) else threads
+
+
+def small_matrices(layer_weights) -> bool:
+    """Whether every 2-D matrix of the layers is at most ROW_DOT_MAX_ELEMENTS (graph_threads' rule)."""
+    return max((t.numel() for _, t in tensors_in(layer_weights) if t.dim() == 2), default=0) <= ROW_DOT_MAX_ELEMENTS
 
 
 # Short prefills on such a model (graph_threads' rule) run their torch ops on one thread too: they are the

@@ -48,7 +48,7 @@ from ..kernels.triton_experts import HotPool, load_triton_module
 from ..model.model import Model, load_model
 from . import pinned_arena
 from .adapter import Adapter
-from .cpu_step import ONE_THREAD_PREFILL_TOKENS, graph_threads
+from .cpu_step import ONE_THREAD_PREFILL_TOKENS, small_matrices
 from .cpu_threads import CpuThreads, cpu_threads
 from .executor import LayerExperts, PlacementExecutor
 from .held_memory import tensors_in
@@ -85,9 +85,8 @@ class Engine:
 
     @functools.cached_property
     def _small_cpu_model(self) -> bool:
-        """No GPU, and every matrix small enough that torch's threads do not repay (cpu_step.graph_threads)."""
-        return (all(torch.device(d).type == "cpu" for d in self.devices)
-                and graph_threads(self.model.weights.layers, 2) == 1)
+        """No GPU, and every matrix small enough that torch's threads do not repay (cpu_step.small_matrices)."""
+        return all(torch.device(d).type == "cpu" for d in self.devices) and small_matrices(self.model.weights.layers)
 
     def end_turn(self, session: EngineSession) -> None:
         """A turn of `session` ended (its reply is out; the agent's tool runs): re-place hot experts for it."""

@@ -113,11 +113,11 @@ def _on_host(x: torch.Tensor, w: Fp8Matrix) -> torch.Tensor:
     way float32 sums of the dequantized weights' exact products, rounded once to x's dtype."""
     G, T, K = x.shape
     kernels = active()
-    x32 = x.float()
     # bf16 x as it is: exact in bf16, the kernel's vdpbf16ps path takes it (float32 x, the widening path)
-    xk = x if x.dtype == torch.bfloat16 else x32
+    xk = x if x.dtype == torch.bfloat16 else x.float()
     if kernels is not None and kernels.takes_fp8(xk, w.q, w.scale, G):
         return kernels.fp8_linear(xk.contiguous(), w.q, w.scale, G).to(x.dtype)
+    x32 = x.float()
     M = w.shape[0] // G
     return torch.stack([slab_product(x32[g], M, lambda r0, r1, part, o=g * M: _dequantize_rows(w, o + r0, o + r1, part,
                                                                                             kernels),
