@@ -11,7 +11,8 @@ per prefetch distance, 0 = none, and per number of rows sharing each load of x; 
 HEAD_PREFETCH_BYTES and HEAD_ROWS are the plan's) and a float32
 sum over the same bytes (torch, the same threads: a plain stream of those bytes, a reference for memory's
 rate, not a proven peak). The library is built for one ISA code path (--isa; default the widest this CPU
-has: the plan's for a spec naming the host's ISA). Prints the median milliseconds per call, GB/s and the
+has: the plan's for a spec naming the host's ISA); an avx512_bf16 build also times each variant on a bf16
+plan's h (rounded to bf16: its vdpbf16ps path, the "bf16 h" rows). Prints the median milliseconds per call, GB/s and the
 ratio to the stream, and checks that every variant gives the same logits bit for bit (neither a prefetch nor
 rows sharing a load of x changes a row's sums).
 """
@@ -61,10 +62,13 @@ def measure(vocab: int, hidden: int, kernels: dict[str, DenseOpsKernel], rounds:
     for name, out in outs.items():
         if not torch.equal(out, first):
             raise SystemExit(f"{name}: its logits differ from {next(iter(outs))}'s (the variants must not change them)")
-    times: dict[str, list[float]] = {name: [] for name in (*kernels, "float32 stream")}
+    # a bf16 plan's h on builds with the vdpbf16ps head: its own row (its logits are the rounded h's)
+    runs = {name: (k, h) for name, k in kernels.items()}
+    runs.update({f"{name}, bf16 h": (k, h.bfloat16()) for name, k in kernels.items() if k.head_bf16_dot})
+    times: dict[str, list[float]] = {name: [] for name in (*runs, "float32 stream")}
     for _ in range(rounds):
-        for name, k in kernels.items():
-            times[name].append(_median_call(lambda k=k: k.head_logits(h, w), calls))
+        for name, (k, x) in runs.items():
+            times[name].append(_median_call(lambda k=k, x=x: k.head_logits(x, w), calls))
         times["float32 stream"].append(_median_call(lambda: stream.sum(), calls))
     return {name: statistics.median(t) for name, t in times.items()}
 

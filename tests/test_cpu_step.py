@@ -185,7 +185,8 @@ def test_an_fp8_plans_compiled_step_reads_its_matrices_as_stored_and_equals_the_
 @pytest.mark.slow
 def test_a_bf16_fp8_plan_on_bf16_dot_products_stays_within_bf16_of_float32(tiny_ckpt, tmp_path, kernel_dir):
     """An avx512_bf16 plan run in bf16: the compiled step hands each FP8 product its bf16 x (exact in bf16) and
-    the plan's library multiplies it with vdpbf16ps (ost_fp8_linear_bf16); teacher-forced, its logits stay within
+    the head its bf16 h, and the plan's library multiplies them with vdpbf16ps (ost_fp8_linear_bf16,
+    ost_head_logits_bf16); teacher-forced, its logits stay within
     bf16's rounding of the float32 eager step's. bf16 drifts from float32 at this random model's near-ties (the
     eager bf16 step too: single positions 0.2-0.4 of the logits' scale, measured), so the bounds are on the typical
     position: the median error within LOW_PRECISION_CHECK of the scale, the same top-1 at 80% of positions or more
@@ -207,15 +208,20 @@ def test_a_bf16_fp8_plan_on_bf16_dot_products_stays_within_bf16_of_float32(tiny_
     fast = load_engine(tmp_path / "plan.yaml", tiny_ckpt, device="cpu", dtype=torch.bfloat16, cpu_step="compiled")
     assert fast.step_runner.cpu_step == "compiled", fast.step_runner.cpu_step_note
     kernels = fast.model.dense_ops
-    assert kernels.fp8_bf16_dot
-    calls, product = [], kernels.lib.ost_fp8_linear_bf16
-    kernels.lib.ost_fp8_linear_bf16 = lambda *args: calls.append(1) or product(*args)
+    assert kernels.fp8_bf16_dot and kernels.head_bf16_dot
+    calls = {name: [] for name in ("ost_fp8_linear_bf16", "ost_head_logits_bf16")}
+    products = {name: getattr(kernels.lib, name) for name in calls}
+    for name, product in products.items():
+        setattr(kernels.lib, name, lambda *args, n=name, f=product: calls[n].append(1) or f(*args))
     try:
         want, want_logits = _decode_all(reference)
         _, got = _decode_all(fast, [_first_pick(reference)] + want[:-1])
     finally:
-        kernels.lib.ost_fp8_linear_bf16 = product
-    assert len(calls) >= STEPS * len(fast.plan.layers)  # the attention's FP8 matrices at least, every step
+        for name, product in products.items():
+            setattr(kernels.lib, name, product)
+    # the attention's FP8 matrices at least, and the head (its h rounded to bf16: docs/model.md 3.7), every step
+    assert len(calls["ost_fp8_linear_bf16"]) >= STEPS * len(fast.plan.layers)
+    assert len(calls["ost_head_logits_bf16"]) >= STEPS
     err = (got.float() - want_logits).abs().amax(dim=1) / want_logits.abs().amax(dim=1)  # [STEPS]
     assert err.median() <= cpu_step.LOW_PRECISION_CHECK, f"bf16 fp8 plan vs float32: median {err.median():.2e}"
     agree = float((got.argmax(dim=1) == want_logits.argmax(dim=1)).float().mean())

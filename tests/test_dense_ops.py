@@ -6,7 +6,8 @@ per call, and the switch that lets only a plan's forwards use them."""
 import pytest
 import torch
 
-from ostinato.compiler.codegen.dense_ops import build_cpu_dense_ops, render_triton_dense_ops
+from ostinato.compiler.codegen.dense_ops import build_cpu_dense_ops, code_path, render_triton_dense_ops
+from ostinato.isa import detect_isa
 from ostinato.runtime.engine.op_count import OpCounter
 from ostinato.runtime.kernels.dense_ops import DenseOpsKernel
 from ostinato.runtime.kernels.triton_experts import load_triton_module
@@ -126,6 +127,52 @@ def test_host_head_logits_match_the_float32_product(host_kernels, T):
     assert host_kernels.takes_head(h, w) and not host_kernels.takes_head(torch.randn(5, D), w)  # 5: the reference
 
 
+@pytest.mark.parametrize("T", [1, 2, 3, 4])
+def test_host_head_logits_of_a_bf16_h_are_its_exact_products_summed_in_float32(host_kernels, host_isa, T):
+    """A bf16 plan's h (bf16) against the float64 product of the same bf16 values: on avx512_bf16 builds through
+    ost_head_logits_bf16 (vdpbf16ps; 64-column steps, masked tails), elsewhere widened to the float32 head."""
+    g = torch.Generator().manual_seed(40 + T)
+    assert host_kernels.head_bf16_dot == (host_isa == "avx512_bf16")
+    calls = {"bf16": 0, "float32": 0}
+    lib = host_kernels.lib
+    products = {name: getattr(lib, name) for name in ("ost_head_logits", "ost_head_logits_bf16")}  # with argtypes
+    for name, key in (("ost_head_logits", "float32"), ("ost_head_logits_bf16", "bf16")):
+        setattr(lib, name, lambda *a, f=products[name], key=key: calls.__setitem__(key, calls[key] + 1) or f(*a))
+    try:
+        # D: whole 64-column steps (128), a tail in the first 32 lanes (40, 88) and in both (64 + 56 = 120); V: not
+        # a whole number of 256-row work items
+        for V, D in ((1000, 128), (300, 40), (260, 88), (513, 120)):
+            h, w = (torch.randn(T, D, generator=g) * 3).bfloat16(), (torch.randn(V, D, generator=g) * 0.05).bfloat16()
+            got = host_kernels.head_logits(h, w)
+            assert got.shape == (T, V) and got.dtype == torch.float32
+            want = (h.double() @ w.double().T).float()
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    finally:
+        for name, f in products.items():
+            setattr(lib, name, f)
+    assert calls == ({"bf16": 4, "float32": 0} if host_kernels.head_bf16_dot else {"bf16": 0, "float32": 4})
+
+
+def test_a_bf16_model_multiplies_its_head_in_bf16_on_every_path(tiny_ckpt, kernel_dir):
+    """Model.head of a bf16 model rounds h to bf16 (docs/model.md 3.7) whether the plan's kernel or the
+    reference's float32 row blocks compute it: the two agree to float32 summation; a float32 model's do too,
+    and differ from the bf16 model's by h's rounding only."""
+    from ostinato.runtime import load_model
+
+    kernels = DenseOpsKernel(build_cpu_dense_ops(kernel_dir).path, None)
+    heads = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        m = load_model(tiny_ckpt, dtype=dtype)
+        streams = torch.randn(3, m.config.hc_mult, m.config.hidden_size, generator=torch.Generator().manual_seed(5))
+        reference = m.head(streams)
+        with fused.using(kernels):
+            fast = m.head(streams)
+        torch.testing.assert_close(fast, reference, rtol=1e-5, atol=1e-5)
+        heads[dtype] = reference
+    gap = (heads[torch.bfloat16] - heads[torch.float32]).abs().max() / heads[torch.float32].abs().max()
+    assert 0 < gap < 2 ** -6  # bf16's rounding of h: present, and no more
+
+
 @pytest.mark.parametrize("T", [1, 2])
 def test_the_heads_prefetch_and_row_groups_change_no_logit(host_kernels, host_isa, kernel_dir, T):
     """Builds with other prefetch distances (none, one row ahead at most) and other numbers of rows sharing a load
@@ -152,7 +199,10 @@ def test_the_head_kernel_bench_times_every_distance_against_a_stream(capsys):
     head_kernel.main(["--vocab", "600", "--hidden", "64", "--distances", "0,4096", "--rounds", "1", "--calls", "2"])
     out = capsys.readouterr().out
     rows = [line for line in out.splitlines() if line.startswith("| ") and "ms" not in line]
-    assert [r.split(" | ")[0] for r in rows] == ["| prefetch 0 B (the plan's)", "| prefetch 4096 B", "| float32 stream"]
+    names = ["prefetch 0 B (the plan's)", "prefetch 4096 B"]
+    if code_path(detect_isa()) == "avx512_bf16":  # the default build's: a bf16 h on its vdpbf16ps path too
+        names += [f"{n}, bf16 h" for n in names]
+    assert [r.split(" | ")[0] for r in rows] == [f"| {n}" for n in names] + ["| float32 stream"]
     assert rows[-1].endswith("| 1.00 |")  # the stream is its own reference
     with pytest.raises(SystemExit, match="--distances: comma-separated integers"):
         head_kernel.main(["--distances", "4k"])

@@ -5,10 +5,11 @@ Registered torch ops, each one dispatch where the reference (runtime/model/norms
 `torch.ops.ostinato.rope(x, cos, sin, inverse, kernel)`; `head_logits(h, w, kernel)` (kernel: the handle
 as a tensor, torch_ops.handle_tensor), the LM head for up to 4 tokens from its stored bf16 rows (the
 reference widens each block of rows to a float32 copy first, which at one token costs more than the
-product); and `fp8_linear(x, q, scale, groups, kernel)`, a checkpoint FP8 matrix as stored times up to 4
-tokens on the host (model/fp8_matrix.py), whose rows `fp8_dequantize_rows` widens a slab at a time for
-more tokens (a plain call: no graph traces it). CPU tensors go to the host library (ctypes, which
-releases the GIL), CUDA tensors to the Triton kernels; `kernel` is the loaded kernels' handle
+product; a bf16 plan's bf16 h goes to the vdpbf16ps path where the build has one); and
+`fp8_linear(x, q, scale, groups, kernel)`, a checkpoint FP8 matrix as stored times up to 4 tokens on the
+host (model/fp8_matrix.py), whose rows `fp8_dequantize_rows` widens a slab at a time for more tokens (a
+plain call: no graph traces it). CPU tensors go to the host library (ctypes, which releases the GIL),
+CUDA tensors to the Triton kernels; `kernel` is the loaded kernels' handle
 (torch_ops.py).
 The model reaches them through runtime/model/fused.py while a plan's engine runs a forward; a model
 loaded without a plan uses the reference.
@@ -42,7 +43,7 @@ define("rope(Tensor x, Tensor cos, Tensor sin, bool inverse, int kernel) -> Tens
        lambda x, cos, sin, inverse, kernel: torch.empty_like(x))
 define("head_logits(Tensor h, Tensor w, Tensor kernel) -> Tensor",
        lambda h, w, kernel: loaded(kernel).head_logits_impl(h, w),
-       lambda h, w, kernel: h.new_empty(h.shape[0], w.shape[0]))
+       lambda h, w, kernel: h.new_empty(h.shape[0], w.shape[0], dtype=torch.float32))
 define("fp8_linear(Tensor x, Tensor q, Tensor scale, int groups, Tensor kernel) -> Tensor",
        lambda x, q, scale, groups, kernel: loaded(kernel).fp8_linear_impl(x, q, scale, groups),
        lambda x, q, scale, groups, kernel: x.new_empty(x.shape[0], x.shape[1], q.shape[0] // groups,
@@ -67,17 +68,25 @@ class DenseOpsKernel:
         for f in (self.lib.ost_rms_norm, self.lib.ost_rope, self.lib.ost_head_logits, self.lib.ost_fp8_linear,
                   self.lib.ost_fp8_dequantize):
             f.restype = ctypes.c_int
-        # bf16 x goes to the vdpbf16ps path where the build has one (avx512_bf16), else is widened to float32; a
-        # library built before that path (a plan compiled earlier) has neither symbol
-        has_path = getattr(self.lib, "ost_fp8_bf16_dot", None)
-        self.fp8_bf16_dot = has_path is not None and bool(has_path())
+        # bf16 activations go to the vdpbf16ps paths where the build has them (avx512_bf16), else are widened to
+        # float32; a library built before a path (a plan compiled earlier) lacks its symbols
+        self.fp8_bf16_dot = self._has("ost_fp8_bf16_dot")
         if self.fp8_bf16_dot:
             self.lib.ost_fp8_linear_bf16.argtypes = [p, p, p, i64, p, i64, i64, i64, i64, i32]
             self.lib.ost_fp8_linear_bf16.restype = ctypes.c_int
+        self.head_bf16_dot = self._has("ost_head_bf16_dot")
+        if self.head_bf16_dot:
+            self.lib.ost_head_logits_bf16.argtypes = [p, p, p, i64, i64, i64, i32]
+            self.lib.ost_head_logits_bf16.restype = ctypes.c_int
         self.triton = triton_module
         self.threads: int | None = None  # the head's threads on the host; None: torch's intra-op count
         self.handle = register(self)
         self.op_handle = handle_tensor(self.handle)  # for the ops compiled steps call (head, FP8 products)
+
+    def _has(self, path_flag: str) -> bool:
+        """Whether the library exports `path_flag` and it says the build has that path."""
+        flag = getattr(self.lib, path_flag, None)
+        return flag is not None and bool(flag())
 
     def takes(self, x: torch.Tensor) -> bool:
         """Whether the kernels compute x as it is (else the caller runs the reference): contiguous, on
@@ -89,8 +98,9 @@ class DenseOpsKernel:
         return self.triton is not None and x.dtype in (torch.float32, torch.bfloat16, torch.float16)
 
     def takes_head(self, h: torch.Tensor, w: torch.Tensor) -> bool:
-        """Whether head_logits computes h [T, D] float32 @ w [V, D] bf16 ^T (else the reference's blocks)."""
-        return (h.dim() == 2 and 0 < h.shape[0] <= HEAD_MAX_TOKENS and h.dtype == torch.float32 and h.is_contiguous()
+        """Whether head_logits computes h [T, D] (float32, or bf16: a bf16 plan's) @ w [V, D] bf16 ^T (else the
+        reference's blocks)."""
+        return (h.dim() == 2 and 0 < h.shape[0] <= HEAD_MAX_TOKENS and h.dtype in _DTYPE_CODE and h.is_contiguous()
                 and w.dtype == torch.bfloat16 and w.is_contiguous() and h.shape[1] == w.shape[1]
                 and h.shape[1] % 8 == 0 and h.device == w.device
                 and (h.device.type == "cpu" or self.triton is not None))
@@ -108,6 +118,7 @@ class DenseOpsKernel:
 
     # ----- the model's entry points (one torch op each) --------------------------------------------
     def head_logits(self, h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """h [T, D] float32 or bf16 @ w [V, D] bf16 ^T -> [T, V] float32: exact products, float32 sums."""
         return torch.ops.ostinato.head_logits(h, w, self.op_handle)
 
     def fp8_linear(self, x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, groups: int) -> torch.Tensor:
@@ -163,15 +174,18 @@ class DenseOpsKernel:
     def head_logits_impl(self, h, w) -> torch.Tensor:
         T, D = h.shape
         V = w.shape[0]
-        out = h.new_empty(T, V)  # [T, V] float32
+        out = h.new_empty(T, V, dtype=torch.float32)  # [T, V]
         if h.device.type == "cpu":
-            rc = self.lib.ost_head_logits(h.data_ptr(), w.data_ptr(), out.data_ptr(), T, V, D,
-                                          self.threads or torch.get_num_threads())
+            if h.dtype == torch.bfloat16 and self.head_bf16_dot:
+                product = self.lib.ost_head_logits_bf16  # bf16 h, vdpbf16ps
+            else:
+                h, product = h.float(), self.lib.ost_head_logits  # the same values, widened
+            rc = product(h.data_ptr(), w.data_ptr(), out.data_ptr(), T, V, D, self.threads or torch.get_num_threads())
             if rc:
                 raise ValueError(f"ost_head_logits rejected h {tuple(h.shape)} and a head of {tuple(w.shape)}")
         else:
             bv, bd = HEAD_BLOCK
-            launch(self.triton.head_logits_kernel, (-(-V // bv), T), h, w, out, V, D, BV=bv, BD=bd)
+            launch(self.triton.head_logits_kernel, (-(-V // bv), T), h.float(), w, out, V, D, BV=bv, BD=bd)
         return out
 
     def fp8_linear_impl(self, x, q, scale, groups) -> torch.Tensor:

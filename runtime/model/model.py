@@ -128,13 +128,18 @@ class Model:
         model's mHC head and final norm, or an MTP block's (`hc`, `norm`: the LM head is shared)."""
         cfg, w = self.config, self.weights
         hc, norm = (w.hc_head, w.norm) if hc is None else (hc, norm)
-        h = rms_norm(hc_head(streams, hc, cfg.hc_eps, cfg.rms_norm_eps), norm, cfg.rms_norm_eps)  # [T, D]
+        h = rms_norm(hc_head(streams, hc, cfg.hc_eps, cfg.rms_norm_eps), norm, cfg.rms_norm_eps)  # [T, D] float32
+        if self.dtype == torch.bfloat16:
+            # A bf16 plan multiplies the head in bf16, as transformers' bf16 model does: h rounded once, the
+            # products of two bf16 values exact, their sums float32 on every path. The host kernel then takes
+            # both operands as stored (vdpbf16ps where the CPU has it: the head is a decode token's largest read).
+            h = h.to(torch.bfloat16)
         kernels = active()
         if kernels is not None and kernels.takes_head(h, w.head):  # a few tokens: the plan's kernel, one op
             return kernels.head_logits(h, w.head)
         # The head stays as stored (bf16: 1 GB for V4-Flash, 2 GB in float32); float32 logits from float32
         # copies of HEAD_BLOCK_ROWS rows at a time, exact since bf16 values are float32 values.
-        V = w.head.shape[0]
+        V, h = w.head.shape[0], h.float()
         logits = torch.empty(h.shape[0], V, dtype=torch.float32, device=h.device)  # [T, V]
         for r in range(0, V, HEAD_BLOCK_ROWS):
             logits[:, r:r + HEAD_BLOCK_ROWS] = h @ w.head[r:r + HEAD_BLOCK_ROWS].float().T
