@@ -254,6 +254,28 @@ def test_thread_count_does_not_change_results(kernel, T, dtype, build):
         assert torch.equal(outs[0], outs[1])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_gemv_items_size_changes_no_result(kernel, dtype):
+    """A decode call (every expert on the GEMV path) split into items of 16 rows (row_tile: the items before
+    gemv_row_tile), 64 (the default) or 128 gives the same out bit for bit, on the reference within the bound;
+    a call with a tiled expert (T 32) keeps row_tile's items whatever gemv_row_tile says."""
+    g = torch.Generator().manual_seed(13)
+    experts = [random_packed_expert(*TINY, g) for _ in range(4)]
+    for T, routes in ((1, _routes(1, 4, 3, g)), (3, _routes(3, 4, 3, g)), (32, _routes(32, 4, 3, g))):
+        x = torch.randn(T, TINY[0], generator=g).to(dtype)
+        for rows in (16, 64, 128):  # each within the stated bound of the float32 reference
+            _check(kernel(*TINY, gemv_row_tile=rows), x, routes, experts,
+                   bound=1e-5 if dtype == torch.float32 else BF16_BOUND)
+        exact = []
+        for rows in (16, 64, 128):
+            out = torch.zeros(T, TINY[0])
+            kernel(*TINY, gemv_row_tile=rows)(x, routes, experts, out, 2)
+            exact.append(out)
+        assert all(torch.equal(o, exact[0]) for o in exact[1:]), T
+    with pytest.raises(ValueError, match="gemv_row_tile"):
+        CpuExpertParams(D=256, I=128, gemv_row_tile=96)  # does not divide I
+
+
 def test_gemv_and_tiled_paths_agree(kernel):
     """The same routes through a build that decodes into registers (gemv_max_tokens=4) and one that
     always tiles (gemv_max_tokens=1) agree to float32 rounding."""

@@ -29,6 +29,13 @@ class CpuExpertParams:
     I: int
     isa: str = "avx2"
     row_tile: int = 16          # output rows per work item
+    # output rows per work item when every expert of a call takes the GEMV path (decode: up to gemv_max_tokens
+    # routes an expert); no tile to fit in a cache there, so fewer, longer items (schedule.h). Measured on a
+    # 2-core Zen 4, 2026-12-03, plans alternating in one process, a layer's call of 6 random experts of one
+    # token: V4-Flash's shape in bf16, ms a call, tiles of 16 / 32 / 64 / 128 rows 3.74 / 3.38 / 3.23 / 3.24
+    # (avx512_bf16), avx2 build 5.17 against 4.61 at 64; the real-vocab preset's (D 256, I 128) in float32
+    # 44.8 against 42.6 us
+    gemv_row_tile: int = 64
     k_chunk: int = 128          # batched path: 2 x row_tile x k_chunk float32 tile = 16 KiB (L1)
     gemv_max_tokens: int = 4    # up to this many routes per expert decode straight into registers
     # bf16 activations: from this many routes per expert, bf16 tiles go to a GEMM library (MKL from torch;
@@ -47,6 +54,8 @@ class CpuExpertParams:
         _check(self.isa in ISAS, "isa", self.isa, str(ISAS))
         _check(self.row_tile % 4 == 0 and self.D % self.row_tile == 0 and self.I % self.row_tile == 0,
                "row_tile", self.row_tile, "a multiple of 4 dividing D and I")
+        _check(self.gemv_row_tile % 4 == 0 and self.D % self.gemv_row_tile == 0 and self.I % self.gemv_row_tile == 0,
+               "gemv_row_tile", self.gemv_row_tile, "a multiple of 4 dividing D and I")
         _check(self.k_chunk % 64 == 0 and self.D % self.k_chunk == 0 and self.I % self.k_chunk == 0,
                "k_chunk", self.k_chunk, "a multiple of 64 dividing D and I")
         _check(1 <= self.gemv_max_tokens <= 4, "gemv_max_tokens", self.gemv_max_tokens, "1..4")
