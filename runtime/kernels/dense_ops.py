@@ -69,12 +69,14 @@ class DenseOpsKernel:
                   self.lib.ost_fp8_dequantize):
             f.restype = ctypes.c_int
         # bf16 activations go to the vdpbf16ps paths where the build has them (avx512_bf16), else are widened to
-        # float32; a library built before a path (a plan compiled earlier) lacks its symbols
-        self.fp8_bf16_dot = self._has("ost_fp8_bf16_dot")
+        # float32; a library built before a path (a plan compiled earlier) lacks its symbols: the FP8 products'
+        # came with the flag, the head's after it
+        flag = getattr(self.lib, "ost_fp8_bf16_dot", None)
+        self.fp8_bf16_dot = flag is not None and bool(flag())
         if self.fp8_bf16_dot:
             self.lib.ost_fp8_linear_bf16.argtypes = [p, p, p, i64, p, i64, i64, i64, i64, i32]
             self.lib.ost_fp8_linear_bf16.restype = ctypes.c_int
-        self.head_bf16_dot = self._has("ost_head_bf16_dot")
+        self.head_bf16_dot = self.fp8_bf16_dot and hasattr(self.lib, "ost_head_logits_bf16")
         if self.head_bf16_dot:
             self.lib.ost_head_logits_bf16.argtypes = [p, p, p, i64, i64, i64, i32]
             self.lib.ost_head_logits_bf16.restype = ctypes.c_int
@@ -82,11 +84,6 @@ class DenseOpsKernel:
         self.threads: int | None = None  # the head's threads on the host; None: torch's intra-op count
         self.handle = register(self)
         self.op_handle = handle_tensor(self.handle)  # for the ops compiled steps call (head, FP8 products)
-
-    def _has(self, path_flag: str) -> bool:
-        """Whether the library exports `path_flag` and it says the build has that path."""
-        flag = getattr(self.lib, path_flag, None)
-        return flag is not None and bool(flag())
 
     def takes(self, x: torch.Tensor) -> bool:
         """Whether the kernels compute x as it is (else the caller runs the reference): contiguous, on
