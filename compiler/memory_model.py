@@ -3,9 +3,10 @@
 Every formula is written out here so that a plan's numbers can be re-derived by hand:
 - dense weights as the runtime holds them (runtime/model/loading.py; the allocation test checks the
   two agree): FP8 matrices as stored with their block scales (`fp8`: 1 B per element, computed in
-  bf16), or dequantized to the plan's dense format (`bf16`: 2 B, `float32`: 4 B), the embedding and
-  the LM head as stored (bf16), integer tables as int64, everything else (norms, mHC, sinks,
-  compressors, router) in float32, as the reference computes them;
+  bf16), or dequantized to the plan's dense format (`bf16`: 2 B, `float32`: 4 B), the embedding, the
+  LM head and the compressors' projections as stored (bf16; the last two multiplied in float32), integer
+  tables as int64, everything else (norms, mHC, sinks, the compressors' position biases, router) in
+  float32, as the reference computes them;
 - routed experts at MXFP4 bytes including scales (13,369,344 B each for V4-Flash);
 - KV cache per session (docs/model.md section 4), rows in the dense format's dtype: every layer a sliding ring of
   `sliding_window` rows of head_dim; compressed layers one row per `ratio` tokens; CSA also
@@ -44,7 +45,8 @@ CUBLAS_STREAMS = 2
 def held_bytes(spec: TensorSpec, dense_format: str) -> int:
     """Bytes a device holds for one checkpoint tensor (routed experts are always packed MXFP4)."""
     elements = math.prod(spec.shape)
-    if spec.role in ("routed_expert", "embed", "head") or (dense_format == "fp8" and spec.dtype.startswith("F8")):
+    if (spec.role in ("routed_expert", "embed", "head") or spec.held_as_stored
+            or (dense_format == "fp8" and spec.dtype.startswith("F8"))):
         return spec.nbytes
     if spec.dtype == "F8_E4M3":
         return elements * DENSE_FORMATS[dense_format]

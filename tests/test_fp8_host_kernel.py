@@ -51,12 +51,14 @@ def _close(got: torch.Tensor, want: torch.Tensor, rel: float = REL) -> None:
 
 @pytest.mark.parametrize("G,T,N,K", [(1, 1, 256, 4096), (1, 2, 384, 1024), (1, 3, 300, 136), (1, 4, 130, 264),
                                      (4, 1, 512, 256), (8, 2, 1024, 512), (2, 4, 200, 152), (1, 1, 302, 264),
-                                     (2, 1, 202, 136), (3, 2, 390, 8), (1, 3, 256, 64), (2, 2, 256, 192)])
+                                     (2, 1, 202, 136), (3, 2, 390, 8), (1, 3, 256, 64), (2, 2, 256, 192),
+                                     (1, 1, 262, 8192), (2, 2, 260, 6144), (1, 3, 132, 6208)])
 @pytest.mark.parametrize("x_dtype", [torch.float32, torch.bfloat16])
 def test_the_kernel_equals_the_dequantized_product(kernels, G, T, N, K, x_dtype):
     """K = 0, 8, 16 and 24 mod 32 (the kernel's tails) and K < 32, N cutting a scale block, groups cutting one
     too and rows that do not fill the kernel's groups of 4 (one token) or 2 (two); bf16 x at K a multiple of 64
-    (the vdpbf16ps path where the build has it: K = 64 and 192 end in half a scale block) and not (widened)."""
+    (the vdpbf16ps path where the build has it: K = 64 and 192 end in half a scale block; from K 6,144 its rows
+    share x's loads, 6,208 ending in half a block) and not (widened)."""
     g = torch.Generator().manual_seed(N * K + T)
     m = _matrix(N, K, g)
     x = (torch.randn(G, T, K, generator=g) * 4).to(x_dtype)
@@ -65,6 +67,23 @@ def test_the_kernel_equals_the_dequantized_product(kernels, G, T, N, K, x_dtype)
         got = kernels.fp8_linear(x, m.q, m.scale, G)
     assert ops.ops == 1 and got.shape == (G, T, N // G) and got.dtype == torch.float32
     _close(got, _reference(x.float(), m))
+
+
+@pytest.mark.parametrize("T", [1, 2, 3])
+def test_rows_sharing_x_on_the_bf16_path_change_no_output(kernels, host_isa, kernel_dir, T):
+    """Builds with 1, 3 or 8 rows sharing each load of a bf16 x give the plan build's products bit for bit, at a
+    K where rows are grouped (8,192; 131 rows a group leave remainders) and one where they are not."""
+    if host_isa != "avx512_bf16":
+        pytest.skip("the rows sharing x are the vdpbf16ps path's (avx512_bf16 builds)")
+    g = torch.Generator().manual_seed(T)
+    for N, K in ((262, 8192), (262, 4096)):
+        m = _matrix(N, K, g)
+        x = (torch.randn(2, T, K, generator=g) * 4).bfloat16()
+        want = kernels.fp8_linear(x, m.q, m.scale, 2)
+        for rows in (1, 3, 8):
+            other = DenseOpsKernel(build_cpu_dense_ops(kernel_dir, isa=host_isa, fp8_bf16_rows=rows).path, None)
+            assert torch.equal(other.fp8_linear(x, m.q, m.scale, 2), want), (N, K, rows)
+        _close(want, _reference(x.float(), m))
 
 
 def test_the_bf16_dot_path_is_built_where_the_isa_has_it(kernels, host_isa):

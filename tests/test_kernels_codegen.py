@@ -157,7 +157,7 @@ def test_the_dense_ops_library_renders_the_spec_isas_code_path(tmp_path):
 
     for isa in ISAS:
         params = {"head_prefetch_bytes": 0, "isa": kernel_variant(isa), "head_rows": 4, "fp8_prefetch_bytes": 0,
-                  "fp8_rows": 4}
+                  "fp8_rows": 4, "fp8_bf16_rows": 4}
         record = render(dense_ops.CPU_TEMPLATE, params, isa_flags(isa), root=tmp_path)
         text = open(record.path).read()
         assert ("#define OST_AVX512 1" in text) == (isa != "avx2") and ("#define OST_AVX2 1" in text) == (isa == "avx2")

@@ -2,7 +2,7 @@
 embedding, the head's logits and the FP8 matrices' products for a few tokens, for the host (C++) and the GPUs
 (Triton). They take every size at run time; the host library's parameters are the plan's host ISA (like the
 expert kernel's; CODE_PATHS) and measured tuning constants (HEAD_PREFETCH_BYTES, HEAD_ROWS, FP8_PREFETCH_BYTES,
-FP8_ROWS). The content hash names them by their text, parameters and flags."""
+FP8_ROWS, FP8_BF16_ROWS). The content hash names them by their text, parameters and flags."""
 
 from __future__ import annotations
 
@@ -47,6 +47,9 @@ HEAD_PREFETCH_BYTES = 0
 # rows sharing x or a 1-4 KB prefetch 8-17 (docs/benchmarks.md, "FP8 products on bf16 dot products").
 FP8_PREFETCH_BYTES = 4096
 FP8_ROWS = 4
+# Rows sharing each load of x on that bf16 path where rows are long (the template's FP8_BF16_ROWS, from K 6,144:
+# the template has the figures): at V4-Flash's wo_b ([4096, 8192]) one row at a time re-reads x from L2.
+FP8_BF16_ROWS = 4
 
 # Head rows that share each load of x at one token where rows are long (the template's HEAD_ROWS; from hidden
 # 2,048). Measured by bench/head_kernel.py on a 2-core AMD EPYC (Zen 4, AVX-512), 2026-12-03, hidden 4,096,
@@ -57,16 +60,18 @@ HEAD_ROWS = 4
 
 def build_cpu_dense_ops(root: str | Path | None = None, head_prefetch_bytes: int = HEAD_PREFETCH_BYTES,
                         isa: str = "avx2", head_rows: int = HEAD_ROWS, fp8_prefetch_bytes: int = FP8_PREFETCH_BYTES,
-                        fp8_rows: int = FP8_ROWS) -> KernelRecord:
+                        fp8_rows: int = FP8_ROWS, fp8_bf16_rows: int = FP8_BF16_ROWS) -> KernelRecord:
     """Render and compile the host kernels for a spec's host ISA (its kernel variant: avx2, or an AVX-512 one
     where the head and the FP8 products use 16-float vectors, and avx512_bf16's vdpbf16ps FP8 products on bf16
     activations); the record's path is the shared library.
-    The tuning constants (other values: a bench's): see HEAD_PREFETCH_BYTES, HEAD_ROWS, FP8_PREFETCH_BYTES, FP8_ROWS."""
-    for name, rows in (("head_rows", head_rows), ("fp8_rows", fp8_rows)):
+    The tuning constants (other values: a bench's): see HEAD_PREFETCH_BYTES, HEAD_ROWS, FP8_PREFETCH_BYTES, FP8_ROWS,
+    FP8_BF16_ROWS."""
+    for name, rows in (("head_rows", head_rows), ("fp8_rows", fp8_rows), ("fp8_bf16_rows", fp8_bf16_rows)):
         if not 1 <= rows <= MAX_ROWS:
             raise ValueError(f"{name}: 1 to {MAX_ROWS} rows share a load of x, not {rows}")
     params = {"head_prefetch_bytes": int(head_prefetch_bytes), "isa": kernel_variant(isa), "head_rows": int(head_rows),
-              "fp8_prefetch_bytes": int(fp8_prefetch_bytes), "fp8_rows": int(fp8_rows)}
+              "fp8_prefetch_bytes": int(fp8_prefetch_bytes), "fp8_rows": int(fp8_rows),
+              "fp8_bf16_rows": int(fp8_bf16_rows)}
     return compile_shared(render(CPU_TEMPLATE, params, flags=(*BASE_FLAGS, *isa_flags(isa)), root=root))
 
 

@@ -35,6 +35,9 @@ class TensorSpec:
     layer: int | None = None        # None for global tensors
     expert: int | None = None       # routed expert id, for role "routed_expert"
     allowed_dtypes: tuple[str, ...] = ()  # other dtypes accepted on read (tid2eid: any int width)
+    # a bf16 matrix the runtime holds as stored and multiplies in float32 (the compressors' projections:
+    # runtime/model/stored_bf16.py), where other BF16 tensors are held in float32
+    held_as_stored: bool = False
 
     @property
     def nbytes(self) -> int:
@@ -62,8 +65,8 @@ def _mxfp4_linear(prefix: str, rows: int, cols: int, layer: int, expert: int) ->
 def _compressor(prefix: str, cfg: ModelConfig, ratio: int, width: int, norm_dim: int, role: str,
                 layer: int) -> list[TensorSpec]:
     D = cfg.hidden_size
-    return [TensorSpec(f"{prefix}.wkv.weight", (width, D), "BF16", role, layer),
-            TensorSpec(f"{prefix}.wgate.weight", (width, D), "BF16", role, layer),
+    return [TensorSpec(f"{prefix}.wkv.weight", (width, D), "BF16", role, layer, held_as_stored=True),
+            TensorSpec(f"{prefix}.wgate.weight", (width, D), "BF16", role, layer, held_as_stored=True),
             TensorSpec(f"{prefix}.ape", (ratio, width), "F32", role, layer),
             TensorSpec(f"{prefix}.norm.weight", (norm_dim,), "BF16", role, layer)]
 

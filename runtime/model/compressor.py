@@ -22,11 +22,12 @@ import torch
 
 from .norms import rms_norm
 from .rope import Rope, apply_rope
+from .stored_bf16 import stored_product
 
 
 @dataclass(frozen=True)
 class CompressorWeights:
-    wkv_gate: torch.Tensor  # [2C, D] float32: wkv rows, then wgate rows (both projections in one matmul)
+    wkv_gate: torch.Tensor  # [2C, D] bf16 as stored (or float32): wkv rows, then wgate rows (one product for both)
     ape: torch.Tensor       # [m, C] float32, gate bias by position in window
     norm: torch.Tensor      # [hd] float32
     ratio: int
@@ -68,8 +69,8 @@ def compress(w: CompressorWeights, x: torch.Tensor, state: CompressorState, n_do
     """x [T, D] (new tokens) on top of `state` with `n_done` entries already emitted
     -> (new entries [n, hd] float32, new state)."""
     m, hd = w.ratio, w.width
-    xf = x.float()  # compressor projections run in float32 (as the reference does)
-    new_kv, new_gate = (xf @ w.wkv_gate.T).chunk(2, dim=-1)  # [T, C] each
+    # compressor projections run in float32 (as the reference does), from the rows as stored
+    new_kv, new_gate = stored_product(x, w.wkv_gate).chunk(2, dim=-1)  # [T, C] each
     kv = torch.cat((state.buf_kv, new_kv))  # [b+T, C]
     gate = torch.cat((state.buf_gate, new_gate))  # [b+T, C]
     usable = kv.shape[0] // m * m

@@ -100,7 +100,8 @@ class Claims:
 
 
 def _compressor(c: Claims, prefix: str, ratio: int) -> CompressorWeights:
-    wkv_gate = torch.cat((c.get(f"{prefix}.wkv.weight", F32), c.get(f"{prefix}.wgate.weight", F32)))  # [2C, D]
+    # [2C, D] as stored (bf16), computed in float32 (model/stored_bf16.py): no float32 copy to read every token
+    wkv_gate = torch.cat((c.get(f"{prefix}.wkv.weight", None), c.get(f"{prefix}.wgate.weight", None)))
     return CompressorWeights(wkv_gate, c.get(f"{prefix}.ape", F32), c.get(f"{prefix}.norm.weight", F32), ratio,
                              overlap=ratio == 4)
 

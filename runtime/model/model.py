@@ -22,13 +22,14 @@ from ostinato.checkpoint.reader import Checkpoint
 from .attention import attention
 from .compressor import CompressorState
 from .experts import DenseExpertExecutor, ExpertExecutor
-from .fused import active, using
+from .fused import using
 from .hyper_connection import HcHeadWeights, hc_head, hc_post, hc_pre
 from .kv_cache import GrowingRows, KvCache, LayerCache, rows_capacity
 from .loading import Claims, LayerWeights, ModelWeights, load_weights
 from .moe import RoutingObserver, moe
 from .norms import rms_norm
 from .rope import rope_tables
+from .stored_bf16 import stored_product
 
 if TYPE_CHECKING:  # a late import at run time: session.py imports this module
     from .session import Session
@@ -36,7 +37,6 @@ if TYPE_CHECKING:  # a late import at run time: session.py imports this module
 # Tokens per forward when prefilling: bounds activation memory (window logits grow with T^2).
 DEFAULT_PREFILL_CHUNK = 512
 DEFAULT_MAX_SNAPSHOTS = 256  # turn-boundary snapshots per session when no plan says (session.py)
-HEAD_BLOCK_ROWS = 16384  # vocabulary rows per float32 block of the head (256 MB at V4-Flash's D)
 
 
 class Model:
@@ -134,16 +134,7 @@ class Model:
             # products of two bf16 values exact, their sums float32 on every path. The host kernel then takes
             # both operands as stored (vdpbf16ps where the CPU has it: the head is a decode token's largest read).
             h = h.to(torch.bfloat16)
-        kernels = active()
-        if kernels is not None and kernels.takes_head(h, w.head):  # a few tokens: the plan's kernel, one op
-            return kernels.head_logits(h, w.head)
-        # The head stays as stored (bf16: 1 GB for V4-Flash, 2 GB in float32); float32 logits from float32
-        # copies of HEAD_BLOCK_ROWS rows at a time, exact since bf16 values are float32 values.
-        V, h = w.head.shape[0], h.float()
-        logits = torch.empty(h.shape[0], V, dtype=torch.float32, device=h.device)  # [T, V]
-        for r in range(0, V, HEAD_BLOCK_ROWS):
-            logits[:, r:r + HEAD_BLOCK_ROWS] = h @ w.head[r:r + HEAD_BLOCK_ROWS].float().T
-        return logits
+        return stored_product(h, w.head, row_dots=False)  # [T, V]: the plan's kernel at a few tokens, else blocks
 
 
 def decoder_block(lw: LayerWeights, streams: torch.Tensor, hc: tuple, attn: Callable[[torch.Tensor], torch.Tensor],

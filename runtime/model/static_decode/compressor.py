@@ -26,8 +26,8 @@ from __future__ import annotations
 import torch
 
 from ..compressor import CompressorWeights, pool_entries
-from ..fp8_matrix import linear
 from ..rope import Rope
+from ..stored_bf16 import stored_product
 from .state import CompressorBuffers
 
 
@@ -45,7 +45,7 @@ def compressor_step(w: CompressorWeights, buf: CompressorBuffers, x: torch.Tenso
     n_win = windows_touched(t, m)
     first = positions[:1]  # [1]
     buffered, w0 = first % m, first // m  # [1] each
-    new_kv, new_gate = linear(x.float(), w.wkv_gate).chunk(2, dim=-1)  # [T, C] each: both projections in one matmul
+    new_kv, new_gate = stored_product(x, w.wkv_gate).chunk(2, dim=-1)  # [T, C] each: both projections in one matmul
     # Slot j of the touched windows (position w0*m + j): buffered if j < b, else new token j - b, or the
     # zero row past the new tokens. Sources: [buffer (m) ; new (T) ; zero (1)].
     j = torch.arange(n_win * m, device=x.device)  # [nW*m]
@@ -82,7 +82,7 @@ def _decode_step(w: CompressorWeights, buf: CompressorBuffers, x: torch.Tensor, 
     slot p mod m first, then its window's entry is computed from the whole buffer in slot order."""
     m, width = w.ratio, w.width
     slot = pos % m  # [1]
-    new_kv, new_gate = linear(x.float(), w.wkv_gate).chunk(2, dim=-1)  # [1, C] each
+    new_kv, new_gate = stored_product(x, w.wkv_gate).chunk(2, dim=-1)  # [1, C] each
     buf.kv.index_copy_(0, slot, new_kv)  # [m, C]
     buf.gate.index_copy_(0, slot, new_gate)  # [m, C]
     kv, gate = buf.kv.unsqueeze(0), (buf.gate + w.ape).unsqueeze(0)  # [1, m, C] the window in slot order
