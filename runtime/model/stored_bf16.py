@@ -34,8 +34,6 @@ def stored_product(x: torch.Tensor, w: torch.Tensor, row_dots: bool = True) -> t
     if kernels is not None and kernels.takes_head(x, w):
         return kernels.head_logits(x, w)
     x = x.float()
-    if w.dtype == torch.float32:
-        return x @ w.T
     if x.device.type == "cpu":
         return slab_product(x, w.shape[0], lambda r0, r1, part: part.copy_(w[r0:r1]))
     out = torch.empty(x.shape[0], w.shape[0], dtype=torch.float32, device=x.device)  # [T, N]
