@@ -110,3 +110,23 @@ def test_tiny_model_prefill_widened_against_torchs_bf16_and_float32(tiny_ckpt, m
         top2 = reference.topk(2).values
         if float(top2[0] - top2[1]) >= 0.01 * scale:
             assert int(logits.argmax()) == int(reference.argmax()), f"NATIVE_BF16={native}"
+
+
+@pytest.mark.parametrize("T,K,N,slab,align", [(16, 64, 100, 64 * 7, 1), (33, 128, 256, 1 << 20, 1),
+                                               (20, 96, 260, 96 * 130, 128)])
+def test_bf16_slab_product_is_the_exact_sum_rounded(monkeypatch, T, K, N, slab, align):
+    """The slabs decoded to bf16 and multiplied by torch's bf16 GEMM (a host with bf16 arithmetic; it runs on
+    any): each slab's [T, R] block lands in its columns, the last slab short, leading dims kept."""
+    monkeypatch.setattr(bw, "SLAB_ELEMENTS", slab)  # (7 rows: 15 slabs, the last of 2), one slab, 128-row slabs
+    x, w = _rand(2, T, K, seed=T), _rand(N, K, seed=N)
+    filled = []
+
+    def fill(r0, r1, part):
+        assert part.dtype == BF16 and part.shape == (r1 - r0, K) and r0 % align == 0
+        filled.append((r0, r1))
+        part.copy_(w[r0:r1])
+
+    got = bw.bf16_slab_product(x, N, fill, align=align)
+    assert got.shape == (2, T, N)
+    assert filled[0][0] == 0 and filled[-1][1] == N and all(a[1] == b[0] for a, b in zip(filled, filled[1:]))
+    _close_to_exact(got, x.double() @ w.double().T)

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from ostinato.checkpoint.formats import dequantize_fp8, quantize_fp8
 from ostinato.compiler.codegen.dense_ops import build_cpu_dense_ops
 from ostinato.isa import supports
 from ostinato.runtime.engine.op_count import OpCounter
 from ostinato.runtime.kernels.dense_ops import DenseOpsKernel
-from ostinato.runtime.model import fused
+from ostinato.runtime.model import fp8_matrix, fused
 from ostinato.runtime.model.fp8_matrix import Fp8Matrix, grouped_linear, linear
 
 pytestmark = pytest.mark.slow  # compiles the host library (C++)
@@ -35,6 +36,19 @@ def _matrix(n: int, k: int, gen: torch.Generator) -> Fp8Matrix:
     w = torch.randn(pad_n, pad_k, generator=gen) * torch.logspace(-4, 2, pad_n)[:, None]
     q, s = quantize_fp8(w)
     return Fp8Matrix.of_bytes(q[:n, :k].contiguous(), s)
+
+
+class _MatmulDtypes(TorchDispatchMode):
+    """The dtypes of the operands of every aten.mm dispatched inside (the slabs' products)."""
+
+    def __init__(self):
+        super().__init__()
+        self.dtypes = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket is torch.ops.aten.mm:
+            self.dtypes |= {args[0].dtype, args[1].dtype}
+        return func(*args, **(kwargs or {}))
 
 
 def _reference(x: torch.Tensor, m: Fp8Matrix) -> torch.Tensor:
@@ -149,19 +163,25 @@ def test_what_the_kernel_does_not_take_is_refused_or_left_to_the_caller(kernels)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("T", [1, 4, 5, 40])
 @pytest.mark.parametrize("with_plan", [True, False])
-def test_the_model_takes_the_kernel_for_a_few_tokens_in_a_plans_forward(kernels, dtype, T, with_plan):
+@pytest.mark.parametrize("native_bf16", [True, False])
+def test_the_model_takes_the_kernel_for_a_few_tokens_in_a_plans_forward(kernels, dtype, T, with_plan, native_bf16,
+                                                                         monkeypatch):
     """A plan's forward at up to 4 tokens: one op; else W dequantized a slab of rows at a time (1,000 rows
-    of K 1,152 span slabs of 896); either way the float32 product rounded once to x's dtype."""
+    of K 1,152 span slabs of 896: to float32, or to bf16 for torch's bf16 GEMM where a bf16 x meets a host
+    with bf16 arithmetic, set here both ways); either way the float32 product rounded once to x's dtype."""
+    monkeypatch.setattr(fp8_matrix, "NATIVE_BF16", native_bf16)
     g = torch.Generator().manual_seed(T)
     m = _matrix(1000, 1152, g)
     x = (torch.randn(T, 1152, generator=g)).to(dtype)
     xg = (torch.randn(4, T, 1152, generator=g)).to(dtype)  # 4 groups of 250 rows
-    with fused.using(kernels if with_plan else None), OpCounter() as ops:
+    with fused.using(kernels if with_plan else None), OpCounter() as ops, _MatmulDtypes() as mm:
         got = linear(x, m), grouped_linear(xg, m)
     if with_plan and T <= 4:
         assert sum(n for op, n in ops.by_op.items() if "fp8_linear" in op) == 2
     else:
         assert not any("fp8_linear" in op for op in ops.by_op)
+        in_bf16 = native_bf16 and dtype == torch.bfloat16  # the slabs' products in bf16, else float32
+        assert mm.dtypes == {torch.bfloat16 if in_bf16 else torch.float32}
     rel = REL if dtype == torch.float32 else 2 ** -8  # bf16: one rounding of the float32 sum
     for out, want in ((got[0], _reference(x.float()[None], m)[0]), (got[1], _reference(xg.float(), m))):
         assert out.dtype == dtype
@@ -169,15 +189,18 @@ def test_the_model_takes_the_kernel_for_a_few_tokens_in_a_plans_forward(kernels,
 
 
 def test_rows_dequantize_bit_for_bit(kernels):
-    """The slab path's widening: any rows (block-aligned or not), every code, the format's own values."""
+    """The slab path's decoding, to float32 and to bf16: any rows (block-aligned or not), every code, the
+    format's own values (exact in bf16 too: 4 significant bits times a power of two)."""
     g = torch.Generator().manual_seed(9)
     m = _matrix(390, 264, g)
     want = dequantize_fp8(m.q, m.scale)  # [390, 264]
-    for r0, r1 in ((0, 128), (100, 390), (250, 251)):
-        out = torch.empty(r1 - r0, 264)
-        assert kernels.fp8_dequantize_rows(m.q, m.scale, r0, r1, out)
-        assert torch.equal(out, want[r0:r1])
-    assert not kernels.fp8_dequantize_rows(m.q, m.scale, 0, 2, torch.empty(2, 264, dtype=torch.bfloat16))
+    assert torch.equal(want.bfloat16().float(), want)  # the values the bf16 rows must hold exactly
+    for dtype in (torch.float32, torch.bfloat16):
+        for r0, r1 in ((0, 128), (100, 390), (250, 251)):
+            out = torch.full((r1 - r0, 264), float("nan"), dtype=dtype)
+            assert kernels.fp8_dequantize_rows(m.q, m.scale, r0, r1, out)
+            assert torch.equal(out.float(), want[r0:r1])
+    assert not kernels.fp8_dequantize_rows(m.q, m.scale, 0, 2, torch.empty(2, 264, dtype=torch.float16))
 
 
 def test_the_bench_times_the_three_variants_and_refuses_what_the_kernel_cannot_take(capsys):
@@ -201,3 +224,14 @@ def test_the_bench_times_the_three_variants_and_refuses_what_the_kernel_cannot_t
         fp8_linear.main(["--tokens", "5"])  # the kernel's limit is 4
     with pytest.raises(SystemExit):
         bf16_matmul.main(["--shapes", "256"])  # the shared parser: NxK
+
+
+def test_the_prefill_bench_times_both_slab_dtypes_against_the_bf16_copy(capsys):
+    from ostinato.bench import fp8_prefill
+    fp8_prefill.main(["--shapes", "256x264,128x136", "--tokens", "5,17", "--rounds", "1", "--calls", "1"])
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.strip().startswith(("5 |", "17 |"))]
+    assert len(rows) == 4 and all(len(r.split("|")) == 5 for r in rows)  # tokens, 3 variants, the ratio
+    assert all(float(r.split("|")[-1]) > 0 for r in rows)
+    with pytest.raises(SystemExit):
+        fp8_prefill.main(["--shapes", "256x260"])  # K a multiple of 8 (the decoder's)

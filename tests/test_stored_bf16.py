@@ -39,6 +39,17 @@ def test_without_kernels_the_rows_are_widened_a_slab_at_a_time(T, x_dtype, monke
     _check(stored_product(x, w), x, w)
 
 
+@pytest.mark.parametrize("x_dtype", [torch.float32, torch.bfloat16])
+def test_without_kernels_a_matrix_within_one_slab_is_widened_whole(x_dtype, monkeypatch):
+    monkeypatch.setattr(bf16_widening, "SLAB_ELEMENTS", 300 * 264)
+    monkeypatch.setattr(bf16_widening, "slab_product", None)  # not called
+    x, w = _inputs(20, 300, 264, x_dtype, seed=3)
+    with OpCounter() as ops:
+        got = stored_product(x, w)
+    assert ops.ops <= 4  # x widened (bf16 only), W widened, its transpose, the product
+    _check(got, x, w)
+
+
 def test_a_float32_matrix_is_a_plain_product():
     x, w = _inputs(2, 40, 64, torch.float32, seed=4)
     _check(stored_product(x, w.float()), x, w)

@@ -80,6 +80,11 @@ class DenseOpsKernel:
         if self.head_bf16_dot:
             self.lib.ost_head_logits_bf16.argtypes = [p, p, p, i64, i64, i64, i32]
             self.lib.ost_head_logits_bf16.restype = ctypes.c_int
+        # bf16 rows from the FP8 dequantizer (a library built before it lacks the symbol: the caller converts)
+        self.dequantizes_bf16 = hasattr(self.lib, "ost_fp8_dequantize_bf16")
+        if self.dequantizes_bf16:
+            self.lib.ost_fp8_dequantize_bf16.argtypes = [p, p, i64, p, i64, i64, i64]
+            self.lib.ost_fp8_dequantize_bf16.restype = ctypes.c_int
         self.triton = triton_module
         self.threads: int | None = None  # the head's threads on the host; None: torch's intra-op count
         self.handle = register(self)
@@ -202,13 +207,14 @@ class DenseOpsKernel:
         return out
 
     def fp8_dequantize_rows(self, q: torch.Tensor, scale: torch.Tensor, r0: int, r1: int, out: torch.Tensor) -> bool:
-        """Rows r0..r1-1 of (q [N, K] e4m3, scale) in float32 into out [r1 - r0, K] (contiguous); False when the
-        host library does not take them (the caller converts with torch)."""
+        """Rows r0..r1-1 of (q [N, K] e4m3, scale) into out [r1 - r0, K] (contiguous, float32 or bf16: exact in
+        either); False when the host library does not take them (the caller converts with torch)."""
         K = q.shape[1]
-        if not (q.device.type == "cpu" and q.is_contiguous() and K % 8 == 0 and out.is_contiguous()
-                and out.dtype == torch.float32 and out.shape == (r1 - r0, K) and scale.stride(1) == 1):
+        bf16 = self.lib.ost_fp8_dequantize_bf16 if self.dequantizes_bf16 else None
+        dequantize = {torch.float32: self.lib.ost_fp8_dequantize, torch.bfloat16: bf16}.get(out.dtype)
+        if not (dequantize is not None and q.device.type == "cpu" and q.is_contiguous() and K % 8 == 0
+                and out.is_contiguous() and out.shape == (r1 - r0, K) and scale.stride(1) == 1):
             return False
-        rc = self.lib.ost_fp8_dequantize(q.data_ptr(), scale.data_ptr(), scale.stride(0), out.data_ptr(), r0, r1, K)
-        if rc:
-            raise ValueError(f"ost_fp8_dequantize rejected rows {r0}:{r1} of an FP8 matrix {tuple(q.shape)}")
+        if dequantize(q.data_ptr(), scale.data_ptr(), scale.stride(0), out.data_ptr(), r0, r1, K):
+            raise ValueError(f"the FP8 dequantizer rejected rows {r0}:{r1} of an FP8 matrix {tuple(q.shape)}")
         return True

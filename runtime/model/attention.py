@@ -59,7 +59,7 @@ def attention(w: AttentionWeights, x: torch.Tensor, positions: torch.Tensor, cac
     """x [T, D] at contiguous `positions` [T] after what `cache` holds -> [T, D]; updates the cache."""
     cos, sin = rope.cos_sin(positions)  # [T, R/2] each
     qr, q, kv = project_qkv(w, x, cos, sin, eps)
-    lw, vw = _window(w, q, kv, cache)  # [T, H, W], [T, W, hd]
+    band, valid = _window(w, kv, cache)  # [T, W, hd] view, [T, W]
     rows, picks = _extend_compressed(w, qr, x, positions, cache, rope, cos, sin, eps)  # [n, hd], [T, k]
     per_query = w.n_heads * (w.window + 1)
     if rows is not None:
@@ -70,8 +70,10 @@ def attention(w: AttentionWeights, x: torch.Tensor, positions: torch.Tensor, cac
     out = []
     for s in range(0, x.shape[0], block):
         e = s + block
+        vw = band[s:e].contiguous()  # [Tb, W, hd]: the block's windows, one copy of whole rows
+        lw = _window_logits(w, q[s:e], vw, valid[s:e])  # [Tb, H, W]
         lc, vc = _compressed_logits(w, q[s:e], positions[s:e], rows, None if picks is None else picks[s:e])
-        out.append(attend_and_project(w, lw[s:e], vw[s:e], lc, vc, cos[s:e], sin[s:e]))  # [Tb, D]
+        out.append(attend_and_project(w, lw, vw, lc, vc, cos[s:e], sin[s:e]))  # [Tb, D]
     return torch.cat(out)  # [T, D]
 
 
@@ -107,21 +109,26 @@ def attend_and_project(w: AttentionWeights, lw: torch.Tensor, vw: torch.Tensor, 
     return linear(z.transpose(0, 1).reshape(t, -1), w.wo_b)  # [T, D]
 
 
-def _window(w: AttentionWeights, q: torch.Tensor, kv: torch.Tensor, cache: LayerCache
-            ) -> tuple[torch.Tensor, torch.Tensor]:
+def _window(w: AttentionWeights, kv: torch.Tensor, cache: LayerCache) -> tuple[torch.Tensor, torch.Tensor]:
     """Sliding branch, banded: query i sees rows i..i+W-1 of [pad ; cached W-1 rows ; new rows], a
     strided view, so the cost is T x W per head instead of T x (W-1+T). Pad rows stand for positions
-    < 0 and are masked. Returns (logits [T, H, W] float32, values [T, W, hd]); updates cache.window."""
-    t, hd, W = q.shape[0], w.head_dim, w.window
+    < 0 and are masked. Returns (each query's window keys = values [T, W, hd], a view; valid [T, W]);
+    updates cache.window."""
+    t, hd, W = kv.shape[0], w.head_dim, w.window
     n_prev = cache.window.shape[0]
     keys = torch.cat((cache.window, kv))  # [n_prev+T, hd]
     cache.window = keys[max(0, keys.shape[0] - (W - 1)):].clone()  # [<= W-1, hd]
     pad = W - 1 - n_prev
     padded = torch.cat((keys.new_zeros(pad, hd), keys)) if pad else keys  # [W-1+T, hd]
-    band = padded.unfold(0, W, 1)  # [T, hd, W] view: query i's window
-    valid = (torch.arange(t, device=q.device)[:, None] + torch.arange(W, device=q.device)) >= pad  # [T, W]
-    logits = product(q, band).float() * hd ** -0.5  # [T, H, W]
-    return logits.masked_fill(~valid[:, None, :], float("-inf")), band.transpose(1, 2)
+    valid = (torch.arange(t, device=kv.device)[:, None] + torch.arange(W, device=kv.device)) >= pad  # [T, W]
+    return padded.unfold(0, W, 1).transpose(1, 2), valid  # [T, hd, W] -> [T, W, hd]: query i's window
+
+
+def _window_logits(w: AttentionWeights, q: torch.Tensor, vw: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """Logits of queries q [Tb, H, hd] over their windows vw [Tb, W, hd] (contiguous: the product reads it
+    transposed in place, where the band view itself would be gathered element by element) -> [Tb, H, W] float32."""
+    logits = product(q, vw.transpose(1, 2)).float() * w.head_dim ** -0.5  # [Tb, H, W]
+    return logits.masked_fill(~valid[:, None, :], float("-inf"))
 
 
 def _extend_compressed(w: AttentionWeights, qr: torch.Tensor, x: torch.Tensor, positions: torch.Tensor,

@@ -9,7 +9,8 @@ bf16: what the plan counted, and what a decode token reads), and `linear(x, w)` 
   it: a decode token reads 1 byte a weight where a bf16 plan reads 2 (`python -m ostinato.bench.fp8_linear`);
   a bf16 plan's x goes to it as bf16 (exact there), which an avx512_bf16 build multiplies with vdpbf16ps;
 - otherwise on the CPU (more tokens, or a model loaded without a plan) by dequantizing a slab of W's rows
-  at a time to float32 (bf16_widening.slab_product), never the whole matrix.
+  at a time to float32 (bf16_widening.slab_product), never the whole matrix; a bf16 x on a host with bf16
+  arithmetic, to bf16 (exact as well) for torch's bf16 GEMM (bf16_widening.bf16_slab_product).
 Every path is the float32 sum of the dequantized weights' exact products (e4m3 x 2^k is exact in float32)
 rounded once to x's dtype: an fp8 plan computes what a bf16 plan does up to summation order (in bf16, a
 rounding step here and there), and in float32 what the float32 reference does.
@@ -34,7 +35,7 @@ import torch
 from ostinato.checkpoint.formats import FP8_BLOCK, dequantize_fp8
 
 from ..kernels.scale_layout import word_aligned
-from .bf16_widening import slab_product, widened_grouped, widened_linear, widens
+from .bf16_widening import NATIVE_BF16, bf16_slab_product, slab_product, widened_grouped, widened_linear, widens
 from .fused import active, inductor_generates
 
 ROW_DOT_MAX_ELEMENTS = 1 << 20  # largest matrix read as row dots in a compiled step (4 MB in float32)
@@ -109,25 +110,31 @@ def grouped_linear(x: torch.Tensor, w: Matrix) -> torch.Tensor:
 def _on_host(x: torch.Tensor, w: Fp8Matrix) -> torch.Tensor:
     """x [G, T, K] @ W [G*M, K]^T by groups -> [G, T, M] in x's dtype, W as stored, on the CPU: a few tokens
     through the plan's FP8 kernel (kernels/dense_ops.py; one read of W's bytes, a decode step's case), more
-    (or a model without a plan) a slab of W's rows dequantized to float32 at a time (bf16_widening.py). Either
-    way float32 sums of the dequantized weights' exact products, rounded once to x's dtype."""
+    (or a model without a plan) a slab of W's rows dequantized at a time (bf16_widening.py: to float32, or to
+    bf16 for a bf16 x on a host with bf16 arithmetic). Each way float32 sums of the dequantized weights' exact
+    products, rounded once to x's dtype."""
     G, T, K = x.shape
     kernels = active()
     # bf16 x as it is: exact in bf16, the kernel's vdpbf16ps path takes it (float32 x, the widening path)
     xk = x if x.dtype == torch.bfloat16 else x.float()
     if kernels is not None and kernels.takes_fp8(xk, w.q, w.scale, G):
         return kernels.fp8_linear(xk.contiguous(), w.q, w.scale, G).to(x.dtype)
-    x32 = x.float()
     M = w.shape[0] // G
-    return torch.stack([slab_product(x32[g], M, lambda r0, r1, part, o=g * M: _dequantize_rows(w, o + r0, o + r1, part,
-                                                                                            kernels),
-                                     align=FP8_BLOCK) for g in range(G)]).to(x.dtype)
+    # bf16 slabs and torch's bf16 GEMM (float32 sums, rounded once) where the host has bf16 arithmetic (and the
+    # plan's library decodes to bf16: one built before that keeps the float32 slabs)
+    if x.dtype == torch.bfloat16 and NATIVE_BF16 and (kernels is None or kernels.dequantizes_bf16):
+        product, xs = bf16_slab_product, x
+    else:
+        product, xs = slab_product, x.float()
+    return torch.stack([product(xs[g], M, lambda r0, r1, part, o=g * M: _dequantize_rows(w, o + r0, o + r1, part,
+                                                                                          kernels),
+                                align=FP8_BLOCK) for g in range(G)]).to(x.dtype)
 
 
 def _dequantize_rows(w: Fp8Matrix, r0: int, r1: int, out: torch.Tensor, kernels=None) -> None:
-    """W's rows r0..r1-1 in float32 into out [r1 - r0, K] (exact: e4m3 x 2^k): with the plan's host library
-    where there is one (torch's e4m3 conversion is ~18x slower), else with the checkpoint reader's
-    dequantize_fp8 from the start of r0's scale block."""
+    """W's rows r0..r1-1 into out [r1 - r0, K], float32 or bf16 (exact in either: e4m3 x 2^k): with the plan's
+    host library where there is one (torch's e4m3 conversion is ~18x slower), else with the checkpoint
+    reader's dequantize_fp8 from the start of r0's scale block."""
     if kernels is not None and kernels.fp8_dequantize_rows(w.q, w.scale, r0, r1, out):
         return
     b0 = r0 // FP8_BLOCK * FP8_BLOCK

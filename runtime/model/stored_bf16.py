@@ -7,7 +7,8 @@ plan's, are exact in float32):
 - a few tokens with a plan's kernels active: the head kernel (kernels/dense_ops.py `head_logits`), one op;
 - one token of a step torch.compile traces, on a small matrix: row dots, which Inductor generates fused with
   their neighbours (fp8_matrix.py's rule, ROW_DOT_MAX_ELEMENTS);
-- otherwise blocks of rows widened to float32 (on the CPU a slab at a time into one buffer, bf16_widening.py).
+- otherwise blocks of rows widened to float32 (on the CPU a slab at a time into one buffer, bf16_widening.py; a
+  matrix no larger than a slab widened whole, in 3 dispatched ops where the slabs take ~10).
 Holding them as stored halves what a decode token reads of them (V4-Flash's compressors: 59 MB a token of a
 4-layer slice in float32; 1.00 ms through the head kernel against 2.97 ms as float32 matmuls, 2 Zen 4 cores).
 
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from .bf16_widening import slab_product
+from . import bf16_widening
 from .fp8_matrix import ROW_DOT_MAX_ELEMENTS
 from .fused import active, inductor_generates
 
@@ -35,7 +36,9 @@ def stored_product(x: torch.Tensor, w: torch.Tensor, row_dots: bool = True) -> t
         return kernels.head_logits(x, w)
     x = x.float()
     if x.device.type == "cpu":
-        return slab_product(x, w.shape[0], lambda r0, r1, part: part.copy_(w[r0:r1]))
+        if w.numel() <= bf16_widening.SLAB_ELEMENTS:  # one slab's size: widened whole, a third of the ops
+            return x @ w.float().T
+        return bf16_widening.slab_product(x, w.shape[0], lambda r0, r1, part: part.copy_(w[r0:r1]))
     out = torch.empty(x.shape[0], w.shape[0], dtype=torch.float32, device=x.device)  # [T, N]
     for r in range(0, w.shape[0], BLOCK_ROWS):
         out[:, r:r + BLOCK_ROWS] = x @ w[r:r + BLOCK_ROWS].float().T
