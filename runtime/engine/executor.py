@@ -25,7 +25,6 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from ostinato.checkpoint.reader import PackedExpert
@@ -36,6 +35,7 @@ from ..kernels.routes import group_flat_routes
 from ..kernels.torch_ops import define, handle_tensor, loaded, register
 from ..kernels.triton_experts import HotPool
 from .counters import Counters
+from .route_tally import RouteTally
 from .span_timer import SpanTimer
 from .streams import streams_for
 
@@ -97,13 +97,16 @@ class PlacementExecutor:
         self._route_token = {le.device: torch.arange(max_step_tokens, device=le.device).repeat_interleave(top_k)
                              for le in layers}
         self._hot_of = torch.stack([le.cold_of < 0 for le in layers])  # [L, E] bool on CPU: counts decode steps
+        self._tally = RouteTally(self._hot_of)
         # route_sink(first_layer, expert ids [n, R] int64 on the CPU): told every forward's routes (a session's
         # routing counts, engine/adapter.py); None: nobody listens
         self.route_sink = None
 
     @property
     def counters(self) -> Counters:
-        """What every forward routed where and how long each part took, with every timed span settled."""
+        """What every forward routed where and how long each part took, with every timed span settled and
+        every step's routes counted."""
+        self._tally.flush(self._counters)
         return self.timer.settle()
 
     def hot_mask(self, layers: int) -> torch.Tensor:
@@ -112,6 +115,7 @@ class PlacementExecutor:
 
     def mark_hot(self, layer: int, expert: int, hot: bool) -> None:
         """Count `expert` of `layer` as hot or cold from now on (a re-placement, engine/adapter.py, moved it)."""
+        self._tally.flush(self._counters)  # the steps before it, with the hot sets they ran with
         self._hot_of[layer, expert] = hot
 
     def set_mode(self, mode: str) -> None:
@@ -202,28 +206,16 @@ class PlacementExecutor:
         return torch.ops.ostinato.expert_step(x, expert_ids, weights, layer, self.handle)
 
     def count_decode(self, expert_ids: torch.Tensor, seconds: float, first_layer: int = 0) -> None:
-        """Host side, after a fixed-shape step: count its routes (expert_ids [L, T, k] or [L, k] on the CPU, of
-        layers first_layer ..) and check that every cold task succeeded."""
-        # In numpy, on views of the same memory: a step's counts are a few dozen values, where torch's per-op
-        # dispatch made them twice as slow (measured 34-47 us against 19-28 a step, 4 layers x 4 routes).
-        c = self._counters
-        expert_ids = expert_ids.reshape(expert_ids.shape[0], -1)  # [L, T * k]
-        ids = expert_ids.numpy()
-        hot_of = self._hot_of.numpy()[first_layer:first_layer + ids.shape[0]]  # [L, E]
-        rows = np.arange(ids.shape[0])[:, None]  # [L, 1]
-        hot = int(hot_of[rows, ids].sum())
-        touched = np.zeros_like(hot_of)  # [L, E]
-        touched[rows, ids] = True
-        c.forwards += ids.shape[0]
-        c.routes_hot += hot
-        c.routes_cold += ids.size - hot
-        c.distinct_cold += int((touched & ~hot_of).sum())
+        """Host side, after a fixed-shape step: its routes (expert_ids [L, T, k] or [L, k] on the CPU, of layers
+        first_layer ..) held for counting (route_tally.py: counted in batches, before the counters are read),
+        told to the route sink, and every cold task checked."""
+        self._tally.add(first_layer, expert_ids, self._counters)
         if self.route_sink is not None:
             self.route_sink(first_layer, expert_ids)
         for bridge in self.bridges:
             if bridge is not None:
                 bridge.check()
-        c.decode_step_s += seconds
+        self._counters.decode_step_s += seconds
 
     # ----- device side ------------------------------------------------------------------------
     def _hot(self, pool: HotPool, x, token, slot, weight, out) -> None:

@@ -119,6 +119,9 @@ class StaticStep:
 
     def set_tokens(self, token_ids) -> None:
         """The next step's T token ids (ints, or a tensor [T])."""
+        if isinstance(token_ids, list) and self.token.device.type == "cpu" and len(token_ids) == self.tokens:
+            self.token.numpy()[:] = token_ids  # one numpy write: ~40 us less a decode token than as_tensor + copy_
+            return
         ids = torch.as_tensor(token_ids, dtype=torch.long).reshape(-1)
         if ids.numel() != self.tokens:
             raise ValueError(f"this step takes {self.tokens} tokens, got {ids.numel()}")
@@ -159,7 +162,10 @@ class StaticStep:
             self.token_in[i + 1].copy_(self.token_in[i])
 
     def route_ids(self) -> torch.Tensor:
-        """The last step's expert ids, on the CPU: [L, T, k] int64 (what counters need every step)."""
+        """The last step's expert ids, on the CPU: [L, T, k] int64 (what counters need every step). With one CPU
+        segment, the step's own buffer (no op: read it before the next step), else a copy."""
+        if len(self.expert_ids) == 1 and self.expert_ids[0].device.type == "cpu":
+            return self.expert_ids[0]
         return torch.cat([t.cpu() for t in self.expert_ids])
 
     def routes(self) -> tuple[torch.Tensor, torch.Tensor]:
