@@ -19,8 +19,6 @@ Prints milliseconds per call (median over rounds, the variants alternating in ea
 from __future__ import annotations
 
 import os
-import statistics
-import time
 
 import torch
 
@@ -29,7 +27,6 @@ from ostinato.host import cpu_model
 from ostinato.isa import detect_isa
 from ostinato.runtime.model.bf16_widening import widened_linear
 
-FLUSH_BYTES = 64 * 1024 * 1024
 DEFAULT_SHAPES = "1024x4096,32768x1024,4096x8192"
 DEFAULT_TOKENS = "1,4,8,16,32,128,512"
 
@@ -48,7 +45,6 @@ VARIANTS = {"bf16": as_bf16, "slabs": widened_linear, "whole": widened_whole}
 def time_shape(n: int, k: int, tokens: list[int], rounds: int, calls: int) -> dict[int, dict[str, float]]:
     """{T: {variant: median ms a call}} for one [n, k] matrix."""
     w = (torch.randn(n, k) * k ** -0.5).to(torch.bfloat16)
-    flush = torch.empty(FLUSH_BYTES // 4)
     out = {}
     for T in tokens:
         x = torch.randn(T, k).to(torch.bfloat16)
@@ -57,17 +53,9 @@ def time_shape(n: int, k: int, tokens: list[int], rounds: int, calls: int) -> di
             err = float((fn(x, w).float() - a).abs().max() / a.abs().max().clamp(min=1e-30))
             if err > 2 ** -7:  # each rounds one float32 sum to bf16: a unit or two of its last place apart
                 raise SystemExit(f"[{n}, {k}] at {T} tokens: {name} differs from torch's by {err:.1e} of its scale")
-        times = {name: [] for name in VARIANTS}
-        for _ in range(rounds):
-            for name, fn in VARIANTS.items():
-                total = 0.0
-                for _ in range(calls):
-                    flush.add_(1.0)
-                    start = time.perf_counter()
-                    fn(x, w)
-                    total += time.perf_counter() - start
-                times[name].append(total / calls * 1e3)
-        out[T] = {name: statistics.median(v) for name, v in times.items()}
+        seconds = matrix_shapes.cold_call_seconds({name: lambda fn=fn: fn(x, w) for name, fn in VARIANTS.items()},
+                                                   rounds, calls)
+        out[T] = {name: s * 1e3 for name, s in seconds.items()}
     return out
 
 

@@ -20,9 +20,7 @@ second.
 from __future__ import annotations
 
 import os
-import statistics
 import tempfile
-import time
 
 import torch
 
@@ -34,7 +32,6 @@ from ostinato.isa import detect_isa, supports
 from ostinato.runtime.kernels.dense_ops import DenseOpsKernel
 from ostinato.runtime.model.fp8_matrix import Fp8Matrix
 
-FLUSH_BYTES = 64 * 1024 * 1024
 DEFAULT_SHAPES = "1024x4096,32768x1024,4096x8192"
 DEFAULT_TOKENS = "1,2,4"
 
@@ -64,7 +61,6 @@ def time_shape(kernels: dict[str, DenseOpsKernel], n: int, k: int, tokens: list[
         "bf16": (lambda x: (x.to(torch.bfloat16) @ w16.T).float(), 2 * w16.numel()),
         "float32": (lambda x: x @ w32.T, 4 * w32.numel()),
     }
-    flush = torch.empty(FLUSH_BYTES // 4)
     out = {}
     for T in tokens:
         x = torch.randn(T, k).bfloat16().float()  # exact in bf16: every variant computes with the same x
@@ -73,18 +69,9 @@ def time_shape(kernels: dict[str, DenseOpsKernel], n: int, k: int, tokens: list[
             err = float((fn(x) - ref).abs().max() / ref.abs().max())
             if err > (2 ** -7 if name == "bf16" else 1e-5):  # bf16 rounds x; the others are float32 sums
                 raise SystemExit(f"[{n}, {k}] at {T} tokens: {name} differs from float64 by {err:.1e} of its scale")
-        times = {name: [] for name in variants}
-        for _ in range(rounds):
-            for name, (fn, _) in variants.items():
-                total = 0.0
-                for _ in range(calls):
-                    flush.add_(1.0)
-                    start = time.perf_counter()
-                    fn(x)
-                    total += time.perf_counter() - start
-                times[name].append(total / calls)
-        out[T] = {name: (statistics.median(v) * 1e3, variants[name][1] / statistics.median(v) / 1e9)
-                  for name, v in times.items()}
+        seconds = matrix_shapes.cold_call_seconds({name: lambda fn=fn: fn(x) for name, (fn, _) in variants.items()},
+                                                   rounds, calls)
+        out[T] = {name: (s * 1e3, variants[name][1] / s / 1e9) for name, s in seconds.items()}
     return out
 
 

@@ -16,9 +16,7 @@ milliseconds per call (medians over rounds, the variants alternating), GFLOP/s, 
 from __future__ import annotations
 
 import os
-import statistics
 import tempfile
-import time
 
 import torch
 
@@ -31,7 +29,6 @@ from ostinato.runtime.kernels.dense_ops import DenseOpsKernel
 from ostinato.runtime.model.bf16_widening import NATIVE_BF16, bf16_slab_product, slab_product
 from ostinato.runtime.model.fp8_matrix import Fp8Matrix
 
-FLUSH_BYTES = 64 * 1024 * 1024
 DEFAULT_SHAPES = "1024x4096,32768x1024,4096x8192"
 DEFAULT_TOKENS = "16,64,200,512"
 
@@ -54,7 +51,6 @@ def time_shape(kernel: DenseOpsKernel, n: int, k: int, tokens: list[int], rounds
         "bf16 slabs": lambda x: bf16_slab_product(x, n, fill, align=FP8_BLOCK),
         "bf16 copy": lambda x: x @ w16.T,
     }
-    flush = torch.empty(FLUSH_BYTES // 4)
     out = {}
     for T in tokens:
         x = torch.randn(T, k).to(torch.bfloat16)
@@ -63,17 +59,9 @@ def time_shape(kernel: DenseOpsKernel, n: int, k: int, tokens: list[int], rounds
             err = float((fn(x).double() - ref).abs().max() / ref.abs().max())
             if err > 2 ** -7:  # each rounds a float32 sum of the same exact products to bf16
                 raise SystemExit(f"[{n}, {k}] at {T} tokens: {name} differs from float64 by {err:.1e} of its scale")
-        times = {name: [] for name in variants}
-        for _ in range(rounds):
-            for name, fn in variants.items():
-                total = 0.0
-                for _ in range(calls):
-                    flush.add_(1.0)
-                    start = time.perf_counter()
-                    fn(x)
-                    total += time.perf_counter() - start
-                times[name].append(total / calls * 1e3)
-        out[T] = {name: statistics.median(v) for name, v in times.items()}
+        seconds = matrix_shapes.cold_call_seconds({name: lambda fn=fn: fn(x) for name, fn in variants.items()},
+                                                   rounds, calls)
+        out[T] = {name: s * 1e3 for name, s in seconds.items()}
     return out
 
 

@@ -1,12 +1,17 @@
-"""The command line the matrix-product benches share (bf16_matmul.py, fp8_linear.py): which [N, K] matrices,
-at which token counts, how many rounds and calls, on how many threads; and the integer lists the kernel benches
-sweep (int_list: fp8_linear.py, head_kernel.py)."""
+"""What the matrix-product benches share (bf16_matmul.py, fp8_linear.py, fp8_prefill.py): the command line (which
+[N, K] matrices, at which token counts, how many rounds and calls, on how many threads), their timing loop
+(cold_call_seconds), and the integer lists the kernel benches sweep (int_list: fp8_linear.py, head_kernel.py)."""
 
 from __future__ import annotations
 
 import argparse
+import statistics
+import time
+from collections.abc import Callable
 
 import torch
+
+FLUSH_BYTES = 64 * 1024 * 1024  # written before every timed call: more than the caches hold
 
 
 def parser(doc: str, shapes: str, tokens: str, rounds: int, calls: int) -> argparse.ArgumentParser:
@@ -50,3 +55,21 @@ def parse(p: argparse.ArgumentParser, argv=None, k_multiple: int = 1,
     if a.threads:
         torch.set_num_threads(a.threads)
     return a, shapes, tokens
+
+
+def cold_call_seconds(variants: dict[str, Callable[[], object]], rounds: int, calls: int) -> dict[str, float]:
+    """{variant: the median over rounds of its mean seconds a call}. The variants alternate within each round
+    (a machine's slow minute slows them all), and every call follows a write of FLUSH_BYTES, so it reads its
+    matrix from memory as a model's forward does, not from the cache the previous call filled."""
+    flush = torch.empty(FLUSH_BYTES // 4)
+    times = {name: [] for name in variants}
+    for _ in range(rounds):
+        for name, fn in variants.items():
+            total = 0.0
+            for _ in range(calls):
+                flush.add_(1.0)
+                start = time.perf_counter()
+                fn()
+                total += time.perf_counter() - start
+            times[name].append(total / calls)
+    return {name: statistics.median(v) for name, v in times.items()}
