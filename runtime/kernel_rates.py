@@ -1,4 +1,5 @@
-"""Time a built CPU expert kernel on this host: the rates ostinato-calibrate writes into a hardware spec.
+"""Time a built CPU expert kernel and the dense GEMM on this host: the rates ostinato-calibrate writes into a
+hardware spec.
 
     python -m ostinato.runtime.kernel_rates KERNEL.so --d 4096 --i 2048 [--threads N] ...   -> one JSON line
 
@@ -22,9 +23,11 @@ from ostinato.isa import detect_isa
 from .kernels.cpu_experts import CpuExpertKernel
 from .kernels.routes import GroupedRoutes, group_routes
 from .kernels.testing import random_packed_expert
+from .model import bf16_widening
 
 ROUTED = 6   # experts per call at 1 token (a decode step's top-6)
 BATCH = 64   # tokens per expert for the compute rate
+DENSE_TOKENS = 512  # a prefill chunk's tokens for the dense GEMM's rate, over a [D, D] matrix
 
 
 def best_seconds(fn, rounds: int) -> float:
@@ -64,9 +67,21 @@ def measure(kernel_path: str, D: int, I: int, threads: int, n_experts: int, dtyp
     xb, outb = torch.randn(BATCH, D).to(dtype), torch.zeros(BATCH, D)
     batch = routes([0, 1], n_experts, BATCH)
     many = best_seconds(lambda: kernel(xb, batch, table, outb, threads), rounds)
+    dense_dtype, dense = dense_rate(D, dtype, rounds)
     return {"isa": detect_isa(), "threads": threads, "read_bandwidth": read_bw,
             "expert_read_bandwidth": ROUTED * expert_bytes / one,
-            "expert_flops": 2 * BATCH * (2 * 3 * D * I) / many, "batch": BATCH}
+            "expert_flops": 2 * BATCH * (2 * 3 * D * I) / many, "batch": BATCH,
+            "dense_flops": dense, "dense_dtype": dense_dtype, "dense_tokens": DENSE_TOKENS}
+
+
+def dense_rate(D: int, dtype: torch.dtype, rounds: int) -> tuple[str, float]:
+    """(the dtype, FLOP/s) of a prefill's dense products here: torch's GEMM of DENSE_TOKENS tokens by a [D, D]
+    matrix, in bf16 where the runtime multiplies bf16 activations in bf16 (a host with bf16 arithmetic,
+    model/bf16_widening.py), else in float32 (the widened slabs' GEMM)."""
+    gemm = torch.bfloat16 if dtype == torch.bfloat16 and bf16_widening.NATIVE_BF16 else torch.float32
+    x, w = torch.randn(DENSE_TOKENS, D).to(gemm), torch.randn(D, D).to(gemm)
+    x @ w.T  # the first call sets up the GEMM library's buffers
+    return str(gemm).removeprefix("torch."), 2 * DENSE_TOKENS * D * D / best_seconds(lambda: x @ w.T, rounds)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,8 +1,10 @@
 """ostinato-calibrate measures the CPU expert kernel here and writes a spec whose host rates the
-cost model then uses instead of the DRAM bandwidth and matmul constants."""
+cost model then uses instead of the DRAM bandwidth and matmul constants; a CPU-only spec's "device" (the CPU)
+gets the measured dense GEMM rate and read bandwidth."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -21,8 +23,14 @@ def test_a_calibrated_spec_prices_the_cold_experts_with_what_was_measured(tiny_c
                         "--experts", "12", "--rounds", "1", "--kernel-dir", str(kernel_dir)],
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
-    host = load_hardware(spec).host
+    calibrated = load_hardware(spec)
+    host = calibrated.host
     assert host.expert_read_bandwidth > 0 and host.expert_flops > 0 and "ostinato-calibrate" in host.calibration
+    dense = re.search(r"dense GEMM (\d+) GFLOP/s \((bfloat16|float32), 512 tokens\)", host.calibration)
+    assert dense, host.calibration
+    noted = int(dense.group(1))  # the spec keeps 3 significant digits of it
+    assert noted > 0 and abs(calibrated.gpus.matmul_flops / 1e9 - noted) <= 0.01 * noted + 1
+    assert calibrated.gpus.bandwidth == host.bandwidth  # the CPU's own read, measured
     assert host_expert_rates(host) == (host.expert_read_bandwidth, host.expert_flops)
     assert host_expert_rates(load_hardware("cpu-only").host) == (40e9, 100e9)  # uncalibrated: the spec's constants
 

@@ -5,7 +5,10 @@ The cost model prices cold experts with the host's `expert_read_bandwidth` (pack
 long prefills); without them it falls back to the spec's DRAM bandwidth and matmul rate, which the
 kernel does not reach. This builds the project's CPU kernel for this CPU at DeepSeek-V4-Flash's expert
 shape, has the runtime time it (python -m ostinato.runtime.kernel_rates, a separate process) and
-writes BASE with the host's fields replaced by what was measured:
+writes BASE with the host's fields replaced by what was measured. A CPU-only spec's "device" is the CPU
+itself, so its dense products are priced at its `gpus.matmul_flops` and `gpus.bandwidth`: those become the
+measured dense GEMM rate (torch's, in the dtype the runtime computes a prefill's products in here) and read
+bandwidth.
 
     ostinato-calibrate rtx4090d-x4 build/my-box.yaml      # a preset, or a spec file
     ostinato-compile MODEL plan.yaml --hardware build/my-box.yaml
@@ -78,11 +81,15 @@ def main(argv: list[str] | None = None) -> int:
             f"{datetime.date.today().isoformat()}: read {m['read_bandwidth'] / 1e9:.1f} GB/s; kernel "
             f"{m['expert_read_bandwidth'] / 1e9:.1f} GB/s at 1 token "
             f"({m['expert_read_bandwidth'] / m['read_bandwidth']:.2f} "
-            f"of read), {m['expert_flops'] / 1e9:.0f} GFLOP/s at {m['batch']} tokens")
+            f"of read), {m['expert_flops'] / 1e9:.0f} GFLOP/s at {m['batch']} tokens"
+            + (f"; dense GEMM {m['dense_flops'] / 1e9:.0f} GFLOP/s ({m['dense_dtype']}, {m['dense_tokens']} tokens)"
+               if base.cpu_only else ""))
     host = base.host.replace(cores=m["threads"], isa=m["isa"], bandwidth=rate(m["read_bandwidth"]),
                              expert_read_bandwidth=rate(m["expert_read_bandwidth"]),
                              expert_flops=rate(m["expert_flops"]), calibration=note)
-    spec = base.replace(name=f"{base.name}-calibrated", host=host)
+    gpus = (base.gpus.replace(bandwidth=rate(m["read_bandwidth"]), matmul_flops=rate(m["dense_flops"]))
+            if base.cpu_only else base.gpus)
+    spec = base.replace(name=f"{base.name}-calibrated", host=host, gpus=gpus)
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(f"# {base.name} with this host's CPU expert rates, measured by {note}\n"
                      + dump_yaml(spec.model_dump(mode="json", exclude_none=True)))
