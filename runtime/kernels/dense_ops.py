@@ -80,11 +80,14 @@ class DenseOpsKernel:
         if self.head_bf16_dot:
             self.lib.ost_head_logits_bf16.argtypes = [p, p, p, i64, i64, i64, i32]
             self.lib.ost_head_logits_bf16.restype = ctypes.c_int
-        # bf16 rows from the FP8 dequantizer (a library built before it lacks the symbol: the caller converts)
+        # the FP8 dequantizer by output dtype; bf16 rows only from a library built with them (else the caller
+        # converts, or keeps float32 slabs)
+        self._dequantizers = {torch.float32: self.lib.ost_fp8_dequantize}
         self.dequantizes_bf16 = hasattr(self.lib, "ost_fp8_dequantize_bf16")
         if self.dequantizes_bf16:
             self.lib.ost_fp8_dequantize_bf16.argtypes = [p, p, i64, p, i64, i64, i64]
             self.lib.ost_fp8_dequantize_bf16.restype = ctypes.c_int
+            self._dequantizers[torch.bfloat16] = self.lib.ost_fp8_dequantize_bf16
         self.triton = triton_module
         self.threads: int | None = None  # the head's threads on the host; None: torch's intra-op count
         self.handle = register(self)
@@ -210,8 +213,7 @@ class DenseOpsKernel:
         """Rows r0..r1-1 of (q [N, K] e4m3, scale) into out [r1 - r0, K] (contiguous, float32 or bf16: exact in
         either); False when the host library does not take them (the caller converts with torch)."""
         K = q.shape[1]
-        bf16 = self.lib.ost_fp8_dequantize_bf16 if self.dequantizes_bf16 else None
-        dequantize = {torch.float32: self.lib.ost_fp8_dequantize, torch.bfloat16: bf16}.get(out.dtype)
+        dequantize = self._dequantizers.get(out.dtype)
         if not (dequantize is not None and q.device.type == "cpu" and q.is_contiguous() and K % 8 == 0
                 and out.is_contiguous() and out.shape == (r1 - r0, K) and scale.stride(1) == 1):
             return False

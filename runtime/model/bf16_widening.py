@@ -69,6 +69,11 @@ def widened_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return slab_product(x, w.shape[0], lambda r0, r1, part: part.copy_(w[r0:r1])).to(torch.bfloat16)
 
 
+def slab_rows(K: int, align: int) -> int:
+    """Rows of a slab of K-wide rows: at most SLAB_ELEMENTS values, a multiple of `align` (at least one `align`)."""
+    return max(align, SLAB_ELEMENTS // K // align * align)
+
+
 def slab_product(x: torch.Tensor, N: int, fill: Callable[[int, int, torch.Tensor], object],
                  align: int = 1) -> torch.Tensor:
     """x [..., T, K] @ W[N, K]^T -> [..., T, N] float32, where fill(r0, r1, part) writes W's rows r0..r1-1
@@ -76,7 +81,7 @@ def slab_product(x: torch.Tensor, N: int, fill: Callable[[int, int, torch.Tensor
     lead, K = x.shape[:-1], x.shape[-1]
     xt = x.reshape(-1, K).float().T.contiguous()  # [K, T'] (T' = all leading positions)
     out = torch.empty(N, xt.shape[1], dtype=torch.float32)  # [N, T']: each slab's rows are contiguous
-    rows = max(align, SLAB_ELEMENTS // K // align * align)
+    rows = slab_rows(K, align)
     slab = torch.empty(min(rows, N), K, dtype=torch.float32)
     for r in range(0, N, rows):
         part = slab[:min(rows, N - r)]
@@ -93,7 +98,7 @@ def bf16_slab_product(x: torch.Tensor, N: int, fill: Callable[[int, int, torch.T
     output's transpose is a copy of whole R-value runs, not the element-wise one slab_product's [N, T] needs."""
     lead, K = x.shape[:-1], x.shape[-1]
     x2 = x.reshape(-1, K)  # [T', K]
-    rows = max(align, SLAB_ELEMENTS // K // align * align)
+    rows = slab_rows(K, align)
     slabs = -(-N // rows)
     out = torch.empty(slabs, x2.shape[0], rows, dtype=torch.bfloat16)  # [S, T', R]: slab s's product is out[s]
     slab = torch.empty(min(rows, N), K, dtype=torch.bfloat16)
