@@ -34,7 +34,7 @@ from ..kernels.cpu_experts import CpuExpertKernel, ExpertTable
 from ..kernels.routes import group_flat_routes
 from ..kernels.torch_ops import define, handle_tensor, loaded, register
 from ..kernels.triton_experts import HotPool
-from .counters import Counters
+from .counters import Counters, LiveCounters
 from .route_tally import RouteTally
 from .span_timer import SpanTimer
 from .streams import streams_for
@@ -101,13 +101,12 @@ class PlacementExecutor:
         # route_sink(first_layer, expert ids [n, R] int64 on the CPU): told every forward's routes (a session's
         # routing counts, engine/adapter.py); None: nobody listens
         self.route_sink = None
+        self.counters = LiveCounters(self._counters, self._settle_counters)  # what callers read (counters.py)
 
-    @property
-    def counters(self) -> Counters:
-        """What every forward routed where and how long each part took, with every timed span settled and
-        every step's routes counted."""
+    def _settle_counters(self) -> None:
+        """Count the held steps' routes and add the finished spans' times to the running totals."""
         self._tally.flush(self._counters)
-        return self.timer.settle()
+        self.timer.settle()
 
     def hot_mask(self, layers: int) -> torch.Tensor:
         """[layers, E] bool on the CPU, a copy: which experts of the first `layers` layers are hot now."""
