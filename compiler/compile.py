@@ -28,7 +28,7 @@ from ostinato.checkpoint import model_sizes
 from ostinato.checkpoint.config import ModelConfig
 from ostinato.checkpoint.fingerprint import ModelFingerprint, model_fingerprint
 from ostinato.checkpoint.reader import INDEX_NAME, SINGLE_NAME, Checkpoint
-from ostinato.checkpoint.tensor_specs import layer_specs, mtp_block_specs
+from ostinato.checkpoint.tensor_specs import dspark_specs, layer_specs, mtp_block_specs
 from ostinato.checkpoint.weight_fingerprint import WeightFingerprint, weight_fingerprint
 from ostinato.hardware import HardwareSpec, load_hardware
 from ostinato.plan import (
@@ -134,14 +134,23 @@ def read_model(b: Build) -> None:
     if (root / INDEX_NAME).exists() or (root / SINGLE_NAME).exists():
         ckpt = Checkpoint.open(root, weights=False)
         b.config, b.has_weights, b.has_mtp = ckpt.config, ckpt.has_weights, ckpt.has_mtp
+        drafter = dspark_specs(b.config) if ckpt.has_dspark else {}
     else:
         b.config = ModelConfig.from_json(root)
-        b.has_mtp = b.config.num_nextn_predict_layers > 0
+        b.has_mtp = b.config.mtp_blocks > 0
+        drafter = dspark_specs(b.config)
         b.notes.append("no weight index: sizes computed from config.json alone")
+    if drafter:
+        b.notes.append(dspark_note(b.config, drafter))
     o = b.options
     if o.speculative not in SPECULATIVE:
         raise CompileError(f"--speculative is {o.speculative!r}: one of {', '.join(SPECULATIVE)}")
     if o.speculative == "mtp" and not b.has_mtp:
+        if b.config.has_dspark:
+            raise CompileError(f"--speculative mtp: {root} is the 0731 release, whose mtp.* tensors are a DSpark "
+                               "drafter, not an MTP block (its config's dspark_* keys say so; "
+                               "num_nextn_predict_layers 1 notwithstanding): Ostinato does not draft with it; "
+                               "use --speculative auto or off")
         raise CompileError(f"--speculative mtp: {root} has no MTP block to draft with (no mtp.0.* tensors; its "
                            f"config's num_nextn_predict_layers is {b.config.num_nextn_predict_layers}): use "
                            "--speculative auto or off")
@@ -150,6 +159,16 @@ def read_model(b: Build) -> None:
     b.weights = weight_fingerprint(root)  # the shards' bytes: a plan runs on exactly these weights
     if not b.has_weights:
         b.notes.append("no weights present: kernel build and weight checks skipped (planning only)")
+
+
+def dspark_note(cfg: ModelConfig, drafter: dict) -> str:
+    """What the plan says of a DSpark drafter: there, sized, and not loaded."""
+    routed = sum(s.nbytes for s in drafter.values() if s.role == "routed_expert")
+    total = sum(s.nbytes for s in drafter.values())
+    return (f"the checkpoint carries a DSpark drafter (the 0731 release: mtp.0-mtp.{cfg.dspark_stages - 1}, "
+            f"{len(drafter)} tensors, {total / 2**30:.2f} GiB of which {routed / 2**30:.2f} GiB routed experts; "
+            f"block size {cfg.dspark_block_size}, target layers {list(cfg.dspark_target_layer_ids)}): present "
+            "and unused: the plan does not load it and decodes without drafting")
 
 
 def read_profile(b: Build) -> None:
@@ -250,11 +269,15 @@ def _place(b: Build) -> None:
     try:
         b.placement = place(problem)
     except DoesNotFit as e:
-        raise CompileError(f"does not fit: gpu{e.device} ({hw.gpus.name}, {hw.gpus.usable_bytes:,d} usable bytes) "
-                           f"is short by {e.short_by:,d} bytes for its layers' dense weights, KV cache "
-                           f"(context {b.options.context:,d} x {b.options.sessions} session(s)) and buffers. "
+        device, more = ((f"{hw.device_name(e.device)} (the CPU as a device: {hw.gpus.usable_bytes:,d} bytes of host "
+                         f"memory, the spec's gpus.usable_bytes)"),
+                        "a spec that gives the CPU device this host's memory (ostinato-calibrate cpu-only my-box.yaml "
+                        "writes one)") if hw.cpu_only else (
+            f"gpu{e.device} ({hw.gpus.name}, {hw.gpus.usable_bytes:,d} usable bytes)", "more GPUs")
+        raise CompileError(f"does not fit: {device} is short by {e.short_by:,d} bytes for its layers' dense weights, "
+                           f"KV cache (context {b.options.context:,d} x {b.options.sessions} session(s)) and buffers. "
                            f"Use a shorter --context, fewer --sessions, a smaller --prefill-chunk, "
-                           f"or more GPUs.") from None
+                           f"or {more}.") from None
     if sum(len(h) for h in b.placement.hot) + len(b.placement.mtp_hot) == 0 and b.options.max_hot_per_layer != 0:
         G = hw.gpus.count
         short = expert - max(budgets[g] - (problem.mtp_bytes if g == G - 1 else 0)
@@ -266,12 +289,39 @@ def _place(b: Build) -> None:
 
 
 def _check_host(b: Build, expert: int) -> None:
-    host = _host_components(b, expert)
+    host, hw = _host_components(b, expert), b.hardware
     need = sum(host.values())
-    if need > b.hardware.host.usable_bytes:
-        raise CompileError(f"does not fit: host memory is short by {need - b.hardware.host.usable_bytes:,d} bytes "
+    if hw.cpu_only:  # the device is the host itself: what it holds is host memory too
+        device = sum(sum(_device_components(b, g, expert).values()) for g in range(hw.gpus.count))
+        if need + device > hw.host.usable_bytes:
+            raise CompileError(
+                f"does not fit: host memory ({hw.host.usable_bytes:,d} usable bytes) is short by "
+                f"{need + device - hw.host.usable_bytes:,d} bytes: on a cpu-only spec it holds the device's "
+                f"{device:,d} B (dense weights, KV cache, buffers, hot experts), the cold experts' "
+                f"{host['cold_experts']:,d} B and the CPU workspace. Use a host with more memory, a shorter "
+                f"--context, fewer --sessions or --dense-format fp8 (FP8 matrices held as stored).")
+    elif need > hw.host.usable_bytes:
+        raise CompileError(f"does not fit: host memory is short by {need - hw.host.usable_bytes:,d} bytes "
                            f"(cold experts {host['cold_experts']:,d} B + workspace). "
                            "Use a machine with more memory or more GPUs (more hot experts).")
+
+
+def _device_components(b: Build, g: int, expert: int) -> dict[str, int]:
+    """What GPU g holds under the placement, by kind (its plan.memory row)."""
+    cfg, pl = b.config, b.placement
+    comps = {"dense_weights": 0, "kv_cache": 0, "kv_snapshots": 0, "decode_state": 0, "decode_graph": 0}
+    for l in range(cfg.n_layers):
+        if pl.layer_gpu[l] == g:
+            for k, v in b.layer_bytes[l].items():
+                comps[k] += v
+    hot = sum(len(pl.hot[l]) for l in range(cfg.n_layers) if pl.layer_gpu[l] == g)
+    if b.mtp_placed and g == pl.layer_gpu[-1]:  # the MTP block, beside the head: a layer's components
+        for k, v in b.mtp_bytes.items():
+            comps[k] = comps.get(k, 0) + v
+        hot += len(pl.mtp_hot)
+    comps["hot_experts"] = hot * expert
+    comps.update(b.gpu_fixed[g])
+    return comps
 
 
 def _host_components(b: Build, expert: int) -> dict[str, int]:
@@ -310,7 +360,7 @@ def cost_model(b: Build) -> None:
                                       _matmul_params(layer_specs(cfg, l, with_experts=False)), hot, share))
     head = b.gpu_fixed[-1]["head"]
     mtp = None
-    if cfg.num_nextn_predict_layers:  # the first MTP block (speculative decoding drafts with it), by the head
+    if cfg.mtp_blocks:  # the first MTP block (speculative decoding drafts with it), by the head
         dense = mtp_block_specs(cfg, 0, with_experts=False)
         row = _mtp_counts(b)  # its experts as placed: none hot when the plan leaves it out or has no row for it
         row = row.double().numpy() if row is not None and row.sum() > 0 else np.ones(cfg.n_routed_experts)
@@ -370,7 +420,8 @@ def speculation(b: Build) -> None:
         b.speculative = _speculative(b, "; no room for the MTP block beside the head: the plan leaves it out "
                                         "(policy.speculative: off)")
         return
-    on = f"the plan places the MTP block on gpu{pl.layer_gpu[-1]} and decodes with it (policy.speculative: mtp)"
+    on = (f"the plan places the MTP block on {b.hardware.device_name(pl.layer_gpu[-1])} and decodes with it "
+          f"(policy.speculative: mtp)")
     if o.speculative == "mtp":
         b.speculative = _speculative(b, f"; --speculative mtp: {on}")
     elif _speculative(b, "").pays:
@@ -431,21 +482,8 @@ def kernels(b: Build) -> None:
 def plan(b: Build) -> None:
     cfg, hw, o, pl = b.config, b.hardware, b.options, b.placement
     expert = model_sizes(cfg).expert_bytes
-    memory_rows = []
-    for g in range(hw.gpus.count):
-        comps = {"dense_weights": 0, "kv_cache": 0, "kv_snapshots": 0, "decode_state": 0, "decode_graph": 0}
-        for l in range(cfg.n_layers):
-            if pl.layer_gpu[l] == g:
-                for k, v in b.layer_bytes[l].items():
-                    comps[k] += v
-        hot = sum(len(pl.hot[l]) for l in range(cfg.n_layers) if pl.layer_gpu[l] == g)
-        if b.mtp_placed and g == pl.layer_gpu[-1]:  # the MTP block, beside the head: a layer's components
-            for k, v in b.mtp_bytes.items():
-                comps[k] = comps.get(k, 0) + v
-            hot += len(pl.mtp_hot)
-        comps["hot_experts"] = hot * expert
-        comps.update(b.gpu_fixed[g])
-        memory_rows.append(_device_memory(f"gpu{g}", hw.gpus.usable_bytes, comps))
+    memory_rows = [_device_memory(f"gpu{g}", hw.gpus.usable_bytes, _device_components(b, g, expert))
+                   for g in range(hw.gpus.count)]
     memory_rows.append(_device_memory("host", hw.host.usable_bytes, _host_components(b, expert)))
     counts = b.profile.phase_counts(o.objective_phases)
     layer_rows = []

@@ -95,7 +95,7 @@ def _import(argv: list[str]) -> int:
 
     cfg = ModelConfig.from_json(a.model)
     profile = import_counts(a.counts, cfg.n_layers, cfg.n_routed_experts, cfg.num_experts_per_tok,
-                            mtp_layers=cfg.num_nextn_predict_layers)
+                            mtp_layers=cfg.mtp_blocks)
     profile.save(a.output)
     print(f"wrote {a.output}: {int(profile.counts.sum()):,d} routes")
     return 0

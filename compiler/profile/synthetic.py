@@ -24,7 +24,7 @@ DEFAULT_TOKENS_PER_PHASE = 1_000_000
 
 def uniform_profile(cfg: ModelConfig) -> RoutingProfile:
     """Every expert equally likely: what planning without a profile assumes."""
-    M = cfg.num_nextn_predict_layers
+    M = cfg.mtp_blocks
     counts = torch.ones(cfg.n_layers + M, len(PHASES), cfg.n_routed_experts, dtype=torch.int64)
     return RoutingProfile(counts=counts, top_k=cfg.num_experts_per_tok, phase_boundary=0, source="uniform",
                           mtp_layers=M)
@@ -35,7 +35,7 @@ def synthetic_profile(cfg: ModelConfig, alpha: float = 1.0, seed: int = 0,
     E, k = cfg.n_routed_experts, cfg.num_experts_per_tok
     zipf = torch.arange(1, E + 1, dtype=torch.float64).pow(-alpha)
     zipf = zipf / zipf.sum()                                                  # [E] by rank
-    M = cfg.num_nextn_predict_layers
+    M = cfg.mtp_blocks
     counts = torch.empty(cfg.n_layers + M, len(PHASES), E, dtype=torch.int64)
     g = torch.Generator().manual_seed(seed)
     for layer in range(cfg.n_layers + M):

@@ -3,6 +3,10 @@
 The official file keeps legacy names (`compress_ratios`, `num_hash_layers`, `qk_rope_head_dim`,
 `rope_scaling`); transformers folds them into new ones, we keep them as shipped. Derived facts the
 rest of the project needs (attention kind per layer, hash layers, compressor widths) are properties.
+
+The 0731 release (DeepSeek-V4-Flash-0731) adds `dspark_*` keys: its `mtp.*` tensors are then a DSpark
+drafter (one V4 block per target layer, plus its own projection and heads), not an MTP block, although
+`num_nextn_predict_layers` still says 1. `mtp_blocks` is the number of real MTP blocks.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from .errors import CheckpointError
 ATTENTION_KINDS = {0: "sliding", 4: "csa", 128: "hca"}
 SUPPORTED_EXPERT_DTYPES = ("fp4",)
 SUPPORTED_SCORING = ("sqrtsoftplus",)
+DSPARK_KEYS = ("dspark_block_size", "dspark_target_layer_ids", "dspark_markov_rank", "dspark_noise_token_id")
 
 
 @dataclass(frozen=True)
@@ -58,6 +63,12 @@ class ModelConfig:
     num_nextn_predict_layers: int = 0
     bos_token_id: int = 0
     eos_token_id: int = 1
+    # the DSpark drafter of the 0731 release (all four keys or none): tokens drafted per block, the main
+    # layers whose hidden states it reads (one drafter stage each), its Markov head's rank, its mask token
+    dspark_block_size: int | None = None
+    dspark_target_layer_ids: tuple[int, ...] = ()
+    dspark_markov_rank: int | None = None
+    dspark_noise_token_id: int | None = None
     source: str = field(default="<dict>", compare=False, hash=False)
     raw: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
 
@@ -77,6 +88,9 @@ class ModelConfig:
                 raise CheckpointError(source, "required key is missing", field=f.name)
             kwargs[f.name] = d[f.name]
         kwargs["compress_ratios"] = tuple(_as_int_list(source, "compress_ratios", d["compress_ratios"]))
+        if "dspark_target_layer_ids" in d:
+            kwargs["dspark_target_layer_ids"] = tuple(_as_int_list(source, "dspark_target_layer_ids",
+                                                                   d["dspark_target_layer_ids"]))
         return cls(**kwargs, source=source, raw=dict(d))
 
     @classmethod
@@ -106,6 +120,22 @@ class ModelConfig:
 
     def attention_kind(self, layer: int) -> str:
         return ATTENTION_KINDS[self.compress_ratio(layer)]
+
+    @property
+    def has_dspark(self) -> bool:
+        """Whether the config describes a DSpark drafter (the 0731 release's `mtp.*`)."""
+        return bool(self.dspark_target_layer_ids)
+
+    @property
+    def dspark_stages(self) -> int:
+        """The drafter's blocks, `mtp.0` .. `mtp.{stages - 1}`: one per target layer (0 without a drafter)."""
+        return len(self.dspark_target_layer_ids)
+
+    @property
+    def mtp_blocks(self) -> int:
+        """Real multi-token-prediction blocks: num_nextn_predict_layers, except where `mtp.*` is a DSpark
+        drafter (0731 keeps num_nextn_predict_layers 1 with no MTP block)."""
+        return 0 if self.has_dspark else self.num_nextn_predict_layers
 
     def is_hash_layer(self, layer: int) -> bool:
         return layer < self.num_hash_layers
@@ -179,12 +209,35 @@ class ModelConfig:
         if list(qc.get("weight_block_size", [])) != [128, 128]:
             raise bad("quantization_config.weight_block_size",
                       f"{qc.get('weight_block_size')!r} is not supported; supported: [128, 128]")
+        self._validate_dspark(bad)
         rs = self.rope_scaling
         if not isinstance(rs, dict) or rs.get("type", rs.get("rope_type")) != "yarn":
             raise bad("rope_scaling", f"expected a yarn rope_scaling object, got {rs!r}")
         for k in ("factor", "original_max_position_embeddings", "beta_fast", "beta_slow"):
             if k not in rs:
                 raise bad(f"rope_scaling.{k}", "required key is missing")
+
+
+    def _validate_dspark(self, bad) -> None:
+        given = [k for k in DSPARK_KEYS if k in self.raw] if self.raw else \
+            [k for k in DSPARK_KEYS if getattr(self, k) not in (None, ())]
+        if not given:
+            return
+        missing = [k for k in DSPARK_KEYS if k not in given]
+        if missing:
+            raise bad(missing[0], f"the DSpark drafter's keys come together ({', '.join(DSPARK_KEYS)}); "
+                      f"{given[0]} is given, {missing[0]} is missing")
+        for name in ("dspark_block_size", "dspark_markov_rank"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                raise bad(name, f"must be a positive integer, got {v!r}")
+        targets = self.dspark_target_layer_ids
+        if not targets or any(not 0 <= t < self.num_hidden_layers for t in targets) or len(set(targets)) < len(targets):
+            raise bad("dspark_target_layer_ids", f"must be distinct layers in 0..{self.num_hidden_layers - 1}, "
+                      f"got {list(targets)}")
+        v = self.dspark_noise_token_id
+        if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v < self.vocab_size:
+            raise bad("dspark_noise_token_id", f"must be a token id in 0..{self.vocab_size - 1}, got {v!r}")
 
 
 def _as_int_list(source: str, name: str, value: Any) -> list[int]:

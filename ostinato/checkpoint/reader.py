@@ -11,6 +11,9 @@ shapes come from the config; headers of shards that do exist are still checked.
 The multi-token-prediction blocks (`mtp.K.*`, num_nextn_predict_layers of them) are optional: a
 checkpoint has all of their tensors (`mtp_specs`, checked like the model's) or none (`has_mtp` False;
 some conversions strip them). The main model never needs them.
+
+The 0731 release's `mtp.0`-`mtp.2` are a DSpark drafter instead (its config's `dspark_*` keys say so):
+checked the same way, as one set (`dspark_specs`: all or none), and never loaded: `has_dspark`.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from .config import ModelConfig
 from .errors import CheckpointError
 from .formats import dequantize_fp8, dequantize_mxfp4
 from .shard import Shard
-from .tensor_specs import TensorSpec, layer_prefix, model_specs, mtp_specs
+from .tensor_specs import TensorSpec, dspark_specs, layer_prefix, model_specs, mtp_specs
 
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
@@ -50,11 +53,13 @@ class PackedExpert:
 
 class Checkpoint:
     def __init__(self, root: Path, config: ModelConfig, specs: dict[str, TensorSpec], weight_map: dict[str, str],
-                 shards: dict[str, Shard], mtp: dict[str, TensorSpec] | None = None):
+                 shards: dict[str, Shard], mtp: dict[str, TensorSpec] | None = None,
+                 dspark: dict[str, TensorSpec] | None = None):
         self.root = root
         self.config = config
         self.specs = specs  # the main model's tensors: every one is present
         self.mtp_specs = mtp or {}  # the MTP blocks' tensors when the checkpoint has them, else empty
+        self.dspark_specs = dspark or {}  # the DSpark drafter's tensors when the checkpoint has them (0731)
         self.weight_map = weight_map
         self._shards = shards
 
@@ -79,20 +84,17 @@ class Checkpoint:
                 raise CheckpointError(index_path, "tensor required by config.json is missing from the index",
                                       tensor=name)
             _check_entry(spec, shards.get(weight_map[name]), index_path)
-        mtp = mtp_specs(config)
-        present = sorted(n for n in mtp if n in weight_map)
-        if present and len(present) < len(mtp):  # all or none: a partial block is a broken conversion
-            missing = sorted(set(mtp) - set(present))
-            raise CheckpointError(index_path, f"the MTP block is incomplete: {len(missing)} of its {len(mtp)} "
-                                  "tensors are missing from the index", tensor=missing[0])
-        mtp = mtp if present else {}
-        for name, spec in mtp.items():
-            _check_entry(spec, shards.get(weight_map[name]), index_path)
+        if not config.has_dspark and DSPARK_MARK in weight_map:
+            raise CheckpointError(root / weight_map[DSPARK_MARK], "the index holds a DSpark drafter (the 0731 "
+                                  "release's mtp.*) but config.json has no dspark_* keys: is it the release's "
+                                  "config.json?", tensor=DSPARK_MARK)
+        mtp = _optional_set("the MTP block", mtp_specs(config), weight_map, shards, index_path)
+        dspark = _optional_set("the DSpark drafter", dspark_specs(config), weight_map, shards, index_path)
         for name, file in weight_map.items():
-            if name not in specs and name not in mtp:
+            if name not in specs and name not in mtp and name not in dspark:
                 raise CheckpointError(root / file, "tensor is not part of the model config.json describes "
                                       "(does the config match these weights?)", tensor=name)
-        return cls(root, config, specs, weight_map, shards, mtp)
+        return cls(root, config, specs, weight_map, shards, mtp, dspark)
 
     # ----- facts --------------------------------------------------------------------------------
     @property
@@ -101,13 +103,18 @@ class Checkpoint:
         return bool(self.mtp_specs)
 
     @property
+    def has_dspark(self) -> bool:
+        """Whether the checkpoint carries a DSpark drafter (the 0731 release): present, checked, never loaded."""
+        return bool(self.dspark_specs)
+
+    @property
     def expert_layers(self) -> range:
         """Layer indices with routed experts in this checkpoint: the main layers, then the MTP blocks'."""
         n = self.config.num_hidden_layers
-        return range(n + (self.config.num_nextn_predict_layers if self.has_mtp else 0))
+        return range(n + (self.config.mtp_blocks if self.has_mtp else 0))
 
     def spec(self, name: str) -> TensorSpec | None:
-        return self.specs.get(name) or self.mtp_specs.get(name)
+        return self.specs.get(name) or self.mtp_specs.get(name) or self.dspark_specs.get(name)
 
     @property
     def has_weights(self) -> bool:
@@ -164,6 +171,23 @@ class Checkpoint:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+DSPARK_MARK = "mtp.0.main_proj.weight"  # a tensor only a DSpark drafter has
+
+
+def _optional_set(what: str, specs: dict[str, TensorSpec], weight_map: dict[str, str], shards: dict[str, Shard],
+                  index_path: Path) -> dict[str, TensorSpec]:
+    """An optional group of tensors (an MTP block, a drafter): all of it, each checked like the model's,
+    or none of it ({}). A partial group is a broken conversion, refused naming a missing tensor."""
+    present = [n for n in specs if n in weight_map]
+    if present and len(present) < len(specs):
+        missing = sorted(set(specs) - set(present))
+        raise CheckpointError(index_path, f"{what} is incomplete: {len(missing)} of its {len(specs)} tensors are "
+                              "missing from the index", tensor=missing[0])
+    for name in present:
+        _check_entry(specs[name], shards.get(weight_map[name]), index_path)
+    return specs if present else {}
 
 
 def _check_entry(spec: TensorSpec, shard: Shard | None, index_path: Path) -> None:

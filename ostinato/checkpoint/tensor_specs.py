@@ -167,5 +167,38 @@ def mtp_block_specs(cfg: ModelConfig, k: int, with_experts: bool = True) -> list
 
 
 def mtp_specs(cfg: ModelConfig) -> dict[str, TensorSpec]:
-    """Every MTP block's tensors (num_nextn_predict_layers of them), keyed by native name."""
-    return {s.name: s for k in range(cfg.num_nextn_predict_layers) for s in mtp_block_specs(cfg, k)}
+    """Every MTP block's tensors (cfg.mtp_blocks of them: none where `mtp.*` is a DSpark drafter), keyed by
+    native name."""
+    return {s.name: s for k in range(cfg.mtp_blocks) for s in mtp_block_specs(cfg, k)}
+
+
+DSPARK_ROLES = ("dspark_proj", "dspark_norm", "dspark_hc_head", "dspark_markov", "dspark_confidence")
+
+
+def dspark_stage_specs(cfg: ModelConfig, stage: int) -> list[TensorSpec]:
+    """Stage `stage` of the 0731 release's DSpark drafter (`mtp.{stage}.*`): a whole V4 block (layer index
+    num_hidden_layers + stage, sliding attention, score routing, its own experts); the first stage adds
+    `main_proj`, which maps the target layers' hidden states [D x stages] to D, and `main_norm`; the last
+    adds the drafter's final norm, its mHC head, the Markov head (a bigram embedding and head of rank r)
+    and the confidence head over [hidden, Markov embedding]. Names, dtypes and shapes as public engines
+    read the release (vLLM's dspark.py, llama.cpp's dflash)."""
+    D, hc, V, L = cfg.hidden_size, cfg.hc_mult, cfg.vocab_size, cfg.num_hidden_layers + stage
+    r, p = cfg.dspark_markov_rank, f"mtp.{stage}"
+    specs = layer_specs(cfg, L)
+    if stage == 0:
+        specs += _fp8_linear(f"{p}.main_proj", D, cfg.dspark_stages * D, "dspark_proj", L)
+        specs += [TensorSpec(f"{p}.main_norm.weight", (D,), "BF16", "dspark_norm", L)]
+    if stage == cfg.dspark_stages - 1:
+        specs += [TensorSpec(f"{p}.norm.weight", (D,), "BF16", "dspark_norm", L),
+                  TensorSpec(f"{p}.hc_head_fn", (hc, cfg.hc_dim), "F32", "dspark_hc_head", L),
+                  TensorSpec(f"{p}.hc_head_base", (hc,), "F32", "dspark_hc_head", L),
+                  TensorSpec(f"{p}.hc_head_scale", (1,), "F32", "dspark_hc_head", L),
+                  TensorSpec(f"{p}.markov_head.markov_w1.weight", (V, r), "BF16", "dspark_markov", L),
+                  TensorSpec(f"{p}.markov_head.markov_w2.weight", (V, r), "BF16", "dspark_markov", L),
+                  TensorSpec(f"{p}.confidence_head.proj.weight", (1, D + r), "BF16", "dspark_confidence", L)]
+    return specs
+
+
+def dspark_specs(cfg: ModelConfig) -> dict[str, TensorSpec]:
+    """Every tensor of the DSpark drafter the config describes (empty without `dspark_*` keys)."""
+    return {s.name: s for stage in range(cfg.dspark_stages) for s in dspark_stage_specs(cfg, stage)}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ostinato.tiny.presets import FLASH, PRESET_NAMES
+from ostinato.tiny.presets import FLASH, PRESET_NAMES, RELEASES
 
 from .common import refuse
 
@@ -30,6 +30,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--no-mtp", dest="mtp", action="store_false", default=None,
                    help="leave out the multi-token-prediction block (mtp.0.*), which every preset but real-vocab "
                         "writes by default")
+    p.add_argument("--release", choices=RELEASES, default="original",
+                   help="the checkpoint layout of a V4-Flash release: 'original', or '0731' (DeepSeek-V4-Flash-0731: "
+                        "retrained weights, so other random weights here, and a DSpark drafter in mtp.0-mtp.2 with "
+                        "the config's dspark_* keys instead of an MTP block) (default: original)")
     p.add_argument("--force", action="store_true", help="replace an existing non-empty directory")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     args = p.parse_args(argv)
@@ -47,10 +51,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         out = write_tiny_checkpoint(args.directory, args.preset, args.seed, args.popularity, args.force,
                                     progress=not args.quiet, layers=args.layers, experts=args.experts,
-                                    mtp=args.mtp)
+                                    mtp=args.mtp, release=args.release)
     except (FileExistsError, NotADirectoryError, ValueError) as e:
         return refuse("ostinato-make-tiny", e)
-    print(f"wrote {args.preset} checkpoint (seed {args.seed}, planted popularity {args.popularity}) to {out}")
+    release = "" if args.release == "original" else f", release {args.release}"
+    print(f"wrote {args.preset} checkpoint (seed {args.seed}, planted popularity {args.popularity}{release}) to {out}")
     return 0
 
 

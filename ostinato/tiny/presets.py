@@ -77,9 +77,40 @@ def flash_config(layers: int, experts: int, mtp: bool = True) -> dict:
     return cfg
 
 
-def preset_config(name: str, layers: int | None = None, experts: int | None = None, mtp: bool | None = None) -> dict:
+RELEASES = ("original", "0731")  # V4-Flash's releases: the first, and 0731 (retrained, a DSpark drafter)
+# The 0731 release's drafter, as its config.json has it; a preset keeps the block size and takes its own last
+# layers as targets, a rank that fits its size and its vocabulary's last id as the mask token.
+DSPARK_0731 = dict(dspark_block_size=5, dspark_target_layer_ids=[40, 41, 42], dspark_markov_rank=256,
+                   dspark_noise_token_id=128799)
+DSPARK_TARGETS = 3
+
+
+def with_dspark(cfg: dict) -> dict:
+    """`cfg` as the 0731 release writes it: the dspark_* keys (num_nextn_predict_layers stays 1, its mtp.*
+    being the drafter) and compress_ratios entries for the drafter's stages (sliding: 0)."""
+    cfg = dict(cfg, **DSPARK_0731)
+    n, vocab = cfg["num_hidden_layers"], cfg["vocab_size"]
+    if n != 43 or vocab != 129280:  # not V4-Flash's own shape: targets among its layers, its own mask token
+        targets = list(range(max(0, n - DSPARK_TARGETS), n))
+        cfg.update(dspark_target_layer_ids=targets, dspark_noise_token_id=vocab - 1,
+                   dspark_markov_rank=min(256, cfg["hidden_size"] // 8))
+    stages = len(cfg["dspark_target_layer_ids"])
+    cfg["compress_ratios"] = cfg["compress_ratios"][:n] + [0] * stages
+    cfg["num_nextn_predict_layers"] = 1
+    return cfg
+
+
+def preset_config(name: str, layers: int | None = None, experts: int | None = None, mtp: bool | None = None,
+                  release: str = "original") -> dict:
     """The config.json of a preset; `layers` / `experts` slice the flash preset (None: all of them);
-    `mtp`: with the MTP block (None: the preset's default)."""
+    `mtp`: with the MTP block (None: the preset's default); `release` "0731": the 0731 release's layout
+    (a DSpark drafter in mtp.*, no MTP block)."""
+    if release not in RELEASES:
+        raise ValueError(f"unknown release '{release}'; choose one of {RELEASES}")
+    if release == "0731":
+        if mtp:
+            raise ValueError("the 0731 release has no MTP block (its mtp.* is a DSpark drafter)")
+        return with_dspark(preset_config(name, layers, experts, mtp=False))
     mtp = name not in WITHOUT_MTP if mtp is None else mtp
     if name == FLASH:
         full = official_flash_config()

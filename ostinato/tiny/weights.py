@@ -1,7 +1,8 @@
 """Random weights for a tiny checkpoint, encoded in the official storage formats.
 
 Each tensor gets its own generator seeded from (seed, name), so a tensor does not change when
-another is added, and the same seed always gives the same bytes.
+another is added, and the same seed always gives the same bytes. The 0731 release was retrained: its
+tensors are seeded from (seed, "0731:" + name), so the two releases never share weights.
 
 Planted popularity (synthetic, off by default): random weights route almost uniformly, unlike a
 trained model. With strength S > 0 each layer gets a random expert ranking with Zipf-like
@@ -79,9 +80,10 @@ def _expert_weight(cfg: ModelConfig, spec: TensorSpec, g: torch.Generator) -> to
     return torch.randn((rows, cols), generator=g) / math.sqrt(cols)
 
 
-def encode_spec(cfg: ModelConfig, spec: TensorSpec, seed: int, popularity: float) -> dict[str, torch.Tensor]:
+def encode_spec(cfg: ModelConfig, spec: TensorSpec, seed: int, popularity: float,
+                release: str = "original") -> dict[str, torch.Tensor]:
     """The stored tensor(s) for `spec` in the official dtypes: a quantized weight comes with its `.scale`."""
-    g = _generator(seed, spec.name)
+    g = _generator(seed, spec.name if release == "original" else f"{release}:{spec.name}")
     if spec.role == "hash_table":
         probs = popularity_logits(cfg, spec.layer, seed, popularity).softmax(0)
         rows = torch.multinomial(probs.float().expand(spec.shape[0], -1), spec.shape[1], replacement=False,

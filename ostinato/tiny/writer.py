@@ -1,8 +1,8 @@
 """Write a random DeepSeek-V4 checkpoint in exactly the official on-disk format.
 
 Layout follows the official shards: embed alone, one shard per decoder layer, then head + norm +
-hc_head, then the MTP block (when the config has one); `model.safetensors.index.json` maps every
-name to its shard. Shards are written tensor by
+hc_head, then the MTP block (when the config has one) or the 0731 release's DSpark drafter, a shard
+per stage; `model.safetensors.index.json` maps every name to its shard. Shards are written tensor by
 tensor (shard_writer), so memory stays bounded by one tensor even for a V4-Flash layer's 3.4 GB of
 experts. The directory appears whole or not at all: everything is written to a temporary sibling
 that is renamed into place.
@@ -19,7 +19,7 @@ from tqdm import tqdm
 
 from ostinato.checkpoint.config import ModelConfig
 from ostinato.checkpoint.shard_writer import write_shard
-from ostinato.checkpoint.tensor_specs import global_specs, layer_specs, mtp_block_specs
+from ostinato.checkpoint.tensor_specs import dspark_stage_specs, global_specs, layer_specs, mtp_block_specs
 
 from .presets import FLASH, REAL_VOCAB_PRESETS, preset_config
 from .tokenizer import copy_real_tokenizer, write_tokenizer
@@ -34,20 +34,22 @@ def shard_groups(cfg: ModelConfig) -> list[list]:
     first = [s for s in g if s.role == "embed"]
     last = [s for s in g if s.role != "embed"]
     return ([first] + [layer_specs(cfg, layer) for layer in range(cfg.num_hidden_layers)] + [last]
-            + [mtp_block_specs(cfg, k) for k in range(cfg.num_nextn_predict_layers)])
+            + [mtp_block_specs(cfg, k) for k in range(cfg.mtp_blocks)]
+            + [dspark_stage_specs(cfg, stage) for stage in range(cfg.dspark_stages)])
 
 
 def write_tiny_checkpoint(directory: str | Path, preset: str = "tiny", seed: int = 0, popularity: float = 0.0,
                           force: bool = False, progress: bool = True, layers: int | None = None,
-                          experts: int | None = None, mtp: bool | None = None) -> Path:
+                          experts: int | None = None, mtp: bool | None = None, release: str = "original") -> Path:
     """Write a random checkpoint of `preset`; `layers` / `experts` slice the flash preset; `mtp`: with the
-    MTP block or not (None: the preset's default, presets.py)."""
+    MTP block or not (None: the preset's default, presets.py); `release` "0731": the 0731 release's layout
+    (a DSpark drafter) and other weights than the original's under the same seed (it was retrained)."""
     directory = Path(directory)
     if directory.exists() and not directory.is_dir():
         raise NotADirectoryError(f"{directory} exists and is not a directory")
     if directory.exists() and any(directory.iterdir()) and not force:
         raise FileExistsError(f"{directory} exists and is not empty (use --force to replace it)")
-    raw = preset_config(preset, layers, experts, mtp)
+    raw = preset_config(preset, layers, experts, mtp, release)
     cfg = ModelConfig.from_dict(raw, source=f"preset '{preset}'")
     directory.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
@@ -60,7 +62,7 @@ def write_tiny_checkpoint(directory: str | Path, preset: str = "tiny", seed: int
                    desc=f"writing {preset} checkpoint", disable=not progress)
         with bar:
             def produce(spec):
-                tensors = encode_spec(cfg, spec, seed, popularity)
+                tensors = encode_spec(cfg, spec, seed, popularity, release)
                 bar.update(sum(t.numel() * t.element_size() for t in tensors.values()))
                 return tensors.items()
 
@@ -75,7 +77,7 @@ def write_tiny_checkpoint(directory: str | Path, preset: str = "tiny", seed: int
             copy_real_tokenizer(tmp, cfg.vocab_size)
         else:
             write_tokenizer(tmp, cfg.vocab_size, cfg.max_position_embeddings)
-        provenance = {"generator": "ostinato-make-tiny", "preset": preset, "seed": seed,
+        provenance = {"generator": "ostinato-make-tiny", "preset": preset, "release": release, "seed": seed,
                       "planted_popularity": popularity,
                       "note": "random weights; any expert popularity is planted (synthetic), not learned"}
         if preset == FLASH:

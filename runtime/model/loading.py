@@ -163,7 +163,7 @@ def load_weights(c: Claims, dtype: torch.dtype, layer_devices: list | None = Non
         head_rows = in_huge_pages(head_rows)
     head = (head_rows, c.get("norm.weight", F32),
             HcHeadWeights(c.get("hc_head_fn", F32), c.get("hc_head_base", F32), c.get("hc_head_scale", F32)))
-    mtp = tuple(_mtp(c, n + k, dtype, fp8) for k in range(c.ckpt.config.num_nextn_predict_layers)) \
+    mtp = tuple(_mtp(c, n + k, dtype, fp8) for k in range(c.ckpt.config.mtp_blocks)) \
         if mtp and c.ckpt.has_mtp else ()  # beside the head, on the last layer's device
     c.device = first
     return ModelWeights(embed, *head, tuple(layers), mtp)

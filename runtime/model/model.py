@@ -161,9 +161,11 @@ def load_model(ckpt_dir: str | Path, dtype: torch.dtype = torch.float32, device:
     speculative decoding (speculative.py); an error when the checkpoint has none."""
     with Checkpoint.open(ckpt_dir) as ckpt:
         if mtp and not ckpt.has_mtp:
-            raise CheckpointError(ckpt.root, "the MTP block (mtp.0.*) was asked for, but this checkpoint has none "
-                                  "(its config's num_nextn_predict_layers is "
-                                  f"{ckpt.config.num_nextn_predict_layers})")
+            why = ("its mtp.* tensors are the 0731 release's DSpark drafter, which Ostinato does not run"
+                   if ckpt.config.has_dspark else
+                   f"its config's num_nextn_predict_layers is {ckpt.config.num_nextn_predict_layers}")
+            raise CheckpointError(ckpt.root, f"the MTP block (mtp.0.*) was asked for, but this checkpoint has none "
+                                  f"({why})")
         claims = Claims(ckpt, device)
         weights = load_weights(claims, dtype, layer_devices, on_layer, fp8, mtp)
         if executor is None:
