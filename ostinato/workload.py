@@ -27,6 +27,7 @@ class WorkloadError(ValueError):
 class Turn:
     appended: int
     generated: int
+    idle_before_s: float | None = None  # the agent's tool or its human before this call (None: not recorded)
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,15 @@ def read_sessions(path: str | Path) -> list[SessionShape]:
                 raise WorkloadError(f"{path}:{line}: appended_tokens and generated_tokens must be integers") from None
             if turn.appended < 0 or turn.generated < 0:
                 raise WorkloadError(f"{path}:{line}: token counts must be non-negative")
+            if row.get("idle_before_s") not in (None, ""):
+                try:
+                    idle = float(row["idle_before_s"])
+                except ValueError:
+                    idle = -1.0
+                if not idle >= 0:
+                    raise WorkloadError(f"{path}:{line}: idle_before_s must be a non-negative number of seconds, "
+                                        f"got {row['idle_before_s']!r}")
+                turn = Turn(turn.appended, turn.generated, idle)
             sessions.setdefault(f"{row['source']}/{row['session']}", []).append(turn)
     return [SessionShape(name, tuple(turns)) for name, turns in sessions.items()]
 
@@ -66,7 +76,8 @@ def shrink_sessions(sessions: list[SessionShape], scale: float = 1.0, max_turns:
         turns = s.turns[:max_turns] if max_turns else s.turns
         out.append(SessionShape(s.name, tuple(
             Turn(max(1, round(t.appended * scale)) if t.appended else 0,
-                 t.generated if max_generated is None else min(t.generated, max_generated)) for t in turns)))
+                 t.generated if max_generated is None else min(t.generated, max_generated), t.idle_before_s)
+            for t in turns)))
     return out
 
 
