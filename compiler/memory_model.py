@@ -13,9 +13,11 @@ Every formula is written out here so that a plan's numbers can be re-derived by 
   indexer keys (index_head_dim per 4 tokens); plus the compressors' fp32 partial-window state;
 - decode-graph buffers (1-token workspace plus one context of static KV state), upload staging,
   prefill workspace and allocator headroom (formulas below);
-- re-placement between turns (policy.adapt, runtime/engine/adapter.py) adds nothing: a swap moves an
-  expert into the slot of the one it evicts, so every hot pool keeps its size, and the evicted expert is
-  computed from its row of the layer's cold table, a view of the memory-mapped checkpoint (page cache).
+- host rows of routed experts (host_expert_bytes): every cold expert's, and with re-placement between
+  turns (policy.adapt idle, runtime/engine/adapter.py) every hot expert's of the model's layers too: a
+  swap moves an expert into the slot of the one it evicts, so every hot pool keeps its size, but the
+  evicted expert is computed and uploaded from its host row and a re-promoted one copied from it, so
+  with GPUs those rows are pinned copies like the cold ones (runtime/engine/loader.py).
 Legend: C prefill chunk tokens, N context tokens, S sessions.
 """
 
@@ -144,6 +146,18 @@ class MemoryPolicy:
             raise ValueError(f"dense_format must be one of {sorted(DENSE_FORMATS)}, got {self.dense_format!r}")
         if not 0 <= self.headroom_fraction < 0.5:
             raise ValueError(f"headroom_fraction must be in [0, 0.5), got {self.headroom_fraction}")
+
+
+def host_expert_bytes(cold: int, hot: int, expert_bytes: int, adapt: str) -> dict[str, int]:
+    """The host's rows of routed experts, for `cold` cold and `hot` hot experts of the model's layers (the
+    MTP block's hot experts never move) under policy.adapt's mode `adapt`: the cold ones' (the CPU kernel's
+    and the uploads' source), and when re-placing ("idle") the hot ones' (what an eviction computes and
+    uploads from and a re-promotion copies from). Pinned copies with GPUs, the checkpoint's mapped pages on
+    a CPU run: held once either way."""
+    rows = {"cold_experts": cold * expert_bytes}
+    if adapt == "idle":
+        rows["hot_expert_rows"] = hot * expert_bytes
+    return rows
 
 
 def layer_resident_bytes(cfg: ModelConfig, layer: int, policy: MemoryPolicy) -> dict[str, int]:

@@ -151,9 +151,9 @@ def test_a_request_during_a_swap_runs_with_the_placement_as_it_stands(compiled, 
     release = threading.Event()
     real = adapter_module.Adapter._copy
 
-    def slow(le, expert, slot):
+    def slow(le, expert, slot, freed):
         release.wait(30)
-        real(le, expert, slot)
+        return real(le, expert, slot, freed)
     monkeypatch.setattr(adapter_module.Adapter, "_copy", staticmethod(slow))
     want, _ = run_turns(*(lambda e: (e, e.new_session()))(load_engine(placed(compiled, least(routes), None),
                                                                       tiny_ckpt, device="cpu")), PROMPTS[:3])

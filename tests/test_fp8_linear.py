@@ -1,8 +1,10 @@
 """Dense FP8 matmul from the checkpoint's bytes (runtime/kernels/fp8_triton.py), in Triton's interpreter
 (conftest sets TRITON_INTERPRET=1 without a GPU), against the float32 reference on the dequantized
 weights; its tiling, which must fill an H200 for a decode token through each of V4-Flash's dense FP8
-matrices; and the FP8 matrix type's CPU twin, which must compute what a bf16 plan computes.
-Legend: T tokens, N output rows, K inputs, KB = K / 128."""
+matrices; the grouped product (wo_a: every group in one launch, x read through the attention's strided
+view) and the launches each product makes (one, or two with K split: no torch op after the kernel); and
+the FP8 matrix type's CPU twin, which must compute what a bf16 plan computes.
+Legend: T tokens, N output rows, K inputs, KB = K / 128, G groups, M rows a group."""
 
 from __future__ import annotations
 
@@ -13,8 +15,18 @@ from ostinato.checkpoint.config import ModelConfig
 from ostinato.checkpoint.formats import dequantize_fp8, quantize_fp8
 from ostinato.checkpoint.tensor_specs import layer_specs
 from ostinato.runtime.kernels import fp8_triton
-from ostinato.runtime.kernels.fp8_triton import TILES, Tiling, fp8_linear, fp8_linear_tiled, sm_count, tiling
+from ostinato.runtime.kernels.fp8_triton import (
+    TILES,
+    Tiling,
+    fp8_grouped_linear,
+    fp8_grouped_linear_tiled,
+    fp8_linear,
+    fp8_linear_tiled,
+    sm_count,
+    tiling,
+)
 from ostinato.runtime.kernels.scale_layout import is_word_aligned, word_aligned
+from ostinato.runtime.model import fp8_matrix
 from ostinato.runtime.model.fp8_matrix import Fp8Matrix, grouped_linear, linear
 from ostinato.tiny.presets import official_flash_config
 
@@ -144,7 +156,7 @@ def test_held_scales_stay_on_words_through_rows_cat_and_to(k):
 
 @pytest.mark.slow  # Triton's interpreter
 def test_a_row_view_computes_what_the_whole_matrix_does():
-    """grouped_linear's cut of wo_a on a GPU: each group's rows through the kernel, scale rows at offsets."""
+    """A block-aligned row view (Fp8Matrix.rows, as a pipeline or a cut takes one): scale rows at offsets."""
     g = torch.Generator().manual_seed(11)
     q, s = _random_fp8(384, 256, g)
     m = Fp8Matrix.of_bytes(q, s.view(torch.uint8))
@@ -156,28 +168,28 @@ def test_a_row_view_computes_what_the_whole_matrix_does():
         assert (got - whole[:, a:a + 128]).abs().max() <= 1e-5 * whole.abs().max()
 
 
-def flash_dense_shapes() -> dict[str, tuple[int, int]]:
-    """{matrix: (N, K)} of every FP8 matrix of V4-Flash's layers as fp8_linear sees it: wo_a one group at a
-    time (grouped_linear's cut)."""
+def flash_dense_shapes() -> dict[str, tuple[int, int, int]]:
+    """{matrix: (N, K, groups)} of every FP8 matrix of V4-Flash's layers as the GPU's kernel sees it: wo_a
+    whole, its o_groups groups in one launch (grouped_linear), the others one group."""
     cfg = ModelConfig.from_dict(official_flash_config())
     shapes = {}
     for layer in range(cfg.num_hidden_layers):
         for spec in layer_specs(cfg, layer, with_experts=False):
             if spec.dtype == "F8_E4M3":
                 name, (n, k) = spec.name.split(".", 2)[2].removesuffix(".weight"), spec.shape
-                shapes[name] = (n // cfg.o_groups, k) if name == "attn.wo_a" else (n, k)
+                shapes[name] = (n, k, cfg.o_groups if name == "attn.wo_a" else 1)
     return shapes
 
 
 def test_a_decode_token_fills_an_h200_at_every_flash_dense_shape():
     """At least 2 programs per SM, or every program the shape has (16-row tiles, one K block each); the
-    old fixed 64-row unsplit tiling gave wq_a, wo_a and wkv 16, 16 and 8 programs."""
+    old fixed 64-row unsplit tiling gave wq_a, wo_a (a group) and wkv 16, 16 and 8 programs."""
     shapes = flash_dense_shapes()
-    assert len(shapes) == 9 and shapes["attn.wkv"] == (512, 4096) and shapes["attn.wo_a"] == (1024, 4096)
-    for name, (n, k) in shapes.items():
-        tile = tiling(1, n, k, H200_SMS)
-        most = -(-n // 16) * (k // 128)
-        assert tile.programs(1, n) >= min(2 * H200_SMS, most), (name, tile, tile.programs(1, n))
+    assert len(shapes) == 9 and shapes["attn.wkv"] == (512, 4096, 1) and shapes["attn.wo_a"] == (8192, 4096, 8)
+    for name, (n, k, groups) in shapes.items():
+        tile = tiling(1, n, k, H200_SMS, groups)
+        most = groups * -(-n // groups // 16) * (k // 128)
+        assert tile.programs(1, n, groups) >= min(2 * H200_SMS, most), (name, tile, tile.programs(1, n, groups))
         assert Tiling(tile.BT, tile.BN) in TILES and 1 <= tile.SPLIT_K <= k // 128, (name, tile)
         if tile.BN > 16:  # narrower rows come first: a split only once rows are at their narrowest
             assert tile.SPLIT_K == 1, (name, tile)
@@ -187,23 +199,71 @@ def test_wide_rows_stay_where_they_already_fill_the_gpu_and_prefill_keeps_its_ti
     assert tiling(1, 32768, 1024, H200_SMS) == Tiling(16, 64)  # wq_b: 512 programs of 64 rows
     assert tiling(16, 8192, 1024, H200_SMS) == Tiling(16, 16)  # indexer wq_b: 128 -> 256 -> 512, no split
     assert tiling(1, 512, 4096, H200_SMS) == Tiling(16, 16, 9)  # wkv: 32 row tiles x 9 runs of 3-4 blocks
-    for n, k in flash_dense_shapes().values():
+    assert tiling(1, 8192, 4096, H200_SMS, groups=8) == Tiling(16, 16)  # wo_a: 8 groups x 64 tiles, no split
+    assert tiling(1, 8 * 100, 256, H200_SMS, groups=8) == Tiling(16, 16, 2)  # 8 x 7 row tiles (not 800 / 16 = 50)
+    for n, k, groups in flash_dense_shapes().values():
         for T in (17, 4096):
-            assert tiling(T, n, k, H200_SMS) == Tiling(64, 64), (T, n, k)
+            assert tiling(T, n, k, H200_SMS, groups) == Tiling(64, 64), (T, n, k)
+
+
+class _Recorder:
+    """Stands in for fp8_triton's launch(): keeps (kernel name, grid, args, meta) of each call."""
+
+    def __init__(self):
+        self.launched = []
+
+    def __call__(self, kernel, grid, *args, **meta):
+        self.launched.append((kernel.fn.__name__ if hasattr(kernel, "fn") else kernel.__name__, grid, args, meta))
 
 
 def test_fp8_linear_launches_the_chosen_tiling(monkeypatch):
     """The launch fp8_linear makes on the CPU is what tiling() picks for an H200 (the interpreter runs the
-    split path an H200 decode token takes): the grid, the tile and the [SPLIT_K, T, N] partials."""
-    launched = []
-    monkeypatch.setattr(fp8_triton, "launch", lambda kernel, grid, *args, **meta: launched.append((grid, args, meta)))
+    split path an H200 decode token takes): the grid, the tile and the [SPLIT_K, T, N] float32 partials, then
+    the one kernel that adds them and rounds them into the result, in x's dtype: nothing after it."""
+    record = _Recorder()
+    monkeypatch.setattr(fp8_triton, "launch", record)
     q, s = _random_fp8(256, 384, torch.Generator().manual_seed(0))
-    fp8_linear(torch.zeros(1, 384), q, word_aligned(s.view(torch.uint8)))
+    y = fp8_linear(torch.zeros(1, 384, dtype=torch.bfloat16), q, word_aligned(s.view(torch.uint8)))
     assert sm_count(torch.device("cpu")) == H200_SMS
     tile = tiling(1, 256, 384, H200_SMS)
     assert tile == Tiling(16, 16, 3)  # 16 row tiles of 16, K's 3 blocks one to a split
-    (grid, args, meta), = launched
-    assert grid == (1, 16, 3) and args[3].shape == (3, 1, 256) and (meta["BT"], meta["BN"]) == (16, 16)
+    (name, grid, args, meta), (sum_name, sum_grid, sum_args, _) = record.launched
+    assert name == "fp8_linear_kernel" and grid == (1, 16, 3) and (meta["BT"], meta["BN"]) == (16, 16)
+    partial = args[3]
+    assert partial.shape == (3, 1, 256) and partial.dtype == torch.float32
+    assert sum_name == "fp8_split_sum_kernel" and sum_args[:4] == (partial, y, 256, 3) and sum_grid == (1,)
+    assert y.dtype == torch.bfloat16 and y.shape == (1, 256)
+
+
+def test_an_unsplit_product_stores_its_result_in_the_kernel(monkeypatch):
+    """One launch, whose output argument is the [T, N] result in x's dtype (the kernel rounds and stores it)."""
+    record = _Recorder()
+    monkeypatch.setattr(fp8_triton, "launch", record)
+    q, s = _random_fp8(512, 1024, torch.Generator().manual_seed(0))
+    x = torch.zeros(1, 1024, dtype=torch.bfloat16)
+    y = fp8_linear_tiled(x, q, word_aligned(s.view(torch.uint8)), Tiling(16, 64))
+    (name, grid, args, _), = record.launched
+    assert name == "fp8_linear_kernel" and args[3] is y and y.dtype == torch.bfloat16 and y.shape == (1, 512)
+
+
+def test_grouped_wo_a_is_one_launch_reading_its_strided_view(monkeypatch):
+    """V4-Flash's wo_a at a decode token, as attention calls it (grouped_linear on the heads' transposed view):
+    one launch over all 8 groups, x passed without a copy (its strides as arguments), the result a view of
+    [T, G*M] so attention's reshape back copies nothing."""
+    record = _Recorder()
+    monkeypatch.setattr(fp8_triton, "launch", record)
+    G, M, K, T = 8, 1024, 4096, 1
+    q = torch.zeros(G * M, K, dtype=torch.float8_e4m3fn)
+    scale = word_aligned(torch.full((G * M // 128, K // 128), 127, dtype=torch.uint8))
+    o = torch.zeros(T, G * K, dtype=torch.bfloat16)  # attention's heads [T, H*hd]
+    grouped = o.reshape(T, G, K).transpose(0, 1)  # [G, T, K], as attend_and_project hands it over
+    monkeypatch.setattr(fp8_matrix, "on_gpu", lambda w: True)
+    z = grouped_linear(grouped, Fp8Matrix(q, scale))
+    (name, grid, args, meta), = record.launched
+    assert name == "fp8_linear_kernel" and grid == (1, G * M // 16, 1) and meta["BN"] == 16
+    assert args[0].data_ptr() == o.data_ptr() and args[8:11] == (M, K, G * K)  # M, x's group and token strides
+    assert z.shape == (G, T, M) and z.dtype == torch.bfloat16
+    assert z.transpose(0, 1).reshape(T, -1).data_ptr() == args[3].data_ptr()  # a view of what the kernel wrote
 
 
 def _bound(x: torch.Tensor, w: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -251,3 +311,50 @@ def test_a_small_gpu_splits_a_small_matrix(dtype):
     w = dequantize_fp8(q, s)
     got = fp8_linear_tiled(x, q, word_aligned(s.view(torch.uint8)), tile)
     assert ((got.double() - (x.float() @ w.T).double()).abs() <= _bound(x, w, dtype)).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+@pytest.mark.parametrize("tile", [Tiling(16, 32), Tiling(16, 16, 2), Tiling(16, 16, 3), Tiling(64, 64)],
+                         ids=lambda t: f"BT={t.BT},BN={t.BN},SPLIT_K={t.SPLIT_K}")
+@pytest.mark.slow  # Triton's interpreter
+def test_every_grouped_tiling_matches_the_reference(tile, dtype):
+    """3 groups of 100 rows (no row tile divides them, and scale blocks straddle groups: rows 100..227 share
+    one) over K = 3 blocks, x the transposed view attention hands over; each group against x_g @ W_g^T."""
+    g = torch.Generator().manual_seed(tile.BN + tile.SPLIT_K + tile.BT)
+    G, M, K, T = 3, 100, 384, 5
+    q, s = _random_fp8(384, K, g)
+    q = q[:G * M]  # [300, K]; scale [3, 3]: its last block row holds 44 rows
+    w = dequantize_fp8(q, s)  # [G*M, K]
+    x = torch.randn(T, G * K, generator=g).to(dtype).reshape(T, G, K).transpose(0, 1)  # [G, T, K], strided
+    got = fp8_grouped_linear_tiled(x, q, word_aligned(s.view(torch.uint8)), tile)
+    assert got.dtype == dtype and got.shape == (G, T, M)
+    for i in range(G):
+        wg = w[i * M:(i + 1) * M]
+        ref = x[i].float() @ wg.T
+        assert ((got[i].double() - ref.double()).abs() <= _bound(x[i], wg, dtype)).all(), (i, tile)
+
+
+@pytest.mark.slow  # Triton's interpreter
+def test_grouped_linear_on_the_gpu_path_equals_the_cpu_twin(monkeypatch):
+    """attention's wo_a call (grouped_linear) through the GPU's kernel, run here in the interpreter, against
+    the CPU path's result on the same FP8 matrix: float32 x, within float32 summation order."""
+    g = torch.Generator().manual_seed(21)
+    q, s = _random_fp8(4 * 128, 256, g)
+    w = Fp8Matrix.of_bytes(q, s.view(torch.uint8))
+    x = torch.randn(3, 4 * 256, generator=g).reshape(3, 4, 256).transpose(0, 1)  # [4, 3, 256]
+    want = grouped_linear(x, w)
+    monkeypatch.setattr(fp8_matrix, "on_gpu", lambda m: True)
+    got = grouped_linear(x, w)
+    assert got.shape == want.shape == (4, 3, 128)
+    assert (got - want).abs().max() <= 1e-5 * want.abs().max()
+
+
+def test_grouped_shapes_are_checked():
+    q, s = _random_fp8(384, 256, torch.Generator().manual_seed(0))
+    q = q[:300]
+    with pytest.raises(ValueError, match="do not match"):  # 300 rows do not make 8 groups
+        fp8_grouped_linear(torch.zeros(8, 1, 256), q, word_aligned(s.view(torch.uint8)))
+    with pytest.raises(ValueError, match=r"must be \[G, T, K\]"):
+        fp8_grouped_linear_tiled(torch.zeros(1, 256), q, word_aligned(s.view(torch.uint8)), Tiling(16, 16))
+    with pytest.raises(ValueError, match="the kernel takes"):
+        fp8_linear(torch.zeros(1, 256, dtype=torch.float64), q, word_aligned(s.view(torch.uint8)))

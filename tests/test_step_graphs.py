@@ -3,6 +3,7 @@
 - capture is all or nothing, and after it a GPU segment without its graph is an error, never a silent
   eager run;
 - a step whose work never finishes (a hung host task) raises after the watchdog's deadline;
+- the host waits for a step whose logits it reads, never for rollback's save and restore passes;
 - a cold host task's failure is reported by the step it happened in, once;
 - the executor times asynchronous GPU work by events on the device, not by the host's clock around
   the launch.
@@ -19,6 +20,7 @@ from ostinato.runtime.engine.counters import Counters
 from ostinato.runtime.engine.decode_graphs import SegmentGraphs
 from ostinato.runtime.engine.loader import load_engine
 from ostinato.runtime.engine.span_timer import SpanTimer
+from ostinato.runtime.model.static_decode.rollback import RollbackPass
 
 
 class FakeStep:
@@ -74,6 +76,34 @@ def test_the_watchdog_raises_on_a_step_that_never_ends(monkeypatch):
         watchdog.wait_done(never, 0.05, "the 1-token step")
     calls = iter([False, False, True])
     watchdog.wait_done(SimpleNamespace(query=lambda: next(calls)), 5.0, "a step")  # finishes: returns
+
+
+class FakeStreams:
+    """engine/streams.py's face for a GPU that is not here: records return a marker, nothing waits."""
+
+    def current(self, device):
+        return f"current {device}"
+
+    def record(self, stream):
+        return SimpleNamespace(query=lambda: True, stream=stream)
+
+
+def test_the_host_waits_for_a_steps_logits_never_for_a_rollback_pass(monkeypatch):
+    """A verify step's logits are read at once: its run waits (the watchdog). Rollback's save and restore
+    hand the host nothing, and the next step runs after them on the same streams: their runs return without
+    waiting (two waits of a step's length each per verify, before)."""
+    waits = []
+    monkeypatch.setattr(decode_graphs, "streams_for", lambda device: FakeStreams())
+    monkeypatch.setattr(watchdog, "wait_done", lambda event, timeout_s, what: waits.append((event.stream, what)))
+    saved = []
+    gpu = [SimpleNamespace(device=torch.device("cuda", 0)), SimpleNamespace(device=torch.device("cuda", 1))]
+    rollback = SimpleNamespace(segments=gpu, tokens=2, save_segment=saved.append, restore_segment=saved.append)
+    for restore in (False, True):
+        SegmentGraphs(RollbackPass(rollback, restore)).run()  # not captured: each segment eagerly
+    assert saved == [0, 1, 0, 1] and waits == []
+    step = FakeStep(2, device="cuda:1")
+    SegmentGraphs(step).run()
+    assert step.ran == [0, 1] and waits == [("current cuda:1", "the 1-token step")]
 
 
 class FakeEvent:

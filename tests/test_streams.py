@@ -13,8 +13,10 @@ invisible unless the orderings are checked (tests/stream_order.py):
   that last position exactly;
 - the engine takes one stream per device and role (capture, cold, copy), distinct from each other and
   from the default stream, however many layers and steps it has: the twin hands out streams from a
-  wrapping pool of 32, as torch does.
+  wrapping pool of 32, as torch does; its current stream is per thread, as CUDA's.
 """
+
+import threading
 
 import pytest
 import torch
@@ -127,6 +129,29 @@ def test_warm_up_from_a_session_at_max_context_minus_one(engine, reference):
     small = StaticStep(engine.model, WARMUP_RUNS, [lp.gpu for lp in engine.plan.layers])
     with pytest.raises(ValueError, match="beyond max_context"):
         SegmentGraphs(small).capture()
+
+
+def test_the_twin_current_stream_is_per_thread():
+    """As CUDA's: a thread's on(stream) (re-placement's copy thread, engine/adapter.py) leaves the other
+    threads' current stream alone, so the log files their work on their own streams."""
+    s = CpuStreams()
+    side = s.new()
+    inside, release = threading.Event(), threading.Event()
+    seen = []
+
+    def copier():
+        with s.on(side):
+            seen.append(s.current())
+            inside.set()
+            release.wait(10)
+    worker = threading.Thread(target=copier)
+    worker.start()
+    try:
+        assert inside.wait(10)
+        assert s.current() == TwinStream(0) and seen == [side]
+    finally:
+        release.set()
+        worker.join()
 
 
 def test_the_twin_pool_wraps_and_named_streams_stay_distinct():

@@ -11,7 +11,8 @@ a bf16 engine's); likewise the FP8 dense kernel, the mHC mixing kernel and the n
 What the PTX and ptxas say: no kernel loads a byte, decode streams its weights with 16-byte loads,
 prefill multiplies on tensor cores in its activations' dtype (bf16 MMAs for a bf16 engine, both kernels;
 fp16 and float32 activations, V4-Flash's prefill only: fp16 and tf32 MMAs), no instruction flushes
-denormals (the decoding relies on them) and no kernel spills registers.
+denormals (the decoding relies on them), no kernel spills registers, and the FP8 kernels store their
+result in its dtype (bf16 half the bits of float32: no cast kernel after them).
 Legend: D = hidden, I = expert intermediate, k = routes per token (decode's MAX_ROUTES).
 """
 
@@ -44,6 +45,7 @@ PINNED_VERSION = "3.6.0"
 PINNED_PYTHON = ROOT / "build" / "triton-3.6" / "bin" / "python"
 KERNEL_FP8 = ROOT / "runtime" / "kernels" / "fp8_triton_kernel.py"
 ARCHS = (90, 89)  # H200 / H100, RTX 4090
+WARP_SIZE = 32
 KERNELS = ("gate_up_kernel", "down_kernel")
 TRITON_DTYPE = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.uint8: "u8",
                 torch.int8: "i8", torch.int32: "i32", torch.int64: "i64"}
@@ -109,18 +111,32 @@ def prefill_dtype_jobs(root: Path) -> list[dict]:
 
 
 def fp8_jobs() -> list[dict]:
-    """The dense FP8 kernel (runtime/kernels/fp8_triton_kernel.py) as fp8_linear launches it: bf16
+    """The dense FP8 kernels (runtime/kernels/fp8_triton_kernel.py) as fp8_linear launches them: bf16
     activations, every tile its tiling picks (decode: 16 token rows by 64, 32 or 16 output rows; prefill:
-    64 by 64; a split of K is a grid axis, the same code); K and its scale columns multiples of 16."""
+    64 by 64; wo_a's groups are a grid axis, the same code) storing the bf16 result, and the 16-row tile
+    that splits K storing its float32 partials; then the split sum, into a bf16 result (and a float32
+    engine's float32 one). K, N, a group's rows M and x's strides multiples of 16 (V4-Flash's). "outputs":
+    the y elements one program stores (fp8_store_problems)."""
     from ostinato.runtime.kernels import fp8_triton
 
-    signature = ["*bf16", "*u8", "*u8", "*fp32", "i32", "i32", "i32", "i32"] + ["constexpr"] * 4
-    return [{"label": f"fp8 dense {'decode' if tile.BT == 16 else 'prefill'} BT={tile.BT} BN={tile.BN}",
-             "path": str(KERNEL_FP8), "kernel": "fp8_linear_kernel", "signature": signature, "arch": arch,
-             "divisible": [6], "options": {"num_warps": tile.num_warps},
-             "constexprs": {"BT": tile.BT, "BN": tile.BN, "BK": fp8_triton.SCALE_BLOCK,
-                            "DOT_DTYPE": fp8_triton.DOT[torch.bfloat16]}}
-            for tile in fp8_triton.TILES for arch in ARCHS]
+    def product(tile, y: str, arch: int) -> dict:
+        return {"label": f"fp8 dense {'decode' if tile.BT == 16 else 'prefill'} BT={tile.BT} BN={tile.BN} y {y}",
+                "path": str(KERNEL_FP8), "kernel": "fp8_linear_kernel", "arch": arch,
+                "signature": ["*bf16", "*u8", "*u8", f"*{y}"] + ["i32"] * 7 + ["constexpr"] * 4,
+                "divisible": [5, 6, 8, 9, 10], "options": {"num_warps": tile.num_warps}, "outputs": tile.BT * tile.BN,
+                "constexprs": {"BT": tile.BT, "BN": tile.BN, "BK": fp8_triton.SCALE_BLOCK,
+                               "DOT_DTYPE": fp8_triton.DOT[torch.bfloat16]}}
+
+    split_tile = fp8_triton.Tiling(fp8_triton.BLOCK_T[0], fp8_triton.BLOCK_N[-1])  # the only tile that splits K
+    jobs = [product(tile, "bf16", arch) for tile in fp8_triton.TILES for arch in ARCHS]
+    jobs += [product(split_tile, "fp32", arch) for arch in ARCHS]
+    # the split sum streams float32 partials: wide loads required (the weight-stream check)
+    jobs += [{"label": f"fp8 split sum y {y}", "path": str(KERNEL_FP8), "kernel": "fp8_split_sum_kernel",
+              "signature": ["*fp32", f"*{y}", "i32", "i32", "constexpr"], "arch": arch, "divisible": [2],
+              "constexprs": {"BLOCK": fp8_triton.SPLIT_SUM_BLOCK},
+              "options": {"num_warps": fp8_triton.SPLIT_SUM_WARPS}, "outputs": fp8_triton.SPLIT_SUM_BLOCK}
+             for y in ("bf16", "fp32") for arch in ARCHS]
+    return jobs
 
 
 def hc_mix_jobs(root: Path) -> list[dict]:
@@ -230,6 +246,34 @@ def spill_problems(jobs: list[dict], results: list[dict]) -> list[str]:
             for j, r in zip(jobs, results, strict=True) if not r["error"] and r["spill_bytes"] != 0]
 
 
+STORE_BITS = {"b16": 16, "b32": 32, "b64": 64, "f16": 16, "f32": 32, "u16": 16, "u32": 32}
+
+
+def _stored_bits(stores: dict[str, int]) -> int:
+    """Bits one thread stores, from {PTX store opcode: count}: e.g. st.global.v4.b32 stores 4 x 32."""
+    bits = 0
+    for op, n in stores.items():
+        vector = re.search(r"\.v(\d)\.", op)
+        bits += n * (int(vector.group(1)) if vector else 1) * STORE_BITS[op.rsplit(".", 1)[1]]
+    return bits
+
+
+def fp8_store_problems(jobs: list[dict], results: list[dict]) -> list[str]:
+    """The FP8 kernels store y in its own dtype, each output once: a thread's stores add up to its share of
+    the program's outputs at y's width (bf16: 16 bits a value, packed), so the kernel rounds to bf16 itself
+    and no cast runs after it."""
+    bad = []
+    for j, r in zip(jobs, results, strict=True):
+        if "outputs" not in j or r["error"]:
+            continue
+        y_bits = {"*bf16": 16, "*fp32": 32}[j["signature"][3 if j["kernel"] == "fp8_linear_kernel" else 1]]
+        want = j["outputs"] * y_bits // (WARP_SIZE * j["options"]["num_warps"])
+        if _stored_bits(r["stores"]) != want:
+            bad.append(f"{_name(j, r)}: stores {r['stores']} ({_stored_bits(r['stores'])} bits a thread), want "
+                       f"{j['outputs']} outputs x {y_bits} bits over {j['options']['num_warps']} warps = {want}")
+    return bad
+
+
 @pytest.fixture(scope="module")
 def jobs(kernel_dir):
     root = kernel_dir  # rendered into the session's kernel folder (tests/conftest.py)
@@ -271,7 +315,7 @@ def test_fp16_h_stays_float32_when_swiglu_could_pass_fp16_max():
 CHECKS = {"compile for the target": compile_problems, "load words, not bytes": load_problems,
           "prefill on tensor cores": prefill_mma_problems,
           "prefill MMAs in the activations' dtype": prefill_mma_dtype_problems, "no flushed denormals": ftz_problems,
-          "no register spills": spill_problems}
+          "no register spills": spill_problems, "FP8 kernels store y in its dtype": fp8_store_problems}
 
 
 @pytest.mark.parametrize("check", CHECKS.values(), ids=CHECKS.keys())

@@ -18,6 +18,7 @@ and what the code will do on the GPU:
 - "loads", "loop_loads": {PTX global load opcode: count} in the kernel and inside its loops (the
   lines from a label back to a branch that jumps up to it), e.g. {"ld.global.v4.b32": 8}; cp.async
   (global to shared, for a pipelined loop) counts as a load;
+- "stores": {PTX global store opcode: count} in the kernel, e.g. {"st.global.v4.b32": 1};
 - "mma": {PTX tensor-core opcode (mma.sync..., wgmma.mma_async...): count};
 - "ftz": {PTX opcode that flushes denormals to zero (.ftz): count};
 - "registers", "spill_bytes" (stores + loads), "stack_bytes": from ptxas -v, which Triton runs to
@@ -87,7 +88,8 @@ def ptx_facts(ptx: str) -> dict:
              if (m := re.search(r"\bbra(?:\.uni)?\s+(\$L__BB\w+);", line)) and labels.get(m.group(1), i) < i]
     load = r"ld\.global\.|cp\.async\.c[ag]\.shared\.global"  # cp.async: a pipelined load (tl.dot operands)
     return {"loads": _count(lines, load), "loop_loads": _count([x for loop in loops for x in loop], load),
-            "mma": _count(lines, r"(wgmma\.mma_async|mma\.sync)\."), "ftz": _count(lines, r".*\.ftz\b")}
+            "stores": _count(lines, r"st\.global\."), "mma": _count(lines, r"(wgmma\.mma_async|mma\.sync)\."),
+            "ftz": _count(lines, r".*\.ftz\b")}
 
 
 def ptxas_facts(log: str) -> dict:

@@ -9,20 +9,29 @@ them; `settle()`, called before every forward, finishes the ones whose upload is
 A swap of cold expert c for hot expert h of one layer, in three steps, each exact for every forward:
 1. now (between forwards): h is evicted: its slot is freed (slot_of[h] = -1) and it is computed from
    its cold-table row (cold_of[h] = h; every expert has a row: engine/loader.py), so forwards meanwhile
-   compute it on the CPU, as any cold expert;
-2. in the background: c's packed weights are copied into the freed slot (on the device's copy stream
-   with a GPU); no route maps to that slot, so no forward reads it;
+   compute it on the CPU, as any cold expert; an event is recorded on the stream the forwards run on
+   (the device's current stream: dynamic forwards and graph replays alike), after the last forward
+   that could read the slot;
+2. in the background: c's packed weights are copied into the freed slot on the device's adapt stream,
+   which first waits on that event (without it the copy could overwrite the slot while a forward queued
+   before the eviction still reads h from it); no later route maps to that slot, so no forward reads it;
 3. at the first forward boundary after the copy is done (settle): slot_of[c] = the slot, cold_of[c] = -1.
+   A copy that failed is dropped there, once, with a warning: c stays cold (its row computes it, as
+   before), h stays cold, the slot stays free (unused) from then on; forwards go on as before.
 Slot tables change only between forwards, in place: the decode graphs read slot_of from device memory
 and the cold tasks read cold_of on the host when they run, so nothing is captured again. The pools keep
-their size: no memory beyond the plan's hot pools (and its cold tables' rows, views of the checkpoint).
-The MTP block's experts (speculative decoding) keep their placement.
+their size. Every row a swap copies from is page-locked with GPUs (a DMA source, as the uploads'): the
+loader puts every expert of the layers that re-place into the pinned arena, the hot ones' rows too
+(the plan's host row `hot_expert_rows`), so re-promoting an expert hot at load, or uploading it once
+evicted, never copies from pageable memory. The MTP block's experts (speculative decoding) keep their
+placement.
 
 Legend: L layers, E experts per layer.
 """
 
 from __future__ import annotations
 
+import logging
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -35,6 +44,7 @@ from .executor import PlacementExecutor
 from .streams import streams_for
 
 WEIGHTS = ("w1", "w1_scale", "w3", "w3_scale", "w2", "w2_scale")
+log = logging.getLogger(__name__)
 
 
 class SessionRoutes:
@@ -65,6 +75,7 @@ class AdaptStats:
     swapped: int = 0          # experts promoted (each one evicted another)
     bytes_uploaded: int = 0
     turns: int = 0            # idle periods seen
+    failed: int = 0           # uploads that failed: dropped, their expert left cold
 
 
 class Adapter:
@@ -101,12 +112,20 @@ class Adapter:
         for up in list(self.pending):
             if not (wait or up.done.done()):
                 continue
-            up.done.result()  # an upload's error surfaces here, before its expert is ever used
+            self.pending.remove(up)
+            error = up.done.exception()
+            if error is not None:  # said once, here; raising would fail every later forward the same way
+                self.stats.failed += 1
+                log.warning("re-placement: layer %d's expert %d stays cold: its upload into hot slot %d failed "
+                            "(%s: %s)", up.swap.layer, up.swap.promote, up.slot, type(error).__name__, error)
+                continue
             le, c = self.executor.layers[up.swap.layer], up.swap.promote
+            streams = streams_for(le.device)
+            # the copy is done (its thread waited for it); in stream terms too, for the forwards that read the slot
+            streams.wait_event(streams.current(le.device), up.done.result())
             le.slot_of[c] = up.slot
             le.cold_of[c] = -1
             self.executor.mark_hot(up.swap.layer, c, True)
-            self.pending.remove(up)
             self.stats.swapped += 1
             self.stats.bytes_uploaded += self.expert_bytes
             done += 1
@@ -119,21 +138,24 @@ class Adapter:
         """Step 1 (evict s.evict now) and step 2 (copy s.promote into its slot, in the background)."""
         le = self.executor.layers[s.layer]
         slot = int(le.slot_of[s.evict])
-        le.slot_of[s.evict] = -1
+        le.slot_of[s.evict] = -1  # queued on the current stream, before the event
         le.cold_of[s.evict] = s.evict
         self.executor.mark_hot(s.layer, s.evict, False)
-        return Upload(s, slot, self._copier.submit(self._copy, le, s.promote, slot))
+        streams = streams_for(le.device)
+        freed = streams.record(streams.current(le.device))  # after every forward queued so far: the slot's last readers
+        return Upload(s, slot, self._copier.submit(self._copy, le, s.promote, slot, freed))
 
     @staticmethod
-    def _copy(le, expert: int, slot: int) -> None:
-        src, pool = le.cold[expert], le.hot_pool
-        if le.device.type != "cuda":
-            for name in WEIGHTS:
-                getattr(pool, name)[slot].copy_(getattr(src, name).view(getattr(pool, name).dtype))
-            return
+    def _copy(le, expert: int, slot: int, freed):
+        """In the copier's thread: `expert`'s row into hot pool `slot` on the adapt stream, once the event
+        `freed` (the slot's last reader done) has passed -> an event after the copy, once the copy is done."""
+        src, pool = le.cold[int(le.cold_of[expert])], le.hot_pool
         s = streams_for(le.device)
         copy = s.named(le.device, "adapt")
+        s.wait_event(copy, freed)
         with s.on(copy):
             for name in WEIGHTS:
                 getattr(pool, name)[slot].copy_(getattr(src, name).view(getattr(pool, name).dtype), non_blocking=True)
-        copy.synchronize()  # this thread waits; settle() sees the future done only once the copy is
+        copied = s.record(copy)
+        s.synchronize(copy)  # settle() sees the future done only once the copy is
+        return copied

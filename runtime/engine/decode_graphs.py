@@ -107,7 +107,10 @@ class SegmentGraphs:
                 step.run_segment(i)
             step.hand_off(i)
         last = step.segments[-1].device
-        if last.type == "cuda":  # the last segment's stream ends after every earlier one (the hand-offs order them)
+        # The host reads the step's logits: wait for them, with the watchdog's deadline (the last segment's stream
+        # ends after every earlier one: the hand-offs order them). A pass that hands the host nothing (rollback's
+        # save and restore, logits None) does not wait: the next step, on the same streams, runs after it anyway.
+        if last.type == "cuda" and step.logits is not None:
             s = streams_for(last)
             watchdog.wait_done(s.record(s.current(last)), watchdog.STEP_TIMEOUT_S, f"the {step.tokens}-token step")
         step.note_step()

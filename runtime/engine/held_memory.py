@@ -11,9 +11,11 @@ reserve) have no held tensors; `unplanned` lists every other tensor reachable fr
 no component claims, by attribute path (the step's 1-token I/O buffers, the torch backend's
 dequantization table).
 
-A tensor is counted at its storage's size (a view keeps its whole buffer alive), once. Cold experts
-are the exception: on the CPU they are views of the memory-mapped checkpoint, counted by their own
-bytes.
+A tensor is counted at its storage's size (a view keeps its whole buffer alive), once. Host rows of
+experts are the exception: on the CPU they are views of the memory-mapped checkpoint, with GPUs views
+of the pinned arenas, counted by their own bytes: every cold expert's (`cold_experts`) and, in an
+engine that re-places (engine/adapter.py), every hot expert's of the model's layers (`hot_expert_rows`:
+an eviction computes and uploads from them, a re-promotion copies from them; pinned with GPUs).
 """
 
 from __future__ import annotations
@@ -28,8 +30,8 @@ import torch
 # the decode graphs' pools), the allocator's fragmentation reserve, the session snapshots (held
 # as turns go by, up to policy.snapshots) and the prefill buckets' graph pool (whose I/O buffers and
 # cold-route staging are filed under it but the pool itself is not a tensor) and cuBLAS's workspaces
-# (allocated by the library on a stream's first matmul); and the hot experts' rows of the cold tables, views
-# of the memory-mapped checkpoint that an eviction would compute from (page cache, not held memory)
+# (allocated by the library on a stream's first matmul); and the hot experts' rows of the cold tables of an
+# engine that does not re-place (and the MTP block's), views of the memory-mapped checkpoint it never reads
 BOUNDS = frozenset({"workspace", "cpu_workspace", "decode_graph", "headroom", "kv_snapshots", "prefill_graphs",
                     "mapped_checkpoint",
                     "cublas_workspaces"})
@@ -107,7 +109,7 @@ def held_memory(engine, sessions=()) -> HeldMemory:
         le = ex.layers[l]
         held.add(gpu[l], "hot_experts", tensors_in(le.hot_pool))
         held.add(gpu[l], "upload_staging", tensors_in(le.staging))
-        _cold_table(held, le)
+        _cold_table(held, le, engine.adapter is not None)
         if step is not None:
             held.add(gpu[l], "decode_state", tensors_in(step.state.layers[l]))
         for s in sessions:
@@ -140,7 +142,7 @@ def _speculative(held: HeldMemory, engine, row: str, sessions) -> None:
     le = ex.layers[model.config.n_layers]
     held.add(row, "dense_weights", tensors_in(model.weights.mtp))
     held.add(row, "hot_experts", tensors_in(le.hot_pool))
-    _cold_table(held, le)
+    _cold_table(held, le, False)  # its experts keep their placement
     for s in sessions:
         held.add(row, "kv_cache", tensors_in(s.drafter.cache))
     if runner is not None:
@@ -153,10 +155,11 @@ def _speculative(held: HeldMemory, engine, row: str, sessions) -> None:
         held.add(row, "speculative_steps", tensors_in([runner.rollback.layers, runner.rollback.positions]))
 
 
-def _cold_table(held: HeldMemory, le) -> None:
-    """A layer's cold table (every expert, by id): its cold experts are host memory the plan counts; its hot
-    ones' rows are views of the mapped checkpoint (engine/adapter.py evicts to them)."""
+def _cold_table(held: HeldMemory, le, re_placed: bool) -> None:
+    """A layer's cold table (every expert, by id): its cold experts are host memory the plan counts, and so
+    are its hot ones' rows where the layer is `re_placed` (engine/adapter.py evicts to them; pinned copies
+    with GPUs, engine/loader.py); else those are views of the mapped checkpoint that nothing reads."""
     cold = le.cold_of >= 0
     held.add("host", "cold_experts", tensors_in([p for e, p in enumerate(le.cold) if cold[e]]), view_bytes=True)
-    held.add("host", "mapped_checkpoint", tensors_in([p for e, p in enumerate(le.cold) if not cold[e]]),
-             view_bytes=True)
+    held.add("host", "hot_expert_rows" if re_placed else "mapped_checkpoint",
+             tensors_in([p for e, p in enumerate(le.cold) if not cold[e]]), view_bytes=True)

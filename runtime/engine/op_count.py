@@ -13,6 +13,12 @@ that: the torch functions and tensor methods Python code calls (sys.setprofile),
 `data_ptr` or `numel` left out, whatever runs in between in C++. Each such call is one trip through the
 Python bindings and the dispatcher; composite ones expand into several aten ops, so on an eager forward it
 reads lower than OpCounter.
+
+`KernelCounter` counts what a GPU would run instead: the device kernels of a step (each one a node of its
+CUDA graph, with its launch and tail however little it computes), counted on the CPU twin, where the same
+Python issues the same ops: every dispatched aten op that computes (views and bare allocations are no
+kernels) and every Triton launch through kernels/launch.py, whatever the launch does inside (the
+interpreter's copies are not the GPU's). tests/test_kernel_count.py counts the FP8 decode step so.
 """
 
 from __future__ import annotations
@@ -20,9 +26,12 @@ from __future__ import annotations
 import sys
 import traceback
 from collections import Counter
+from pathlib import Path
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+
+from ..kernels import launch as launch_module
 
 
 class OpCounter(TorchDispatchMode):
@@ -114,4 +123,59 @@ class PythonTorchCalls:
         return self
 
     def __exit__(self, *exc) -> None:
+        sys.setprofile(self._previous)
+
+
+RUNTIME = str(Path(__file__).resolve().parents[1])  # the runtime package's folder: sources are named from it
+_ALLOCATIONS = frozenset({"empty", "empty_strided", "empty_like", "new_empty", "new_empty_strided"})  # no fill
+
+
+class KernelCounter(TorchDispatchMode):
+    """Device kernels issued while active, in this thread: `kernels` total, `by_kernel` per aten op
+    ("aten.sum") or Triton kernel ("triton.fp8_linear_kernel"), `by_source` per innermost runtime function
+    that issued it ("kernels/fp8_triton.py:_product")."""
+
+    def __init__(self):
+        super().__init__()
+        self.kernels, self.by_kernel, self.by_source = 0, Counter(), Counter()
+        self._launching = 0  # depth inside launch(): what a launch dispatches is the launch's own business
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        if not self._launching and not func.is_view and name not in _ALLOCATIONS:
+            self._count(f"aten.{name}", sys._getframe(1))
+        return func(*args, **(kwargs or {}))
+
+    def _profile(self, frame, event, arg):
+        if frame.f_code is launch_module.launch.__code__:
+            if event == "call":
+                if not self._launching:
+                    kernel = frame.f_locals["kernel"]
+                    self._count(f"triton.{getattr(getattr(kernel, 'fn', kernel), '__name__', repr(kernel))}",
+                                frame.f_back)
+                self._launching += 1
+            elif event == "return":
+                self._launching -= 1
+
+    def _count(self, kernel: str, frame) -> None:
+        self.kernels += 1
+        self.by_kernel[kernel] += 1
+        while frame is not None:
+            path = frame.f_code.co_filename
+            if path.startswith(RUNTIME) and not path.endswith(("op_count.py", "launch.py")):
+                self.by_source[f"{Path(path).relative_to(RUNTIME).as_posix()}:{frame.f_code.co_name}"] += 1
+                return
+            frame = frame.f_back
+
+    def from_files(self, *files: str) -> int:
+        """Kernels issued from these runtime files (paths relative to the runtime folder)."""
+        return sum(n for source, n in self.by_source.items() if source.split(":")[0] in files)
+
+    def __enter__(self) -> KernelCounter:
+        self._previous = sys.getprofile()
+        sys.setprofile(self._profile)
+        return super().__enter__()
+
+    def __exit__(self, *exc) -> None:
+        super().__exit__(*exc)
         sys.setprofile(self._previous)

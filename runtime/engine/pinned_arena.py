@@ -1,4 +1,4 @@
-"""Cold experts in pinned host memory: one arena per NUMA node, not one pinned allocation per tensor.
+"""Host rows of experts in pinned memory: one arena per NUMA node, not one pinned allocation per tensor.
 
 With GPUs the cold experts are DMA sources (upload mode, the cold bridges), so they are page-locked.
 Pinning each tensor separately (what the loader did) is one cudaHostAlloc per tensor -- 6 per cold
@@ -11,10 +11,13 @@ The runtime gets views with the dtypes and shapes the checkpoint's `PackedExpert
 Layout: a node's arena holds its experts in (layer, expert) order, each expert's six tensors in
 PackedExpert field order, each tensor at a multiple of ALIGN bytes from the page-aligned base.
 MXFP4 tensors of real models (and the tiny ones) are multiples of 64 bytes, so there is no padding
-and the arenas together hold exactly the plan's host row `cold_experts`.
+and the arenas together hold exactly the plan's host rows of experts: `cold_experts`, plus
+`hot_expert_rows` when the engine re-places between turns (the loader then pins the hot experts' rows
+too: they are DMA sources once evicted or re-promoted, engine/adapter.py).
 
-Split rule: the cold experts, counted in (layer, expert) order over all layers, go round-robin over
-the nodes (the i-th to node i mod n). Each layer's cold experts thus alternate between the nodes, so
+Split rule: the experts given (the cold ones, and the hot ones of re-placing layers), counted in
+(layer, expert) order over all layers, go round-robin over the nodes (the i-th to node i mod n). Each
+layer's cold experts thus alternate between the nodes, so
 the CPU kernel computing one layer reads from every node's memory channels, and the arenas differ
 by at most one expert.
 

@@ -13,6 +13,7 @@ No GPU has run these paths yet; tests check the log for the orderings a GPU need
     with s.on(side): ...                      # work queued on side
     done = s.record(side)                     # an event after that work
     s.wait_event(s.current(device), done)     # join
+    s.synchronize(side)                       # this thread waits for side's work so far
     with s.capture(stream) as graph: ...      # a CUDA graph captured on `stream` (None on the CPU)
 
 The engine's own streams are named, one per device and role (`s.named(device, "capture")`), made
@@ -26,6 +27,7 @@ twin hands out its streams from the same kind of pool, so the tests see what a G
 from __future__ import annotations
 
 import itertools
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import NamedTuple
@@ -104,6 +106,10 @@ class CudaStreams(NamedStreams):
     def wait_stream(self, stream: torch.cuda.Stream, other: torch.cuda.Stream) -> None:
         stream.wait_stream(other)
 
+    def synchronize(self, stream: torch.cuda.Stream) -> None:
+        """The calling thread waits for the work queued on `stream` so far."""
+        stream.synchronize()
+
     @contextmanager
     def capture(self, stream: torch.cuda.Stream, pool=None) -> Iterator[torch.cuda.CUDAGraph]:
         """Capture the work queued inside on `stream` (made the current stream) into a new graph (its
@@ -123,20 +129,22 @@ class TwinEvent(NamedTuple):
 
 class Entry(NamedTuple):
     stream: TwinStream
-    op: str       # new, wait_stream, record, wait_event, capture_begin, capture_end (tests add their own)
+    op: str       # new, wait_stream, record, wait_event, synchronize, capture_begin, capture_end (tests add
+                  # their own)
     what: object  # the other stream, the event, or None
 
 
 class CpuStreams(NamedStreams):
     """The CPU twin: every CPU device is one device (as its tensors say), work runs when it is issued,
     and ordering operations change nothing but the log (while recording) and which stream is current
-    (one for all threads, unlike CUDA's: only the log depends on it). new() hands out streams 1..32
-    round-robin, as torch's pool does."""
+    (per thread, as CUDA's: a background thread's copies, engine/adapter.py, are logged on its stream
+    while the main thread's forwards are logged on theirs). new() hands out streams 1..32 round-robin,
+    as torch's pool does."""
 
     def __init__(self):
         super().__init__()
         self.log: list[Entry] | None = None
-        self._current = [TwinStream(0)]  # a stack: on() pushes
+        self._local = threading.local()      # .current: this thread's stack of streams (on() pushes)
         self._numbers = itertools.count(1)   # events
         self._pool = itertools.count(0)      # streams
 
@@ -155,6 +163,12 @@ class CpuStreams(NamedStreams):
             yield self.log
         finally:
             self.log = None
+
+    @property
+    def _current(self) -> list[TwinStream]:
+        if not hasattr(self._local, "current"):
+            self._local.current = [TwinStream(0)]  # every thread starts on the default stream
+        return self._local.current
 
     def current(self, device=None) -> TwinStream:
         return self._current[-1]
@@ -182,6 +196,10 @@ class CpuStreams(NamedStreams):
 
     def wait_stream(self, stream: TwinStream, other: TwinStream) -> None:
         self._note(stream, "wait_stream", other)
+
+    def synchronize(self, stream: TwinStream) -> None:
+        """Nothing to wait for (the work ran when it was issued)."""
+        self._note(stream, "synchronize", None)
 
     @contextmanager
     def capture(self, stream: TwinStream, pool=None) -> Iterator[None]:

@@ -14,16 +14,26 @@ over all of K, whose grid is already thousands of programs. A decode token's gri
 is N / 64 programs: 8 to 64 for most of V4-Flash's matrices against an H200's 132 SMs, too few to
 keep enough loads in flight to reach HBM bandwidth. So decode asks for PROGRAMS_PER_SM programs per
 SM, first with narrower row tiles (64 -> 32 -> 16; 16 is tl.dot's least), then by splitting K into
-SPLIT_K runs of whole blocks (grid axis 2). Splits are deterministic, with no atomics: split s
-writes its float32 partial sums to slice s of a [SPLIT_K, T, N] buffer and the launcher adds the
-slices with one torch sum, in the same order on every call; the result is the unsplit one up to
-float32 rounding. Shapes depend only on the arguments' shapes, and nothing waits for the GPU, so a
-CUDA graph captures the call.
+SPLIT_K runs of whole blocks (grid axis 2).
+
+Besides its weight bytes, what a decode product costs is its kernels: each is a node of the step's
+CUDA graph with its own launch and tail, however little it computes. So the kernel rounds its float32
+sums once to x's dtype and stores them itself, and a product is one launch; with K split, split s
+writes its float32 partial sums to slice s of a [SPLIT_K, T, N] buffer and one more kernel
+(fp8_split_sum_kernel) adds the slices in a fixed order and rounds once: two launches, never a torch
+sum and a cast after them. Deterministic, no atomics: the result is the unsplit one up to float32
+rounding. A grouped product (`fp8_grouped_linear`: wo_a, whose G groups of M rows each read their own
+slice of the heads, DSV4.md) is one launch too: the groups' row tiles share grid axis 1, each program
+reads its group's x through strides (the caller's transposed view, no copy), and y is written
+[T, G*M], so the caller's `z.transpose(0, 1).reshape(T, -1)` is a view.
+Shapes depend only on the arguments' shapes, and nothing waits for the GPU, so a CUDA graph
+captures the call.
 
 Not generated per plan: its only shape parameters are arguments, so the runtime ships it as is
 (fp8_triton_kernel.py, which imports nothing but Triton, so the tests can compile it for sm_90 and
 sm_89 with any Triton, like the generated kernels).
-Legend: T tokens, N output rows, K inputs, B = 128 (scale block), KB = K / B, S = SPLIT_K.
+Legend: T tokens, N output rows, K inputs, B = 128 (scale block), KB = K / B, S = SPLIT_K, G groups,
+M = N / G rows a group.
 """
 
 from __future__ import annotations
@@ -35,7 +45,7 @@ from functools import cache
 import torch
 import triton
 
-from .fp8_triton_kernel import fp8_linear_kernel
+from .fp8_triton_kernel import fp8_linear_kernel, fp8_split_sum_kernel
 from .launch import launch
 from .scale_layout import check_word_aligned
 
@@ -46,6 +56,7 @@ BLOCK_N = (64, 32, 16)  # output rows per program, widest first; decode narrows 
 PROGRAMS_PER_SM = 2  # decode's target: enough programs that every SM streams weights, with a second to hide latency
 CPU_SMS = 132  # an H200's SM count, assumed on the CPU, so the interpreter runs the tiling an H200 decode gets
 DOT = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}  # activation dtype -> the dot's input dtype
+SPLIT_SUM_BLOCK, SPLIT_SUM_WARPS = 1024, 4  # fp8_split_sum_kernel: 8 outputs a thread, two 16-byte loads a split
 
 
 @dataclass(frozen=True)
@@ -56,11 +67,12 @@ class Tiling:
     BN: int
     SPLIT_K: int = 1
 
-    def grid(self, T: int, N: int) -> tuple[int, int, int]:
-        return triton.cdiv(T, self.BT), triton.cdiv(N, self.BN), self.SPLIT_K
+    def grid(self, T: int, N: int, groups: int = 1) -> tuple[int, int, int]:
+        """(token tiles, row tiles of all `groups` groups of N / groups rows, K runs)."""
+        return triton.cdiv(T, self.BT), groups * triton.cdiv(N // groups, self.BN), self.SPLIT_K
 
-    def programs(self, T: int, N: int) -> int:
-        return math.prod(self.grid(T, N))
+    def programs(self, T: int, N: int, groups: int = 1) -> int:
+        return math.prod(self.grid(T, N, groups))
 
     @property
     def num_warps(self) -> int:
@@ -71,15 +83,17 @@ class Tiling:
 TILES = tuple(Tiling(BLOCK_T[0], bn) for bn in BLOCK_N) + (Tiling(BLOCK_T[1], BLOCK_N[0]),)
 
 
-def tiling(T: int, N: int, K: int, sms: int) -> Tiling:
-    """The tiling of x [T, K] @ W[N, K]^T on a GPU with `sms` SMs. Prefill (T > 16): 64 x 64, unsplit.
-    Decode (T <= 16, one token block): the widest row tile whose grid reaches PROGRAMS_PER_SM x sms
-    programs, else 16 rows with K split into just enough runs to reach it (at most KB: one block each)."""
+def tiling(T: int, N: int, K: int, sms: int, groups: int = 1) -> Tiling:
+    """The tiling of x [T, K] @ W[N, K]^T (or of `groups` groups of N / groups rows, each its own x) on a GPU
+    with `sms` SMs. Prefill (T > 16): 64 x 64, unsplit. Decode (T <= 16, one token block): the widest row
+    tile whose grid reaches PROGRAMS_PER_SM x sms programs, else 16 rows with K split into just enough runs
+    to reach it (at most KB: one block each)."""
     if T > BLOCK_T[0]:
         return Tiling(BLOCK_T[1], BLOCK_N[0])
     target = PROGRAMS_PER_SM * sms
-    bn = next((b for b in BLOCK_N if triton.cdiv(N, b) >= target), BLOCK_N[-1])
-    split = min(K // SCALE_BLOCK, triton.cdiv(target, triton.cdiv(N, bn)))
+    row_tiles = {b: groups * triton.cdiv(N // groups, b) for b in BLOCK_N}
+    bn = next((b for b in BLOCK_N if row_tiles[b] >= target), BLOCK_N[-1])
+    split = min(K // SCALE_BLOCK, triton.cdiv(target, row_tiles[bn]))
     return Tiling(BLOCK_T[0], bn, max(split, 1))
 
 
@@ -103,18 +117,50 @@ def fp8_linear(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torch.T
     return fp8_linear_tiled(x, q, scale, tiling(T, q.shape[0], K, sm_count(x.device)))
 
 
+def fp8_grouped_linear(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """x [G, T, K] (any strides along G and T) with group g times rows g*M..(g+1)*M-1 of the FP8 matrix
+    q [G*M, K] (scale as fp8_linear's) -> [G, T, M] in x's dtype: one launch for every group (wo_a's
+    product). The result is a view of a [T, G*M] tensor, so transpose(0, 1).reshape(T, G*M) copies nothing."""
+    G, T, K = x.shape
+    return fp8_grouped_linear_tiled(x, q, scale, tiling(T, q.shape[0], K, sm_count(x.device), G))
+
+
 def fp8_linear_tiled(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, tile: Tiling) -> torch.Tensor:
     """fp8_linear with the tiling given (tests run every tiling at small shapes)."""
-    T, K = x.shape
+    if x.dim() != 2:
+        raise ValueError(f"fp8_linear: x must be [T, K], got {tuple(x.shape)}")
+    return _product(x.unsqueeze(0), q, scale, tile)  # [T, N]
+
+
+def fp8_grouped_linear_tiled(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, tile: Tiling) -> torch.Tensor:
+    """fp8_grouped_linear with the tiling given."""
+    if x.dim() != 3:
+        raise ValueError(f"fp8_grouped_linear: x must be [G, T, K], got {tuple(x.shape)}")
+    G, T, _ = x.shape
+    return _product(x, q, scale, tile).view(T, G, -1).transpose(0, 1)  # [T, G*M] -> [G, T, M], a view
+
+
+def _product(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, tile: Tiling) -> torch.Tensor:
+    """x [G, T, K] by groups of q's rows -> y [T, N] (N = G*M; group g's outputs are columns g*M..) in x's dtype:
+    one launch, or two with K split (float32 partials [S, T, N], then their fixed-order sum, rounded once)."""
+    G, T, K = x.shape
     N = q.shape[0]
-    if q.shape[1] != K or scale.shape != (-(-N // SCALE_BLOCK), -(-K // SCALE_BLOCK)):
-        raise ValueError(f"fp8_linear: x {tuple(x.shape)}, q {tuple(q.shape)}, scale {tuple(scale.shape)} do not match")
+    if q.shape[1] != K or N % G or scale.shape != (-(-N // SCALE_BLOCK), -(-K // SCALE_BLOCK)):
+        raise ValueError(f"fp8_linear: x {tuple(x.shape)} ([groups, tokens, inputs]), q {tuple(q.shape)}, "
+                         f"scale {tuple(scale.shape)} do not match")
     if K % SCALE_BLOCK:  # DeepSeek-V4's are all multiples; the kernel walks whole blocks unmasked
         raise ValueError(f"fp8_linear: K={K} is not a multiple of {SCALE_BLOCK}")
+    if x.dtype not in DOT:
+        raise ValueError(f"fp8_linear: x is {x.dtype}; the kernel takes {', '.join(map(str, DOT))}")
     check_word_aligned(scale, "fp8_linear")  # the kernel reads scales as 4-byte words (scale_layout.py)
-    partial = torch.empty(tile.SPLIT_K, T, N, dtype=torch.float32, device=x.device)  # [S, T, N]
-    launch(fp8_linear_kernel, tile.grid(T, N), x.contiguous(), q.view(torch.uint8), scale.view(torch.uint8), partial,
-           T, N, K, scale.stride(0), BT=tile.BT, BN=tile.BN, BK=SCALE_BLOCK, DOT_DTYPE=DOT[x.dtype],
-           num_warps=tile.num_warps)
-    y = partial[0] if tile.SPLIT_K == 1 else partial.sum(0)  # [T, N]: the splits added in a fixed order
-    return y.to(x.dtype)
+    if x.stride(2) != 1:  # rows are read as contiguous runs of K (vector loads); groups and tokens by stride
+        x = x.contiguous()
+    y = torch.empty(T, N, dtype=x.dtype, device=x.device)  # [T, N]
+    out = y if tile.SPLIT_K == 1 else torch.empty(tile.SPLIT_K, T, N, dtype=torch.float32, device=x.device)
+    launch(fp8_linear_kernel, tile.grid(T, N, G), x, q.view(torch.uint8), scale.view(torch.uint8), out,
+           T, N, K, scale.stride(0), N // G, x.stride(0), x.stride(1), BT=tile.BT, BN=tile.BN, BK=SCALE_BLOCK,
+           DOT_DTYPE=DOT[x.dtype], num_warps=tile.num_warps)
+    if tile.SPLIT_K > 1:  # [S, T, N] float32 -> y [T, N]: the splits added in a fixed order, rounded once
+        launch(fp8_split_sum_kernel, (triton.cdiv(T * N, SPLIT_SUM_BLOCK),), out, y, T * N, tile.SPLIT_K,
+               BLOCK=SPLIT_SUM_BLOCK, num_warps=SPLIT_SUM_WARPS)
+    return y

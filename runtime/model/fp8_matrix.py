@@ -86,18 +86,20 @@ def linear(x: torch.Tensor, w: Matrix) -> torch.Tensor:
         if widens(x, w):
             return widened_linear(x, w)
         return x @ w.T
-    if w.q.is_cuda:
+    if on_gpu(w):
         from ..kernels.fp8_triton import fp8_linear  # Triton only where there is a GPU
         return fp8_linear(x, w.q, w.scale)
     return _on_host(x.reshape(1, -1, x.shape[-1]), w).reshape(*x.shape[:-1], w.shape[0])
 
 
 def grouped_linear(x: torch.Tensor, w: Matrix) -> torch.Tensor:
-    """x [G, T, K], W [G*M, K] (group g: rows g*M..(g+1)*M-1) -> [G, T, M]."""
+    """x [G, T, K], W [G*M, K] (group g: rows g*M..(g+1)*M-1) -> [G, T, M]. Attention's wo_a product: on a
+    GPU one launch of the grouped FP8 kernel for all groups (kernels/fp8_triton.fp8_grouped_linear), whose
+    result is a view of [T, G*M], so the caller's transpose and reshape back to [T, G*M] copy nothing."""
     G = x.shape[0]
-    if isinstance(w, Fp8Matrix) and w.q.is_cuda:
-        M = w.shape[0] // G
-        return torch.stack([linear(x[g], w.rows(g * M, (g + 1) * M)) for g in range(G)])
+    if isinstance(w, Fp8Matrix) and on_gpu(w):
+        from ..kernels.fp8_triton import fp8_grouped_linear  # Triton only where there is a GPU
+        return fp8_grouped_linear(x, w.q, w.scale)
     if isinstance(w, Fp8Matrix):
         return _on_host(x, w)
     if widens(x, w):
@@ -105,6 +107,12 @@ def grouped_linear(x: torch.Tensor, w: Matrix) -> torch.Tensor:
     if _as_row_dots(x, w):
         return (x.unsqueeze(-2) * w.view(G, 1, -1, x.shape[-1])).sum(-1)  # [G, T, 1, K] * [G, 1, M, K] -> [G, T, M]
     return torch.bmm(x, w.view(G, -1, x.shape[-1]).transpose(1, 2))
+
+
+def on_gpu(w: Fp8Matrix) -> bool:
+    """Whether w's products run the GPU's Triton kernel (tests replace it to run that path on the CPU: in
+    Triton's interpreter, or with its launches recorded)."""
+    return w.q.is_cuda
 
 
 def _on_host(x: torch.Tensor, w: Fp8Matrix) -> torch.Tensor:

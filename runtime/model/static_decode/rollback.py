@@ -131,7 +131,7 @@ class RollbackPass:
     def __init__(self, rollback: StepRollback, restore: bool):
         self.rollback, self.segments, self.tokens = rollback, rollback.segments, rollback.tokens
         self.run_segment = rollback.restore_segment if restore else rollback.save_segment
-        self.logits = None
+        self.logits = None  # the host reads nothing back: SegmentGraphs.run() does not wait for the pass
 
     def rewind(self) -> None:
         """Warm-up and capture runs copy stale buffers around: the state is loaded again afterwards."""
