@@ -25,18 +25,29 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from ostinato.chat_encodings import OFF
+
 from .chat_encoding import ChatOptions, ConversationError, encode, encode_chat, render_parts
 from .completions import Completions
 from .dsml import BLOCK_START, DSML, SEPARATOR
-from .errors import APIError, engine_error, http_error
+from .errors import APIError, engine_error, http_error, server_busy
 from .events import ClientGone, next_event
-from .fields import CHAT, check_fields, flag
+from .fields import check_fields, flag
 from .logprobs import chat_entry
 from .messages_api import Messages
 from .metrics import Metrics
+from .openai_api import ChatCompletionRequest
 from .prefix_cache import PrefixCache
 from .reply import ReplyBuilder
-from .request_body import DEFAULT_MAX_BODY_BYTES, read_json
+from .request_body import (
+    CONTEXT_HINT,
+    DEFAULT_MAX_BODY_BYTES,
+    LARGE_BODY_BYTES,
+    give_back_memory,
+    read_json,
+    read_json_sized,
+    refuse_past_context,
+)
 from .sampling import Sampling, constraint_for
 from .stop import stop_sequences
 from .tokens import TokenEndpoints
@@ -47,7 +58,12 @@ RETRY_AFTER_S = 1   # told to clients turned away by a full queue
 
 
 def _thinking(body: dict) -> bool:
-    t = body.get("thinking", False)
+    """Thinking mode: the `thinking` field where given; else on where reasoning_effort asks for an effort
+    (OpenAI's way to ask a reasoning model for one), off where it is "none" or absent."""
+    effort = body.get("reasoning_effort")
+    if effort == OFF:
+        return False
+    t = body.get("thinking", effort is not None)
     if isinstance(t, dict):
         t = t.get("type")
         if t not in ("enabled", "disabled"):
@@ -85,6 +101,7 @@ class Server:
         self.engine, self.tok, self.model_name, self.api_key = engine, tokenizer, model_name, api_key
         self.max_body_bytes = max_body_bytes
         self.context = engine.plan.policy.context
+        self.chat_encoding = engine.plan.policy.chat_encoding  # the release's reasoning-effort levels
         self.eos = engine.model.config.eos_token_id
         self.metrics = Metrics()
         self.cache = PrefixCache(engine.new_session, cache_sessions, keep_branches, session_store)
@@ -123,18 +140,17 @@ class Server:
         max_tokens = _int(body, "max_completion_tokens", 1, None) or _int(body, "max_tokens", 1, None)
         if room < 1 or (max_tokens is not None and max_tokens > room):
             raise APIError(400, f"this model's maximum context length is {self.context} tokens; the {param} "
-                                f"take {prompt_tokens} and max_tokens asks for {max_tokens or 1} more",
-                           param, "context_length_exceeded")
+                                f"take {prompt_tokens} and max_tokens asks for {max_tokens or 1} more "
+                                f"({CONTEXT_HINT})", param, "context_length_exceeded")
         return max_tokens or room  # OpenAI's default: as many as the context has left
 
-    def submit(self, job: Job) -> None:
-        """Queue a checked job for the engine; 503 with Retry-After when the queue is full."""
+    def submit(self, job: Job, reserved: bool = False) -> None:
+        """Queue a checked job for the engine (into the slot accept reserved); 503 with Retry-After when the
+        queue is full."""
         try:
-            self.worker.submit(job)
+            self.worker.submit(job, reserved)
         except queue.Full:
-            raise APIError(503, f"the server is busy: {self.worker.jobs.maxsize} requests are already waiting; "
-                                f"retry after {RETRY_AFTER_S} s", None, "server_busy", "server_error",
-                           headers={"Retry-After": str(RETRY_AFTER_S)}) from None
+            raise server_busy(self.worker.jobs.maxsize, RETRY_AFTER_S) from None
 
     def count_request(self, error: bool) -> None:
         with self.metrics.lock:
@@ -142,13 +158,16 @@ class Server:
             self.metrics.errors += error
 
     def _job(self, body: dict, emit) -> tuple[Job, ReplyBuilder]:
-        check_fields(body, CHAT)
+        check_fields(body, ChatCompletionRequest)
         self.check_model(body)
         tools = body.get("tools") or []
         if not isinstance(tools, list):
             raise APIError(400, "tools must be a list", "tools")
         try:
-            options = ChatOptions(_thinking(body), body.get("reasoning_effort"))
+            effort = body.get("reasoning_effort")
+            if effort is not None and not isinstance(effort, str):
+                raise APIError(400, f"reasoning_effort must be a string, got {effort!r}", "reasoning_effort")
+            options = ChatOptions(_thinking(body), None if effort == OFF else effort, self.chat_encoding)
             ids = encode_chat(self.tok, render_parts(body.get("messages"), tools, options))
         except ConversationError as e:
             raise APIError(400, str(e), e.param) from None
@@ -185,16 +204,32 @@ class Server:
         make_job(body, emit) -> (Job, reply) raises APIError for what it refuses. It runs in a thread: rendering
         and tokenizing a long prompt take seconds, and /health and other clients must not wait for them
         (the tokenizer releases the GIL in encode_batch, chat_encoding.encode). anthropic: errors in the
-        Messages API's shape."""
+        Messages API's shape.
+        The work is bounded before it starts: the request takes a queue slot (503 when none is free), a
+        prompt whose text cannot fit the context by its bytes alone is refused untokenized, large bodies are
+        prepared one at a time, and the memory their tokenizing took is given back (request_body.py)."""
+        reserved = large = False
         try:
-            body = await self.body(request)
+            self._auth(request)  # as body(), with the body's size
+            body, size = await read_json_sized(request, self.max_body_bytes)
+            large = size >= LARGE_BODY_BYTES
+            if not (reserved := self.worker.reserve()):
+                raise server_busy(self.worker.jobs.maxsize, RETRY_AFTER_S)
+            await asyncio.to_thread(refuse_past_context, body, self.tok, self.context)
             loop, events = asyncio.get_running_loop(), asyncio.Queue()
-            job, reply = await asyncio.to_thread(
-                make_job, body, lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev))
-            self.submit(job)
+            async with self.worker.large_lane if large else contextlib.nullcontext():
+                job, reply = await asyncio.to_thread(
+                    make_job, body, lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev))
+            self.submit(job, reserved=True)
+            reserved = False
         except APIError as e:
             self.count_request(error=True)
             return e.anthropic_response() if anthropic else e.response()
+        finally:
+            if reserved:
+                self.worker.unreserve()
+            if large:  # in a thread, not awaited: a trim takes ~0.1 s, and a cancelled task must not wait for it
+                asyncio.get_running_loop().run_in_executor(None, give_back_memory)
         self.count_request(error=False)
         return body, job, reply, events
 
@@ -224,7 +259,7 @@ class Server:
                 if job.sampling.logprobs and ev[1] != self.eos:
                     logprobs.append(chat_entry(self.tok, ev[2]))
             reason, reused = reply.finish_reason(ev[1]), ev[2]
-            self._apply(msg, reply.finish())
+            self._apply(msg, reply.finish(ev[1]))
         except ClientGone:
             return Response(status_code=499)  # nobody reads it: the client left (nginx's "client closed")
         finally:
@@ -282,7 +317,7 @@ class Server:
                     unsent.append(chat_entry(self.tok, ev[2]))
                 for c in deltas(ev[3]):  # the reply's events for this token (reply.feed ran on the engine thread)
                     yield c
-            for c in deltas(reply.finish()):
+            for c in deltas(reply.finish(ev[1])):
                 yield c
             yield chunk({}, reply.finish_reason(ev[1]))
             if include_usage:
@@ -325,9 +360,11 @@ class Server:
 
 
 def _unexpected(request, exc) -> JSONResponse:
-    """A bug in a handler: logged with its traceback; the client gets a generic 500 in the OpenAI shape."""
-    log.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
-    return engine_error("internal server error; the server log has the details").response()
+    """A bug in a handler: the client gets a generic 500 in its API's shape. Starlette raises the exception
+    on after this answer, and the ASGI server logs its traceback: one line here, not a second traceback."""
+    log.error("unhandled %s on %s %s (its traceback follows)", type(exc).__name__, request.method, request.url.path)
+    error = engine_error("internal server error; the server log has the details")
+    return error.anthropic_response() if request.url.path.startswith("/v1/messages") else error.response()
 
 
 def create_app(engine, tokenizer, model_name: str, **kw) -> Starlette:

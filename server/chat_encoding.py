@@ -3,7 +3,7 @@
 The exact format (S = the literal special tokens; `｜DSML｜` included, see dsml.py):
 
     <｜begin▁of▁sentence｜>
-    [EFFORT[effort] "\\n\\n"]                            thinking mode with reasoning_effort high/max only
+    [the release's effort preamble]                      thinking mode, at a level with one (chat_encodings.py)
     [system text]                                        the first message, when it is a system message
     ["\\n\\n" TOOLS_HEADER "\\n" json(tool) per line]     when tools are given (one compact JSON per line)
     then per turn, in order:
@@ -34,8 +34,12 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from ostinato.chat_encodings import EFFORT_STEP, ENCODINGS, OFF, level_for, preamble
+
 from .data_text import encode_parts
 from .dsml import DSMLError, render_tool_calls
+from .errors import APIError
+from .openai_api import MESSAGES, FunctionTool, TextPart, ToolCall
 
 BOS, EOS = "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"
 USER, ASSISTANT = "<｜User｜>", "<｜Assistant｜>"
@@ -50,12 +54,7 @@ TOOLS_HEADER = (
     "Use string=\"true\" for string values (written raw) and string=\"false\" for any other JSON value. "
     "Tool results come back in <tool_result> blocks.\n\n"
     "### Available tools\n")
-EFFORT = {
-    "high": "Reasoning effort: high. Think carefully and check your reasoning before you answer.",
-    "max": "Reasoning effort: max. Think as long as you need: explore alternatives, verify every step, "
-           "and answer only when you are sure.",
-}
-ROLES = ("system", "user", "assistant", "tool")
+ROLES = tuple(MESSAGES)  # system (developer: OpenAI's newer name for it), user, assistant, tool; function: refused
 
 
 class ConversationError(ValueError):
@@ -67,12 +66,28 @@ class ConversationError(ValueError):
 @dataclass(frozen=True)
 class ChatOptions:
     thinking: bool = False
-    reasoning_effort: str | None = None  # None, "low", "medium", "high", "max"
+    reasoning_effort: str | None = None  # an API's effort name (chat_encodings.EFFORT_STEP); None: the default level
+    encoding: str = "dsv4"               # the plan's policy.chat_encoding: the release's levels and preambles
 
     def __post_init__(self):
-        if self.reasoning_effort not in (None, "low", "medium", "high", "max"):
-            raise ConversationError(f"reasoning_effort must be one of low, medium, high, max; "
+        if self.reasoning_effort is not None and self.reasoning_effort not in EFFORT_STEP:
+            raise ConversationError(f"reasoning_effort must be one of {OFF}, {', '.join(EFFORT_STEP)}; "
                                     f"got {self.reasoning_effort!r}", "reasoning_effort")
+        if self.encoding not in ENCODINGS:
+            raise ValueError(f"unknown chat encoding {self.encoding!r}; one of {', '.join(ENCODINGS)}")
+
+    @property
+    def preamble(self) -> str:
+        """The release's reasoning-effort text before the first message ("" outside thinking mode)."""
+        return preamble(self.encoding, level_for(self.encoding, self.reasoning_effort)) if self.thinking else ""
+
+
+def _checked(model, value, param: str):
+    """`value` read as the request model `model` (openai_api), or a ConversationError naming the field."""
+    try:
+        return model.check(value, param)
+    except APIError as e:
+        raise ConversationError(e.message, e.param) from None
 
 
 def _text(content, param: str, allow_none: bool = False) -> str:
@@ -86,7 +101,7 @@ def _text(content, param: str, allow_none: bool = False) -> str:
             if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
                 raise ConversationError(f"{param}[{i}] must be a text part {{'type': 'text', 'text': ...}}",
                                         f"{param}[{i}]")
-            out.append(part["text"])
+            out.append(_checked(TextPart, part, f"{param}[{i}]").text)
         return "".join(out)
     raise ConversationError(f"{param} must be a string or a list of text parts", param)
 
@@ -98,6 +113,7 @@ def _tools_section(tools: list) -> list[tuple[str, bool]]:
                 or not isinstance(t["function"].get("name"), str):
             raise ConversationError(f"tools[{i}] must be {{'type': 'function', 'function': {{'name': ...}}}}",
                                     f"tools[{i}]")
+        _checked(FunctionTool, t, f"tools[{i}]")
         # sort_keys: the same tool gives the same bytes whatever order the client wrote it in
         lines.append(json.dumps(t["function"], ensure_ascii=False, sort_keys=True, separators=(",", ":")))
     return [("\n\n" + TOOLS_HEADER, False), ("\n".join(lines), True)]  # the client's definitions are data
@@ -117,9 +133,15 @@ def render_parts(messages: list, tools: list | None = None, options: ChatOptions
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or m.get("role") not in ROLES:
             raise ConversationError(f"messages[{i}].role must be one of {', '.join(ROLES)}", f"messages[{i}].role")
+        try:
+            _checked(MESSAGES[m["role"]], m, f"messages[{i}]").refused(f"messages[{i}]")
+        except APIError as e:
+            raise ConversationError(e.message, e.param) from None
+        if m["role"] == "developer":
+            messages = messages[:i] + [{**m, "role": "system"}] + messages[i + 1:]
     out = [(BOS, False)]
-    if options.thinking and options.reasoning_effort in EFFORT:
-        out.append((EFFORT[options.reasoning_effort] + "\n\n", False))
+    if options.preamble:
+        out.append((options.preamble, False))
     start = 0
     if messages[0]["role"] == "system":
         out.append((_text(messages[0].get("content"), "messages[0].content"), True))
@@ -175,6 +197,8 @@ def _assistant(m: dict, param: str, options: ChatOptions, keep_reasoning: bool) 
     if calls:
         if not isinstance(calls, list) or any(not isinstance(c, dict) or not c.get("id") for c in calls):
             raise ConversationError("tool_calls must be a list of calls, each with an id", f"{param}.tool_calls")
+        for j, c in enumerate(calls):
+            _checked(ToolCall, c, f"{param}.tool_calls[{j}]")
         try:
             content += render_tool_calls(calls)
         except DSMLError as e:

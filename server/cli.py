@@ -11,6 +11,7 @@ from ostinato.cli.common import refuse
 from ostinato.plan import PlanError
 from ostinato.runtime.cli.engine_args import add_engine_args, load_engine_from_args
 
+from .background import DEFAULT_SHUTDOWN_S, server_for
 from .listen import PortError, listen
 from .request_body import DEFAULT_MAX_BODY_BYTES
 from .session_lock import SessionDirBusy, SessionDirLock
@@ -38,8 +39,12 @@ def parse_args(argv):
                         f"({DEFAULT_MAX_BODY_BYTES >> 20} MiB)")
     p.add_argument("--session-idle", type=float, default=10.0,
                    help="seconds without a request after which changed sessions are written (10)")
+    p.add_argument("--shutdown-timeout", type=float, default=DEFAULT_SHUTDOWN_S,
+                   help="on SIGTERM or Ctrl-C, seconds to wait for replies in flight before they are cancelled "
+                        f"and the server stops, writing --session-dir ({DEFAULT_SHUTDOWN_S:g})")
     a = p.parse_args(argv)
-    for name in ("cache_sessions", "max_queue", "session_dir_bytes", "session_idle", "max_body_bytes"):
+    for name in ("cache_sessions", "max_queue", "session_dir_bytes", "session_idle", "max_body_bytes",
+                 "shutdown_timeout"):
         if getattr(a, name) <= 0:
             p.error(f"--{name.replace('_', '-')} must be positive, got {getattr(a, name)}")
     if not 0 <= a.port <= 65535:
@@ -67,7 +72,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def serve(engine, model_dir: Path, a, sock=None) -> None:
     """Serve on `sock` (listen.py's, already bound), or bind a.host:a.port now."""
-    import uvicorn
     from tokenizers import Tokenizer
 
     from .app import create_app
@@ -83,7 +87,7 @@ def serve(engine, model_dir: Path, a, sock=None) -> None:
     app = create_app(engine, tok, model_dir.name, api_key=a.api_key, cache_sessions=a.cache_sessions,
                      max_queue=a.max_queue, session_store=store, max_body_bytes=a.max_body_bytes)
     print(f"serving model {model_dir.name!r} on http://{a.host}:{a.port}/v1", flush=True)
-    server = uvicorn.Server(uvicorn.Config(app, host=a.host, port=a.port, log_level="warning"))
+    server = server_for(app, a.host, a.port, a.shutdown_timeout)
     server.run(sockets=[sock if sock is not None else listen(a.host, a.port)])
 
 

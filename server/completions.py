@@ -21,8 +21,9 @@ from tokenizers.decoders import DecodeStream
 from .chat_encoding import encode
 from .errors import APIError, engine_error
 from .events import ClientGone, next_event
-from .fields import COMPLETIONS, check_fields, flag
+from .fields import check_fields, flag
 from .logprobs import legacy
+from .openai_api import CompletionRequest
 from .sampling import Sampling
 from .stop import StopMatcher, stop_sequences
 from .worker import Job
@@ -69,7 +70,7 @@ class Completions:
 
     def job(self, body: dict, emit) -> tuple[Job, TextReply]:
         s = self.s
-        check_fields(body, COMPLETIONS)
+        check_fields(body, CompletionRequest)
         s.check_model(body)
         if body.get("prompt") in (None, "", []):
             raise APIError(400, "prompt is required and must not be empty", "prompt")

@@ -9,12 +9,17 @@ JSON, re-serialized, so it goes out in one piece once its closing tag arrives.
 
 Whole and streamed replies both come from this parser (reply.py), so they always agree. What a
 streamed call cannot do is take back what was sent, which fixes the rules for a block that goes wrong:
-  - before its first call has begun (a bad opening, no invoke, cut off): the block is plain content,
-    separator included, exactly as `split_tool_calls` leaves a malformed block;
-  - after a call has begun: the calls stand as sent, and the text from the fault on is content. A call
-    cut off (max_tokens, or the model ending mid-call) keeps its arguments as generated, unfinished JSON
-    ("{" at least; a string="false" value as far as it got, raw), as OpenAI's do; the finish_reason
-    ("length") tells the client.
+  - markup is never content. A block cut off (max_tokens, or the model ending) before its first call's
+    name is complete is nothing: no call and no text. Nothing of it was sent (the opening is held back
+    until a call begins), so streamed and whole replies agree. A reply cut by max_tokens also drops the
+    held-back tail that could begin a block ("\n", "\n\n<", ...): cut there, it was starting a call;
+  - a block that is not DSML (a bad opening, no invoke, an unknown tag) is the model's text: plain
+    content, separator included, exactly as `split_tool_calls` leaves a malformed block;
+  - after a call has begun: the calls stand as sent, and the text from a fault on is content. A call cut
+    off (max_tokens, or the model ending mid-call) is a tool call as far as it got: its arguments as
+    generated, unfinished JSON ("{" at least; a string="false" value as far as it got, raw), as OpenAI's
+    are; the finish_reason ("length") tells the client. chat_encoding renders such a call back
+    (`partial_json.object_prefix`), so the server accepts what it returned.
 The block's end (or, with max_calls, the end of that many calls) completes the reply: `closed`; any text
 after it is dropped (the caller stops generating there).
 """
@@ -76,6 +81,11 @@ class ToolCallStream:
     @property
     def closed(self) -> bool:
         return self.state == CLOSED
+
+    @property
+    def holding(self) -> bool:
+        """Text is held back as a possible block start (see finish for what becomes of it)."""
+        return self.state == TEXT and bool(self.buf)
 
     @property
     def calls(self) -> list[ToolCall]:
@@ -240,13 +250,17 @@ class ToolCallStream:
         self.buf = ""
         return False
 
-    def finish(self) -> list[tuple[str, object]]:
-        """No more text: release what was held back (see the module docstring for a block cut off)."""
+    def finish(self, cut: bool = False) -> list[tuple[str, object]]:
+        """No more text: release what was held back (see the module docstring for a block cut off).
+        cut: the reply was cut by max_tokens (or cancelled), not ended by the model."""
         self.out = []
-        if self.state in (TEXT, RAW):
+        if self.state == RAW:
             self._content(self.buf)
-        elif not self.parts:  # cut off before its first call: the block is content
-            self._content(self.sep + self.block + self.buf)
+        elif self.state == TEXT:  # buf: a tail that could begin the separator and block (_held_back)
+            if not cut and DSML not in self.buf:  # the model's own last characters ("\n", "<"): text
+                self._content(self.buf)
+        elif not self.parts:  # cut off before its first call's name was complete: markup, not content
+            pass
         elif self.complete < len(self.parts):  # a call cut off: its arguments as generated, unfinished JSON
             if not self.params:
                 self._arguments("{")

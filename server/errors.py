@@ -59,3 +59,9 @@ def http_error(request, exc) -> JSONResponse:
                405: f"{request.url.path} does not take {request.method}"}.get(exc.status_code, str(exc.detail))
     headers = getattr(exc, "headers", None)
     return APIError(exc.status_code, message, None, kind, "invalid_request_error", headers).response()
+
+
+def server_busy(waiting: int, retry_after_s: int) -> APIError:
+    """503 with Retry-After: `waiting` requests already wait for the engine or are being prepared for it."""
+    return APIError(503, f"the server is busy: {waiting} requests are already waiting; retry after {retry_after_s} s",
+                    None, "server_busy", "server_error", headers={"Retry-After": str(retry_after_s)})

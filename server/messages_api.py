@@ -62,7 +62,7 @@ class Messages:
 
     def job(self, body: dict, emit) -> tuple[Job, ReplyBuilder]:
         s = self.s
-        req = parse_messages(body)
+        req = parse_messages(body, encoding=s.chat_encoding)
         s.check_model(body)
         ids = self._ids(req)
         banned, force, parse_tools = tool_choice(req.tool_choice, req.tools, s.tok)
@@ -88,7 +88,7 @@ class Messages:
     async def count_tokens(self, request: Request):
         """{"input_tokens": N}: the prompt the same request would prefill, tools and system included."""
         def count(body: dict) -> int:
-            req = parse_messages(body, count_only=True)
+            req = parse_messages(body, count_only=True, encoding=self.s.chat_encoding)
             self.s.check_model(body)
             tool_choice(req.tool_choice, req.tools, self.s.tok)  # a named tool must exist, as for /v1/messages
             return len(self._ids(req))
@@ -119,7 +119,7 @@ class Messages:
             job.cancel.set()  # a no-op when finished; stops the worker if this handler was cancelled
         if ev[0] == "error":
             return engine_error(ev[1]).anthropic_response()
-        blocks.feed(reply.finish())
+        blocks.feed(reply.finish(ev[1]))
         blocks.close()
         reason, sequence = stop_reason(reply, ev[1])
         return JSONResponse({**meta, "content": blocks.content, "stop_reason": reason, "stop_sequence": sequence,
@@ -151,7 +151,7 @@ class Messages:
                 n += 1
                 for e in blocks.feed(ev[3]):
                     yield _event(e)
-            for e in blocks.feed(reply.finish()) + blocks.close():
+            for e in blocks.feed(reply.finish(ev[1])) + blocks.close():
                 yield _event(e)
             reason, sequence = stop_reason(reply, ev[1])
             yield _event({"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": sequence},

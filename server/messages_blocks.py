@@ -11,12 +11,13 @@ Reasoning is a `thinking` block (thinking_delta), content a `text` block (text_d
 `tool_use` block whose input streams as input_json_delta pieces: the same pieces as the OpenAI path's
 arguments, which concatenate to the call's JSON. A call cut off by max_tokens keeps what was generated:
 streamed, the pieces as they came (the client's partial-JSON parser reads them, as it does Anthropic's);
-whole, the input parsed from that unfinished JSON as far as it goes (`partial_object`).
+whole, the input parsed from that unfinished JSON as far as it goes (partial_json.py), which is also how the
+server reads such a call sent back as OpenAI arguments: either API's history renders the same call.
 """
 
 from __future__ import annotations
 
-import json
+from .partial_json import partial_object
 
 
 def tool_use_id(call_id: str) -> str:
@@ -80,49 +81,3 @@ class ContentBlocks:
             self.content[i]["input"] = partial_object("".join(self.args[i]))
         self.open = None
         return [{"type": "content_block_stop", "index": i}]
-
-
-CLOSERS = {"{": "}", "[": "]"}
-
-
-def _closed(text: str) -> str | None:
-    """text (a JSON prefix) with its open string, arrays and objects closed; None if it ends mid-token."""
-    stack, in_string, escaped = [], False, False
-    for ch in text:
-        if in_string:
-            if ch == '"' and not escaped:
-                in_string = False
-            escaped = not escaped and ch == "\\"
-        elif ch == '"':
-            in_string, escaped = True, False
-        elif ch in CLOSERS:
-            stack.append(CLOSERS[ch])
-        elif ch in "}]":
-            if not stack:
-                return None
-            stack.pop()
-    if in_string and escaped:
-        return None
-    return text + ('"' if in_string else "") + "".join(reversed(stack))
-
-
-def partial_object(text: str, tries: int = 64) -> dict:
-    """The object a complete or cut-off JSON object text holds so far: the whole parse, else the longest
-    prefix (dropping at most `tries` trailing characters, a cut key or number) that closes into an object.
-    {} when nothing does."""
-    try:
-        value = json.loads(text)
-        return value if isinstance(value, dict) else {}
-    except json.JSONDecodeError:
-        pass
-    for cut in range(min(tries, len(text)) + 1):
-        closed = _closed(text[:len(text) - cut].rstrip().rstrip(",:").rstrip())
-        if closed is None:
-            continue
-        try:
-            value = json.loads(closed)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(value, dict):
-            return value
-    return {}

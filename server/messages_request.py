@@ -16,11 +16,16 @@ Translation (Anthropic -> the chat format):
     tools: name, description, input_schema -> functions with `parameters` = input_schema
     tool_choice auto / any / tool / none   -> auto / required / that function / none;
                                               disable_parallel_tool_use -> parallel_tool_calls false
-    thinking enabled (budget_tokens) / adaptive / disabled -> DSV4's thinking mode (the budget forced, sampling.py)
+    thinking enabled (budget_tokens) / adaptive / between_tools / disabled
+                                           -> DSV4's thinking mode (the budget forced, sampling.py)
+    output_config.effort                   -> the release's reasoning-effort level (ostinato/chat_encodings.py:
+                                              low, medium, high, xhigh, max by their order); without one, an
+                                              enabled thinking's budget_tokens (effort_for_budget), else the
+                                              release's default level
 
-Fields outside MESSAGES_FIELDS are refused with a 400 naming them; IGNORED ones are accepted, checked
-for type, and change nothing (README.md, "The Messages API"). Block keys outside a block type's list
-are refused likewise; cache_control (this server caches every prefix, unasked) and citations are ignored.
+Every field anthropic's SDK defines is a field of the endpoint's model (anthropic_api/), which says
+whether it is honoured, ignored or which values it refuses; anything else is refused with a 400 naming
+it, as are block keys outside their block type's model (README.md, "The Messages API").
 """
 
 from __future__ import annotations
@@ -30,21 +35,21 @@ import re
 from dataclasses import dataclass
 from typing import NoReturn
 
+from ostinato.chat_encodings import effort_for_budget
+
+from .anthropic_api import (
+    BLOCKS,
+    CountTokensRequest,
+    MessageParam,
+    MessagesRequest,
+    Metadata,
+    Thinking,
+    Tool,
+    ToolChoice,
+)
 from .chat_encoding import ChatOptions, ConversationError, render_parts
 from .errors import APIError
 
-IGNORED = {"metadata", "service_tier", "cache_control"}
-COUNT_FIELDS = {"model", "messages", "system", "tools", "tool_choice", "thinking", "cache_control"}
-MESSAGES_FIELDS = COUNT_FIELDS | IGNORED | {"max_tokens", "stop_sequences", "stream", "temperature", "top_p",
-                                            "top_k"}
-BLOCK_KEYS = {  # per content-block type: the keys it may have (type included)
-    "text": {"type", "text", "cache_control", "citations"},
-    "tool_result": {"type", "tool_use_id", "content", "is_error", "cache_control"},
-    "tool_use": {"type", "id", "name", "input", "cache_control"},
-    "thinking": {"type", "thinking", "signature"},
-    "redacted_thinking": {"type", "data"},
-}
-TOOL_KEYS = {"name", "description", "input_schema", "cache_control", "type"}
 TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,128}")
 ERROR_PREFIX = "Error: "  # a tool_result with is_error: DSV4's format has no error flag, so the text says it
 
@@ -92,12 +97,10 @@ def _blocks(content, param: str) -> list[dict]:
         where = f"{param}[{j}]"
         if not isinstance(b, dict) or not isinstance(b.get("type"), str):
             _fail("must be a content block, an object with a type", where)
-        if b["type"] not in BLOCK_KEYS:
+        if b["type"] not in BLOCKS:
             _fail(f"block type {b['type']!r} is not supported (this model reads text; supported: "
-                  f"{', '.join(BLOCK_KEYS)})", f"{where}.type")
-        extra = sorted(set(b) - BLOCK_KEYS[b["type"]])
-        if extra:
-            _fail(f"unsupported key(s) in a {b['type']} block: {', '.join(extra)}", f"{where}.{extra[0]}")
+                  f"{', '.join(BLOCKS)})", f"{where}.type")
+        BLOCKS[b["type"]].check(b, where)
     return content
 
 
@@ -174,10 +177,9 @@ def _messages(body: dict) -> tuple[list[dict], list[str]]:
         origin.append("system")
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or m.get("role") not in ("user", "assistant"):
-            _fail("must be 'user' or 'assistant'", f"messages[{i}].role")
-        extra = sorted(set(m) - {"role", "content"})
-        if extra:
-            _fail(f"unsupported key(s): {', '.join(extra)}", f"messages[{i}].{extra[0]}")
+            _fail("must be 'user' or 'assistant' (a system prompt goes in the top-level system field, before "
+                  "the messages)", f"messages[{i}].role")
+        MessageParam.check(m, f"messages[{i}]")
         (_user if m["role"] == "user" else _assistant)(m, i, out, origin)
     _check_results(out, origin)
     if messages[-1]["role"] != "user":
@@ -216,12 +218,10 @@ def _tools(body: dict) -> list[dict]:
         where = f"tools[{k}]"
         if not isinstance(t, dict):
             _fail("must be an object with name and input_schema", where)
-        extra = sorted(set(t) - TOOL_KEYS)
-        if extra:
-            _fail(f"unsupported key(s): {', '.join(extra)} (server tools are not available here)",
-                  f"{where}.{extra[0]}")
         if t.get("type") not in (None, "custom"):
-            _fail(f"tool type {t['type']!r} is not available here (only custom tools)", f"{where}.type")
+            _fail(f"tool type {t['type']!r} is not available here (only custom tools; server tools are not)",
+                  f"{where}.type")
+        Tool.check(t, where).refused(where)
         name = _string(t.get("name"), f"{where}.name")
         if not TOOL_NAME.fullmatch(name):
             _fail("must match [a-zA-Z0-9_-]{1,128}", f"{where}.name")
@@ -242,7 +242,7 @@ def _tool_choice(body: dict, tools: list) -> tuple[object, bool]:
         return None, True
     if not isinstance(tc, dict) or tc.get("type") not in ("auto", "any", "tool", "none"):
         _fail("must be {'type': 'auto' | 'any' | 'tool' | 'none'} ('tool' with a name)", "tool_choice")
-    allowed = {"type", "disable_parallel_tool_use"} | ({"name"} if tc["type"] == "tool" else set())
+    allowed = ToolChoice.fields() - ({"name"} if tc["type"] != "tool" else set())
     extra = sorted(set(tc) - allowed)
     if extra:
         _fail(f"unsupported key(s): {', '.join(extra)}", f"tool_choice.{extra[0]}")
@@ -262,14 +262,12 @@ def _thinking(body: dict, max_tokens: int | None) -> tuple[bool, int | None]:
     t = body.get("thinking")
     if t is None:
         return False, None
-    if not isinstance(t, dict) or t.get("type") not in ("enabled", "adaptive", "disabled"):
-        _fail("must be {'type': 'enabled', 'budget_tokens': N}, {'type': 'adaptive'} or {'type': 'disabled'}",
-              "thinking")
-    extra = sorted(set(t) - {"type", "budget_tokens", "display"})
-    if extra:
-        _fail(f"unsupported key(s): {', '.join(extra)}", f"thinking.{extra[0]}")
+    if not isinstance(t, dict) or t.get("type") not in ("enabled", "adaptive", "between_tools", "disabled"):
+        _fail("must be {'type': 'enabled', 'budget_tokens': N}, {'type': 'adaptive'}, {'type': 'between_tools'} "
+              "or {'type': 'disabled'}", "thinking")
+    Thinking.check(t, "thinking")
     if t["type"] != "enabled":
-        return t["type"] == "adaptive", None
+        return t["type"] != "disabled", None
     budget = t.get("budget_tokens")
     if not isinstance(budget, int) or isinstance(budget, bool) or budget < 1 or \
             (max_tokens is not None and budget >= max_tokens):
@@ -279,7 +277,7 @@ def _thinking(body: dict, max_tokens: int | None) -> tuple[bool, int | None]:
 
 def _check_ignored(body: dict) -> None:
     md = body.get("metadata")
-    if md is not None and (not isinstance(md, dict) or set(md) - {"user_id"}
+    if md is not None and (not isinstance(md, dict) or set(md) - Metadata.fields()
                            or not isinstance(md.get("user_id", ""), (str, type(None)))):
         _fail("must be an object with at most user_id (a string)", "metadata")
     if body.get("service_tier") not in (None, "auto", "standard_only"):
@@ -302,11 +300,11 @@ def stop_sequences_of(body: dict) -> tuple[str, ...]:
     return tuple(dict.fromkeys(stops))
 
 
-def parse_messages(body: dict, count_only: bool = False) -> ChatRequest:
-    """The checked request; count_only: /v1/messages/count_tokens' fields (no max_tokens, no sampling)."""
-    unknown = sorted(set(body) - (COUNT_FIELDS if count_only else MESSAGES_FIELDS))
-    if unknown:
-        raise APIError(400, f"unsupported parameter(s): {', '.join(unknown)}", unknown[0], "unsupported_parameter")
+def parse_messages(body: dict, count_only: bool = False, encoding: str = "dsv4") -> ChatRequest:
+    """The checked request; count_only: /v1/messages/count_tokens' fields (no max_tokens, no sampling);
+    `encoding`: the plan's chat encoding (the release's reasoning-effort levels)."""
+    request = (CountTokensRequest if count_only else MessagesRequest).check(body)
+    request.refused()
     _check_ignored(body)
     max_tokens = None if count_only else max_tokens_of(body)
     messages, origin = _messages(body)
@@ -314,4 +312,8 @@ def parse_messages(body: dict, count_only: bool = False) -> ChatRequest:
     choice, parallel = _tool_choice(body, tools)
     thinking, budget = _thinking(body, max_tokens)
     stops = () if count_only else stop_sequences_of(body)
-    return ChatRequest(messages, tools, ChatOptions(thinking), choice, parallel, budget, stops, origin)
+    effort = request.output_config.effort if request.output_config is not None else None
+    if effort is None and budget is not None:
+        effort = effort_for_budget(budget)
+    return ChatRequest(messages, tools, ChatOptions(thinking, effort, encoding), choice, parallel, budget, stops,
+                       origin)

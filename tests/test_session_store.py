@@ -18,7 +18,7 @@ from ostinato.runtime.model.session_file import SessionFileError, read_header, r
 from ostinato.server.app import create_app
 from ostinato.server.background import serve_in_background
 from ostinato.server.chat_encoding import ChatOptions, encode, render
-from ostinato.server.session_store import SessionStore, engine_identity, file_name
+from ostinato.server.session_store import SUFFIX, SessionStore, engine_identity, file_name
 
 pytestmark = pytest.mark.slow  # a compiled plan's engine (C++ kernels) and a server
 
@@ -195,7 +195,7 @@ def test_restarted_server_reuses_the_stored_conversation(plan, tiny_ckpt, engine
     while not list(folder.glob("*.safetensors")) and time.time() < deadline:
         time.sleep(0.05)
     _stop(srv, app)
-    [stored] = list(folder.glob("*.safetensors"))
+    [stored] = list(folder.glob("*" + SUFFIX))  # and its prompt's end logits beside it
     held = read_header(stored)["tokens"]
     assert held == prompt + force.tokens  # the prompt and the reply (its EOS was never fed back)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import csv
 import os
 import sys
 import time
@@ -14,6 +15,7 @@ from ostinato.plan import PlanError
 from ostinato.workload import WorkloadError
 
 from ..engine.greedy import greedy_tokens
+from ..engine.session import ContextFull
 from ..kernels.argmax import argmax
 from .engine_args import add_engine_args, load_engine_from_args
 
@@ -31,7 +33,7 @@ def parse_args(argv):
     what = p.add_mutually_exclusive_group()
     what.add_argument("--session", type=Path, help="replay an agent session from a workload CSV and time every turn")
     what.add_argument("--prompt", help="generate a reply to this text (greedy)")
-    p.add_argument("--session-index", type=int, default=0, help="which session of the CSV (0)")
+    p.add_argument("--session-index", type=int, help="which session of the CSV, from 0 (0)")
     p.add_argument("--limit-turns", type=int, help="replay at most this many turns")
     p.add_argument("--max-generated", type=int, help="decode at most this many tokens per turn")
     p.add_argument("--scale", type=float, default=1.0, help="multiply appended tokens by this factor (1.0)")
@@ -46,7 +48,29 @@ def parse_args(argv):
             p.error(f"--{name.replace('_', '-')} must be positive, got {v}")
     if a.max_generated is not None and a.max_generated < 0:
         p.error(f"--max-generated must be >= 0, got {a.max_generated}")
+    if a.session_index is not None and a.session is None:
+        p.error("--session-index picks a session of --session FILE, and no --session was given")
+    if a.session_index is not None and a.session_index < 0:
+        p.error(f"--session-index must be >= 0, got {a.session_index}")
     return a
+
+
+def session_shape(a: argparse.Namespace):
+    """The session --session and --session-index name, shrunk as asked; WorkloadError naming the file or the
+    index. Read before the engine loads: a missing file or a bad index must not cost a model load."""
+    from ostinato.workload import read_sessions, shrink_sessions
+
+    try:
+        sessions = read_sessions(a.session)
+    except (OSError, UnicodeDecodeError, csv.Error) as e:  # a folder, no permission, not text
+        raise WorkloadError(f"{a.session}: cannot read it as a sessions CSV: {e}") from None
+    index = a.session_index or 0
+    if not sessions:
+        raise WorkloadError(f"{a.session}: the file holds no sessions")
+    if index >= len(sessions):
+        raise WorkloadError(f"{a.session}: --session-index {index} out of range (the file has {len(sessions)} "
+                            f"sessions: 0..{len(sessions) - 1})")
+    return shrink_sessions([sessions[index]], a.scale, a.limit_turns, a.max_generated)[0]
 
 
 def serve_alias(argv: list[str]) -> None:
@@ -61,19 +85,15 @@ def main(argv: list[str] | None = None) -> int:
     if "--serve" in argv:
         serve_alias(argv)
     a = parse_args(argv)
-    from ostinato.workload import TokenSource, read_sessions, shrink_sessions
+    from ostinato.workload import TokenSource
 
     from ..engine.replay import HEADER, format_turn, replay, summary
 
     try:
+        shape = session_shape(a) if a.session else None  # first: the inputs, then the engine (seconds to minutes)
         engine = load_engine_from_args(a)
         model_dir = engine.model_dir
-        if a.session:
-            sessions = read_sessions(a.session)
-            if not 0 <= a.session_index < len(sessions):
-                raise WorkloadError(f"{a.session}: --session-index {a.session_index} out of range "
-                                    f"(the file has {len(sessions)} sessions)")
-            shape = shrink_sessions([sessions[a.session_index]], a.scale, a.limit_turns, a.max_generated)[0]
+        if shape is not None:
             print(f"session {shape.name}: {len(shape.turns)} turns\n{HEADER}")
             start = time.perf_counter()
             results = replay(engine, shape, TokenSource(model_dir, engine.model.config.vocab_size, a.seed),
@@ -81,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
             print(summary(results, engine.plan, time.perf_counter() - start))
         else:
             _prompt(engine, model_dir, a.prompt or "Hello", a.max_new)
-    except (PlanError, CheckpointError, WorkloadError) as e:
+    except (PlanError, CheckpointError, WorkloadError, ContextFull) as e:  # ContextFull: past the plan's context
         return refuse("ostinato-run", e)
     return 0
 
