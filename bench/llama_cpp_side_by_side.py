@@ -24,7 +24,7 @@ rounds): llama.cpp, Ostinato as its plan runs (the decode step compiled into one
 runtime/engine/cpu_step.py) and Ostinato with the eager step (OSTINATO_CPU_STEP=eager: what it decoded with
 before the compiled step), so the table shows both the comparison and the change.
 Timings are client-side, through the same HTTP client, for all. Output: a markdown table (and its
-ratios), written to OUT/llama_cpp_side_by_side.md and, with --doc, into the README (or FILE) between
+ratios), written to OUT/llama_cpp_side_by_side.md and, with --doc, into docs/benchmarks.md (or FILE) between
 the markers of this run's checkpoint.
 """
 
@@ -50,9 +50,9 @@ from ostinato.isa import detect_isa
 from ostinato.plans import plans_dir
 from ostinato.workload import TokenSource, read_sessions, shrink_sessions
 
-# The README keeps one measured table per checkpoint: `--doc` rewrites the block of this run's checkpoint
+# docs/benchmarks.md keeps one measured table per checkpoint: `--doc` rewrites the block of this run's checkpoint
 # (its directory name), between these lines.
-DOC = Path("README.md")  # --doc's default (from the repository root)
+DOC = Path("docs/benchmarks.md")  # --doc's default (from the repository root)
 DOC_BEGIN = ("<!-- measured llama.cpp table ({}): written by python -m ostinato.bench.llama_cpp_side_by_side --doc;"
              " do not edit -->")
 DOC_END = "<!-- end of the measured llama.cpp table ({}) -->"

@@ -8,7 +8,8 @@ sessions are grouped by workload (the shipped sources as coding / customer servi
 by its name).
 
 Writes build/bench/{modeled.md, measured.md, *.png}. Ratios only compare systems within one run. --doc
-rewrites the modeled tables in docs/benchmarks.md (or FILE) and the plot beside it.
+rewrites the modeled tables, the headline and the re-placement lines in docs/benchmarks.md (or FILE) and the
+plot beside it.
 """
 
 from __future__ import annotations
@@ -87,13 +88,11 @@ def main(argv=None) -> int:
     if a.doc:
         edge = (a.out / "edge_vs_coverage.md").read_text().strip()
         replaced = (a.out / "replacement.md").read_text().strip()
-        doc = doc_with(doc_with(a.doc.read_text(), report), edge, EDGE_BEGIN, EDGE_END)
-        a.doc.write_text(doc_with(doc, replaced, REPLACE_BEGIN, REPLACE_END))
-        readme = a.doc.resolve().parents[1] / "README.md"
         head = (a.out / "headline.md").read_text().strip()
         lines = (a.out / "replacement_readme.md").read_text().strip()
-        readme.write_text(doc_with(doc_with(readme.read_text(), head, HEADLINE_BEGIN, HEADLINE_END), lines,
-                                   REPLACE_README_BEGIN, REPLACE_README_END))
+        doc = doc_with(doc_with(a.doc.read_text(), report), edge, EDGE_BEGIN, EDGE_END)
+        doc = doc_with(doc_with(doc, replaced, REPLACE_BEGIN, REPLACE_END), head, HEADLINE_BEGIN, HEADLINE_END)
+        a.doc.write_text(doc_with(doc, lines, REPLACE_README_BEGIN, REPLACE_README_END))
         plot = a.doc.resolve().parent / PLOT
         shutil.copyfile(a.out / "modeled_wait_vs_coverage.png", plot)
         print(f"(rewrote the modeled tables in {a.doc} and its plot {plot})")

@@ -6,7 +6,7 @@ For each row (bench/published.py) it builds the box's plan for DeepSeek-V4-Flash
 changes), prices the row's system on it with the session simulator (bench/simulator: every system's CPU
 kernel by its measured per-core rates, bench/measured/cpu_expert_kernels.yaml) and prints the model's figure
 beside the published one: their ratio (1.00 where the model's range meets the published range) and whether
-it is within 1.5x. `--doc` writes the table into README.md between its markers (a test regenerates it).
+it is within 1.5x. `--doc` writes the table into docs/validation.md between its markers (a test regenerates it).
 Session metrics replay DOC_SESSIONS shipped sessions per workload; their figure is the range over the
 workloads (coding, customer service).
 """
@@ -42,7 +42,7 @@ from ostinato.compiler.host_kernel import kernel_time
 from ostinato.workload import read_sessions
 
 SHIPPED = Path(__file__).resolve().parents[1] / "plans" / "workloads" / "agent_turns.csv"
-README = Path("README.md")
+DOC = Path("docs/validation.md")  # --doc's default (from the repository root)
 DOC_BEGIN = "<!-- validation table: written by python -m ostinato.bench.validate --doc; do not edit -->"
 DOC_END = "<!-- end of the validation table -->"
 WITHIN = 1.5
@@ -196,7 +196,8 @@ class Validation:
             ratio = "-" if v.ratio is None else f"{v.ratio:.2f}"
             flags = f" `{r.system.flags}`" if r.system.flags else ""
             ok = "yes" if v.within else f"**no**: {r.why_off}" if r.why_off else "**no**"
-            out.append(f"| [{rid}](plans/published/{rid}.yaml) | {r.system.name}{flags} ({r.box}) | "
+            # links relative to docs/validation.md, where --doc writes the table
+            out.append(f"| [{rid}](../plans/published/{rid}.yaml) | {r.system.name}{flags} ({r.box}) | "
                        f"{r.metric}{params_text(r)} | {shown(r.value)} | {model} | {ratio} | {ok} |")
         n = sum(v.within for v in self.verdicts.values())
         out.append("")
@@ -216,8 +217,8 @@ def main(argv: list[str] | None = None) -> int:
                    help=f"folder of published rows (default {PUBLISHED_DIR})")
     p.add_argument("--kernels", default=str(KERNELS_FILE),
                    help="the side-by-side kernel table, or 'none' for every system at the cost model's own kernel")
-    p.add_argument("--doc", type=Path, nargs="?", const=README, metavar="FILE",
-                   help=f"write the table between its markers in FILE (default {README})")
+    p.add_argument("--doc", type=Path, nargs="?", const=DOC, metavar="FILE",
+                   help=f"write the table between its markers in FILE (default {DOC})")
     a = p.parse_args(argv)
     kernels = None if a.kernels == "none" else Path(a.kernels)
     if kernels is not None and not kernels.is_file():

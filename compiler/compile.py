@@ -24,6 +24,7 @@ import numpy as np
 from ostinato import __version__
 from ostinato.adaptation import AdaptPolicy, default_policy
 from ostinato.buckets import largest_bucket_for
+from ostinato.chat_encodings import ENCODINGS, choose_encoding
 from ostinato.checkpoint import model_sizes
 from ostinato.checkpoint.config import ModelConfig
 from ostinato.checkpoint.fingerprint import ModelFingerprint, model_fingerprint
@@ -52,6 +53,7 @@ from .memory_model import (
     MemoryPolicy,
     gpu_fixed_bytes,
     held_bytes,
+    host_expert_bytes,
     layer_resident_bytes,
     mtp_resident_bytes,
     workspace_bytes,
@@ -95,6 +97,8 @@ class CompileOptions:
     adapt: str | None = None                 # ADAPT: re-place hot experts between turns (None: idle with GPUs, else
                                              # off: on a cpu-only spec the hot pools are host memory too)
     cpu_step: str = "compiled"               # CPU_STEP: the decode step's CPU segments compiled into one call, or eager
+    chat_encoding: str = "auto"              # CHAT_ENCODINGS: the release's chat encoder; auto: from the checkpoint's
+                                             # files (ostinato/chat_encodings.py choose_encoding)
     build_kernels: bool = True
     kernel_dir: Path | None = None           # content-addressed build folder (default: build/kernels here)
 
@@ -108,6 +112,7 @@ class Build:
     weights: WeightFingerprint | None = None     # None: no weights in the folder (planning only)
     has_weights: bool = False
     has_mtp: bool = False       # the checkpoint's MTP block (from its index; from the config without one)
+    chat_encoding: str = "dsv4"  # the release's chat encoder (read_model: the option, else the checkpoint's files)
     mtp_placed: bool = False    # the passes place the MTP block (memory, placement, cost model): the plan's `mtp`
     mtp_bytes: dict = field(default_factory=dict)          # {kind: bytes} of the MTP block on the last GPU
     profile: RoutingProfile | None = None
@@ -143,6 +148,13 @@ def read_model(b: Build) -> None:
     if drafter:
         b.notes.append(dspark_note(b.config, drafter))
     o = b.options
+    if o.chat_encoding not in CHAT_ENCODINGS:
+        raise CompileError(f"--chat-encoding is {o.chat_encoding!r}: one of {', '.join(CHAT_ENCODINGS)}")
+    if o.chat_encoding == "auto":
+        b.chat_encoding, why = choose_encoding(root, b.config.has_dspark)
+        b.notes.append(f"chat encoding {b.chat_encoding}: {why}")
+    else:
+        b.chat_encoding = o.chat_encoding
     if o.speculative not in SPECULATIVE:
         raise CompileError(f"--speculative is {o.speculative!r}: one of {', '.join(SPECULATIVE)}")
     if o.speculative == "mtp" and not b.has_mtp:
@@ -159,6 +171,9 @@ def read_model(b: Build) -> None:
     b.weights = weight_fingerprint(root)  # the shards' bytes: a plan runs on exactly these weights
     if not b.has_weights:
         b.notes.append("no weights present: kernel build and weight checks skipped (planning only)")
+
+
+CHAT_ENCODINGS = ("auto", *ENCODINGS)
 
 
 def dspark_note(cfg: ModelConfig, drafter: dict) -> str:
@@ -269,15 +284,10 @@ def _place(b: Build) -> None:
     try:
         b.placement = place(problem)
     except DoesNotFit as e:
-        device, more = ((f"{hw.device_name(e.device)} (the CPU as a device: {hw.gpus.usable_bytes:,d} bytes of host "
-                         f"memory, the spec's gpus.usable_bytes)"),
-                        "a spec that gives the CPU device this host's memory (ostinato-calibrate cpu-only my-box.yaml "
-                        "writes one)") if hw.cpu_only else (
-            f"gpu{e.device} ({hw.gpus.name}, {hw.gpus.usable_bytes:,d} usable bytes)", "more GPUs")
-        raise CompileError(f"does not fit: {device} is short by {e.short_by:,d} bytes for its layers' dense weights, "
-                           f"KV cache (context {b.options.context:,d} x {b.options.sessions} session(s)) and buffers. "
-                           f"Use a shorter --context, fewer --sessions, a smaller --prefill-chunk, "
-                           f"or {more}.") from None
+        raise CompileError(f"does not fit: {_device_short(b, e.device)} is short by {e.short_by:,d} bytes for its "
+                           f"layers' dense weights, KV cache (context {b.options.context:,d} x {b.options.sessions} "
+                           f"session(s)) and buffers. Use a shorter --context, fewer --sessions, a smaller "
+                           f"--prefill-chunk, {_smaller_or_more(b)}.") from None
     if sum(len(h) for h in b.placement.hot) + len(b.placement.mtp_hot) == 0 and b.options.max_hot_per_layer != 0:
         G = hw.gpus.count
         short = expert - max(budgets[g] - (problem.mtp_bytes if g == G - 1 else 0)
@@ -298,12 +308,34 @@ def _check_host(b: Build, expert: int) -> None:
                 f"does not fit: host memory ({hw.host.usable_bytes:,d} usable bytes) is short by "
                 f"{need + device - hw.host.usable_bytes:,d} bytes: on a cpu-only spec it holds the device's "
                 f"{device:,d} B (dense weights, KV cache, buffers, hot experts), the cold experts' "
-                f"{host['cold_experts']:,d} B and the CPU workspace. Use a host with more memory, a shorter "
-                f"--context, fewer --sessions or --dense-format fp8 (FP8 matrices held as stored).")
+                f"{host['cold_experts']:,d} B and the CPU workspace. Use a shorter --context, fewer --sessions, "
+                f"{_smaller_or_more(b)}.")
     elif need > hw.host.usable_bytes:
         raise CompileError(f"does not fit: host memory is short by {need - hw.host.usable_bytes:,d} bytes "
                            f"(cold experts {host['cold_experts']:,d} B + workspace). "
                            "Use a machine with more memory or more GPUs (more hot experts).")
+
+
+def _device_short(b: Build, g: int) -> str:
+    """The device that does not fit, as people know it."""
+    hw = b.hardware
+    if hw.cpu_only:
+        return (f"{hw.device_name(g)} (the CPU as a device: {hw.gpus.usable_bytes:,d} bytes of host memory, the spec's "
+                f"gpus.usable_bytes)")
+    return f"gpu{g} ({hw.gpus.name}, {hw.gpus.usable_bytes:,d} usable bytes)"
+
+
+def _smaller_or_more(b: Build) -> str:
+    """The last ways out of a plan that does not fit: FP8 matrices held as stored where the plan dequantizes them;
+    more GPUs; on a cpu-only spec, all of the host's memory for the CPU device, or a host with more."""
+    hw = b.hardware
+    fp8 = "--dense-format fp8 (FP8 matrices held as stored), " if b.policy.dense_format != "fp8" else ""
+    if not hw.cpu_only:
+        return f"{fp8}or more GPUs"
+    if hw.gpus.count * hw.gpus.usable_bytes < hw.host.usable_bytes:
+        return (f"{fp8}or a spec that gives the CPU device the host's memory (ostinato-calibrate cpu-only OUT writes "
+                f"one for this host)")
+    return f"{fp8}or a host with more memory"
 
 
 def _device_components(b: Build, g: int, expert: int) -> dict[str, int]:
@@ -329,9 +361,10 @@ def _host_components(b: Build, expert: int) -> dict[str, int]:
     n_cold = sum(cfg.n_routed_experts - len(h) for h in b.placement.hot)
     if b.mtp_placed:  # the MTP block's cold experts, like a layer's
         n_cold += cfg.n_routed_experts - len(b.placement.mtp_hot)
-    # Cold experts: the checkpoint's mapped pages on a CPU run, pinned copies (the upload and host-task
-    # source) with GPUs; either way held once.
-    return {"cold_experts": n_cold * expert,
+    n_hot = sum(len(h) for h in b.placement.hot)  # the model's layers: the MTP block's experts never move
+    # Host rows of experts (memory_model.host_expert_bytes): the checkpoint's mapped pages on a CPU run,
+    # pinned copies with GPUs; with re-placement the hot ones' rows too.
+    return {**host_expert_bytes(n_cold, n_hot, expert, _adapt(b).mode),
             "cpu_workspace": workspace_bytes(cfg, b.policy.prefill_chunk)}
 
 
@@ -447,7 +480,8 @@ def policy(b: Build) -> None:
             context=o.context, sessions=o.sessions, prefill_threshold=b.threshold, prefill_chunk=o.prefill_chunk,
             upload_group=o.upload_group, snapshots=o.snapshots, decode_graph_routes=cfg.num_experts_per_tok,
             prefill_buckets=list(b.buckets), cpu_threads=hw.host.cores, objective_phases=list(o.objective_phases),
-            speculative="mtp" if b.mtp_placed else "off", adapt=_adapt(b).model_dump(), cpu_step=_cpu_step(o)),
+            speculative="mtp" if b.mtp_placed else "off", adapt=_adapt(b).model_dump(), cpu_step=_cpu_step(o),
+            chat_encoding=b.chat_encoding),
             "the plan's policy")
     except SchemaError as e:
         raise CompileError(str(e)) from None

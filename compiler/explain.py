@@ -8,9 +8,12 @@ GIB = 1024**3
 
 
 def explain(plan: Plan) -> str:
-    m, p = plan.model, plan.predictions
+    m, p, hw = plan.model, plan.predictions, plan.hardware
+    # a cpu-only plan's device is the CPU itself: named so (the plan file calls it gpu0 like any device)
+    runs_on = (f"the CPU as its {'device' if hw.gpus.count == 1 else f'{hw.gpus.count} devices'}, in host memory"
+               if hw.cpu_only else f"{hw.gpus.count}x {hw.gpus.name}")
     out = [f"plan for {m.path}: {m.layers} layers x {m.routed_experts} experts (top-{m.top_k}), "
-           f"{plan.hardware.gpus.count}x {plan.hardware.gpus.name} ({plan.hardware.name})",
+           f"{runs_on} ({hw.name})",
            f"routing profile: {plan.provenance.profile_source}", ""]
     kinds = []  # every GPU component any device has, in the plan's order
     for dev in plan.memory:
@@ -24,15 +27,21 @@ def explain(plan: Plan) -> str:
         hot = sum(len(l.hot_experts) for l in layers)
         share = sum(l.hot_route_share for l in layers) / len(layers) if layers else 0.0
         span = f"{layers[0].layer}-{layers[-1].layer}" if layers else "-"
-        out.append(f"{dev.device:7s} {span:9s} " + "".join(f"{dev.components.get(k, 0) / GIB:12.3f}G" for k in kinds)
+        out.append(f"{hw.device_name(g):7s} {span:9s} "
+                   + "".join(f"{dev.components.get(k, 0) / GIB:12.3f}G" for k in kinds)
                    + f" {dev.total_bytes / GIB:11.3f}G {hot:5d}  {share:10.1%}")
     if plan.mtp is not None:  # counted in its GPU's row above (and its cold experts in the host's)
         t = plan.mtp
-        out.append(f"mtp     {t.layer:<9d} on gpu{t.gpu} beside the head ({t.attention}): {len(t.hot_experts)} hot "
-                   f"experts, {t.hot_route_share:.1%} of its routes")
+        out.append(f"mtp     {t.layer:<9d} on {hw.device_name(t.gpu)} beside the head ({t.attention}): "
+                   f"{len(t.hot_experts)} hot experts, {t.hot_route_share:.1%} of its routes")
     host = next(d for d in plan.memory if d.device == "host")
     out.append("host    " + ", ".join(f"{k} {v / GIB:.3f}G" for k, v in host.components.items())
                + f"; total {host.total_bytes / GIB:.3f}G of {host.usable_bytes / GIB:.1f}G")
+    if hw.cpu_only:  # one memory: the device's bytes are the host's too
+        devices = sum(d.total_bytes for d in plan.memory if d.device != "host")
+        out.append(f"        one memory on a cpu-only plan: {'the device' if hw.gpus.count == 1 else 'the devices'} "
+                   f"{devices / GIB:.3f}G + the host {host.total_bytes / GIB:.3f}G = "
+                   f"{(devices + host.total_bytes) / GIB:.3f}G of {host.usable_bytes / GIB:.1f}G")
     t, buckets = plan.policy.prefill_threshold, plan.policy.prefill_buckets
     steps = (f"captured bucket steps ({', '.join(map(str, buckets))} tokens) up to {buckets[-1]} tokens, "
              if buckets else "no bucket steps (none predicted faster than eager), ")

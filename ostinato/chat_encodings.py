@@ -77,10 +77,10 @@ def level_for(encoding: str, effort: str | None) -> str:
     return levels[max(0, step - (3 - len(levels)))]
 
 
-def level_for_budget(encoding: str, budget_tokens: int) -> str:
-    """The encoding's level for an Anthropic thinking budget (THINKING_BUDGET_LEVELS)."""
+def effort_for_budget(budget_tokens: int) -> str:
+    """The effort name for an Anthropic thinking budget (THINKING_BUDGET_LEVELS): low, high or max."""
     step = max(s for bound, s in THINKING_BUDGET_LEVELS if budget_tokens >= bound)
-    return level_for(encoding, ("low", "high", "max")[step])
+    return ("low", "high", "max")[step]
 
 
 def preamble(encoding: str, level: str) -> str:

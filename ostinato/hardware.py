@@ -79,10 +79,29 @@ class LinkSpec(Record):
 class HardwareSpec(Record):
     name: Name
     description: str = ""
-    cpu_only: Flag = False              # every "GPU" is the CPU itself (tests, CI, this machine's kind)
+    # Every "GPU" is the CPU itself (tests, CI, a CPU-only box): its memory is a part of the host's, so
+    # gpus.count x gpus.usable_bytes must fit in host.usable_bytes, and the compiler checks the devices' bytes
+    # and the host's (cold experts, CPU workspace) together against host.usable_bytes.
+    cpu_only: Flag = False
     gpus: GpuSpec
     host: HostSpec
     link: LinkSpec
+
+    @model_validator(mode="after")
+    def _a_cpu_device_is_host_memory(self):
+        if self.cpu_only and self.gpus.count * self.gpus.usable_bytes > self.host.usable_bytes:
+            raise ValueError(
+                f"field 'gpus.usable_bytes': a cpu-only spec's device is the host itself, so its memory is a part "
+                f"of the host's: {self.gpus.count} x {self.gpus.usable_bytes:,d} bytes is more than "
+                f"host.usable_bytes ({self.host.usable_bytes:,d})")
+        return self
+
+    def device_name(self, gpu: int) -> str:
+        """What to call planned device `gpu` to people: gpu0.. with GPUs; on a cpu-only spec, where the device
+        is the CPU, `cpu` (cpu0.. when the spec plans several). Plans name devices gpu0.. either way."""
+        if not self.cpu_only:
+            return f"gpu{gpu}"
+        return "cpu" if self.gpus.count == 1 else f"cpu{gpu}"
 
     @property
     def sha256(self) -> str:

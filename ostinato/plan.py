@@ -28,11 +28,12 @@ from .hardware import HardwareSpec
 from .validation import Bytes, Count, Index, Name, Record, SchemaError, Sha256, Share, validate
 from .yaml_files import dump_yaml, read_yaml
 
-SCHEMA_VERSION = 8  # 4: provenance.weights_sha256 and shard_sha256 (the weights themselves);
+SCHEMA_VERSION = 9  # 4: provenance.weights_sha256 and shard_sha256 (the weights themselves);
                     # 5: predictions.speculative (does MTP speculative decoding pay on this hardware);
                     # 6: the MTP block's placement (`mtp`) and policy.speculative (the engine drafts with it);
                     # 7: policy.adapt (the hot set follows the session, ostinato/adaptation.py);
-                    # 8: policy.cpu_step (a fixed-shape step on the CPU runs compiled, runtime/engine/cpu_step.py)
+                    # 8: policy.cpu_step (a fixed-shape step on the CPU runs compiled, runtime/engine/cpu_step.py);
+                    # 9: policy.chat_encoding (the release's chat encoder: ostinato/chat_encodings.py)
 
 AttentionKind = Literal["sliding", "csa", "hca"]
 Phase = Literal["decode", "short_prefill", "long_prefill"]
@@ -130,6 +131,8 @@ class Policy(Record):
                                          # ("mtp": the block is placed, `mtp`, and its memory counted)
     cpu_step: Literal["compiled", "eager"]  # the decode step's CPU segments: one compiled call (the CPU's
                                             # analogue of a CUDA graph) or the eager step
+    chat_encoding: Literal["dsv4", "dsv4-0731"]  # the release's chat encoder: its reasoning-effort levels
+                                                 # (ostinato/chat_encodings.py)
 
     @model_validator(mode="after")
     def _buckets_rule(self) -> Policy:
@@ -180,7 +183,7 @@ class Predictions(Record):
 
 
 class Plan(Record):
-    schema_version: Literal[8]
+    schema_version: Literal[9]
     notes: list[str]                     # what a reader must know (synthetic profile, skipped steps, ...)
     provenance: Provenance
     model: ModelSummary

@@ -70,13 +70,13 @@ def test_the_documented_tables_are_the_tools_output():
     tables, head, _ = modeled_tables(world, sessions, DOC_SESSIONS, seed=0)
     assert block == tables, ("docs/benchmarks.md's modeled tables are stale: run "
                              "python -m ostinato.bench.sessions --skip-measured --doc")
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    shown = readme[readme.index(HEADLINE_BEGIN) + len(HEADLINE_BEGIN):readme.index(HEADLINE_END)].strip()
-    assert shown == head, "README.md's headline is stale: run python -m ostinato.bench.sessions --skip-measured --doc"
+    shown = doc[doc.index(HEADLINE_BEGIN) + len(HEADLINE_BEGIN):doc.index(HEADLINE_END)].strip()
+    assert shown == head, ("docs/benchmarks.md's headline is stale: run python -m ostinato.bench.sessions "
+                           "--skip-measured --doc")
     # re-placement during tool time (issue #31): its no-drift runs rode on modeled_tables' replay
     replaced, lines = replacement_tables(world, sessions, DOC_SESSIONS, seed=0)
     assert doc[doc.index(REPLACE_BEGIN) + len(REPLACE_BEGIN):doc.index(REPLACE_END)].strip() == replaced, (
         "docs/benchmarks.md's re-placement tables are stale: run python -m ostinato.bench.sessions "
         "--skip-measured --doc")
-    shown = readme[readme.index(REPLACE_README_BEGIN) + len(REPLACE_README_BEGIN):readme.index(REPLACE_README_END)]
-    assert shown.strip() == lines, "README.md's re-placement lines are stale: run the same"
+    shown = doc[doc.index(REPLACE_README_BEGIN) + len(REPLACE_README_BEGIN):doc.index(REPLACE_README_END)]
+    assert shown.strip() == lines, "docs/benchmarks.md's re-placement lines are stale: run the same"

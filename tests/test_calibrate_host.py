@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+from ostinato.compiler.cli import calibrate
 from ostinato.compiler.compile import CompileOptions, compile_plan
 from ostinato.compiler.cost_model import host_expert_rates
 from ostinato.hardware import load_hardware
@@ -31,6 +32,10 @@ def test_a_calibrated_spec_prices_the_cold_experts_with_what_was_measured(tiny_c
     noted = int(dense.group(1))  # the spec keeps 3 significant digits of it
     assert noted > 0 and abs(calibrated.gpus.matmul_flops / 1e9 - noted) <= 0.01 * noted + 1
     assert calibrated.gpus.bandwidth == host.bandwidth  # the CPU's own read, measured
+    # this host's memory: 7/8 of it usable, all of which the CPU device may use (one memory, counted once)
+    memory = calibrate.host_memory_bytes()
+    assert memory is not None and f"memory {memory / 2**30:.1f} GiB" in host.calibration
+    assert host.usable_bytes == calibrated.gpus.usable_bytes == int(memory * 7 / 8) // 2**20 * 2**20
     assert host_expert_rates(host) == (host.expert_read_bandwidth, host.expert_flops)
     assert host_expert_rates(load_hardware("cpu-only").host) == (40e9, 100e9)  # uncalibrated: the spec's constants
 

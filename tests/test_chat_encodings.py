@@ -9,8 +9,8 @@ from ostinato.chat_encodings import (
     ENCODER_FILE,
     ChatEncodingError,
     choose_encoding,
+    effort_for_budget,
     level_for,
-    level_for_budget,
     preamble,
 )
 
@@ -37,9 +37,10 @@ def test_api_efforts_map_onto_each_releases_levels(effort, original, release_073
 
 
 def test_thinking_budgets_map_by_claude_codes_keywords():
-    assert [level_for_budget("dsv4-0731", b) for b in (1024, 4000, 10_000, 31_998, 31_999, 64_000)] == \
+    assert [effort_for_budget(b) for b in (1024, 4000, 10_000, 31_998, 31_999, 64_000)] == \
         ["low", "low", "high", "high", "max", "max"]
-    assert level_for_budget("dsv4", 4000) == "high" and level_for_budget("dsv4", 31_999) == "max"
+    assert level_for("dsv4", effort_for_budget(4000)) == "high"
+    assert level_for("dsv4", effort_for_budget(31_999)) == "max"
 
 
 def test_an_unknown_effort_names_the_parameter():

@@ -353,3 +353,46 @@ def test_committed_tiny_plan_regenerates_byte_identically(tmp_path, monkeypatch)
                              "--max-hot-per-layer", "4"]) == 0
     assert out.read_bytes() == (REPO / "plans/tiny.cpu-only.yaml").read_bytes(), \
         "plans/tiny.cpu-only.yaml is stale: regenerate it (plans/profiles/README.md)"
+
+
+def _cpu_only_host(tmp_path, total_bytes: int) -> str:
+    """The cpu-only preset as ostinato-calibrate writes it for a host of `total_bytes` (its memory, not its rates)."""
+    from ostinato.compiler.cli.calibrate import with_host_memory
+    from ostinato.hardware import load_hardware
+    from ostinato.yaml_files import dump_yaml
+
+    spec = with_host_memory(load_hardware("cpu-only"), total_bytes)
+    path = tmp_path / f"host-{total_bytes}.yaml"
+    path.write_text(dump_yaml(spec.model_dump(mode="json", exclude_none=True)))
+    return str(path)
+
+
+def test_flash_compiles_for_a_cpu_only_host_with_the_memory_and_names_the_bytes_short(in_repo, tmp_path):
+    """A CPU-only V4-Flash plan holds every byte in host memory: the device's part (dense weights, KV, buffers, hot
+    experts) and the host's (cold experts, workspace) are counted together against the host's usable bytes."""
+    gib = 2**30
+    large = compile_plan(_flash_options(hardware=_cpu_only_host(tmp_path, 1024 * gib), speculative="off")).plan
+    device, host = large.memory
+    assert device.device == "gpu0" and host.device == "host"
+    held = device.total_bytes - device.components["headroom"] + host.total_bytes  # independent of the host's size
+    assert held == sum(device.components.values()) - device.components["headroom"] + sum(host.components.values())
+    text = explain(large)
+    assert "the CPU as its device, in host memory" in text and "\ncpu     0-42 " in text and "gpu0" not in text
+    assert (f"one memory on a cpu-only plan: the device {device.total_bytes / gib:.3f}G + the host "
+            f"{host.total_bytes / gib:.3f}G") in text
+
+    def usable(total: int) -> int:
+        return int(total * 7 / 8) // 2**20 * 2**20
+
+    enough = next(n * gib for n in range(1, 1025) if held + int(usable(n * gib) * 0.05) <= usable(n * gib))
+    fits = compile_plan(_flash_options(hardware=_cpu_only_host(tmp_path, enough), speculative="off")).plan
+    assert sum(d.total_bytes for d in fits.memory) <= fits.memory[-1].usable_bytes == usable(enough)
+    small = enough - gib
+    short = held + int(usable(small) * 0.05) - usable(small)
+    said = rf"host memory \({usable(small):,d} usable bytes\) is short by {short:,d} bytes: on a cpu-only spec it"
+    with pytest.raises(CompileError, match=rf"does not fit: {said} holds the device's"):
+        compile_plan(_flash_options(hardware=_cpu_only_host(tmp_path, small), speculative="off"))
+    # the preset's 4 GiB device: the message says what to use instead
+    with pytest.raises(CompileError, match=r"does not fit: cpu \(the CPU as a device: 4,294,967,296 bytes of host "
+                                           r"memory.*ostinato-calibrate cpu-only"):
+        compile_plan(_flash_options(hardware="cpu-only"))

@@ -61,3 +61,19 @@ def test_unknown_field_lists_the_known_ones():
     d["host"]["isa_"] = "avx2"
     with pytest.raises(HardwareError, match=r"field 'host.isa_' is not a known field \(known fields here: cores, "):
         parse_hardware(d, "my.yaml")
+
+
+def test_a_cpu_only_device_is_a_part_of_the_host_memory():
+    d = yaml.safe_load(load_hardware.__globals__["plans_dir"]().joinpath("hardware", "cpu-only.yaml").read_text())
+    d["gpus"].update(count=2, usable_bytes=d["host"]["usable_bytes"] // 2)  # all of it: fine
+    hw = parse_hardware(d, "mine.yaml")
+    assert [hw.device_name(g) for g in range(2)] == ["cpu0", "cpu1"]
+    d["gpus"]["usable_bytes"] += 1
+    with pytest.raises(HardwareError, match=r"mine.yaml: field 'gpus.usable_bytes': a cpu-only spec's device is the "
+                                            r"host itself.*2 x 8,589,934,593 bytes is more than host.usable_bytes "
+                                            r"\(17,179,869,184\)"):
+        parse_hardware(d, "mine.yaml")
+    assert load_hardware("cpu-only").device_name(0) == "cpu" and load_hardware("h200-x1").device_name(0) == "gpu0"
+    gpus = _spec()  # with GPUs the device memory is their own, whatever the host has
+    gpus["host"]["usable_bytes"] = 1
+    assert parse_hardware(gpus, "h200.yaml").gpus.usable_bytes > 1

@@ -130,3 +130,12 @@ def test_plain_decoding_of_0731_is_v4s_forward_on_its_weights(release_0731):
         want = load_reference(str(release_0731))(ids).logits[0]
     got = load_model(release_0731).new_session().prefill(ids[0])
     assert (got - want).abs().max() <= 1e-4 * want.abs().max()
+
+
+def test_the_plan_records_the_releases_chat_encoding(release_0731, tmp_path):
+    opts = dict(output=tmp_path / "p.yaml", hardware="cpu-only", build_kernels=False, context=1024)
+    plan = compile_plan(CompileOptions(release_0731, **opts)).plan
+    assert plan.policy.chat_encoding == "dsv4-0731" and any("chat encoding dsv4-0731" in n for n in plan.notes)
+    assert compile_plan(CompileOptions(release_0731, chat_encoding="dsv4", **opts)).plan.policy.chat_encoding == "dsv4"
+    with pytest.raises(CompileError, match="--chat-encoding is 'v5': one of auto, dsv4, dsv4-0731"):
+        compile_plan(CompileOptions(release_0731, chat_encoding="v5", **opts))

@@ -22,12 +22,12 @@ WORKLOADS = {"coding": "mini-swe-agent/", "customer service": "tau2-bench/"}
 DOC_BEGIN = "<!-- modeled tables: written by python -m ostinato.bench.sessions --doc; do not edit -->"
 DOC_END = "<!-- end of the modeled tables -->"
 # The edge-vs-coverage table (from the coverage sweep, like the plot) has a block of its own.
-# README.md's headline: Ostinato against the best baseline per workload and configuration.
+# The headline (docs/benchmarks.md): Ostinato against the best baseline per workload and configuration.
 HEADLINE_BEGIN = "<!-- headline: written by python -m ostinato.bench.sessions --doc; do not edit -->"
 HEADLINE_END = "<!-- end of the headline -->"
 EDGE_BEGIN = "<!-- edge vs coverage: written by python -m ostinato.bench.sessions --doc; do not edit -->"
 EDGE_END = "<!-- end of the edge vs coverage table -->"
-# Re-placement during tool time (issue #31): its tables in docs/benchmarks.md, its lines in README.md.
+# Re-placement during tool time (issue #31): its tables and its summary lines, both in docs/benchmarks.md.
 REPLACE_BEGIN = "<!-- re-placement tables: written by python -m ostinato.bench.sessions --doc; do not edit -->"
 REPLACE_END = "<!-- end of the re-placement tables -->"
 REPLACE_README_BEGIN = "<!-- re-placement: written by python -m ostinato.bench.sessions --doc; do not edit -->"
@@ -71,9 +71,9 @@ CONFIG_TITLES = {"best": "baselines at their best", "documented": "baselines as 
 def modeled_tables(world: World, sessions: list[SessionShape], limit: int | None, seed: int = 0
                    ) -> tuple[str, str, tuple[str, dict]]:
     """Per workload the systems' tables (baselines at their best, then as documented) and the ablation
-    table (markdown); the headline (Ostinato against the best baseline of each configuration, for
-    README.md); one session's runs for the timeline plot. Deterministic from the seed: docs/benchmarks.md
-    and README.md embed this text (doc_with)."""
+    table (markdown); the headline (Ostinato against the best baseline of each configuration); one
+    session's runs for the timeline plot. Deterministic from the seed: docs/benchmarks.md embeds this text
+    (doc_with)."""
     text, ablated, lines, timeline = [], [], [], None
     for w, ss in by_workload(sessions, limit).items():
         configs, runs = workload_runs(world, ss, seed)
@@ -128,7 +128,7 @@ def workload_runs(world: World, sessions: list[SessionShape], seed: int) -> tupl
 
 def replacement_tables(world: World, sessions: list[SessionShape], limit: int | None, seed: int = 0
                        ) -> tuple[str, str]:
-    """The re-placement tables (docs/benchmarks.md) and lines (README.md) of replacement.py's study: drift as
+    """The re-placement tables and summary lines (both in docs/benchmarks.md) of replacement.py's study: drift as
     published and none, per workload; the no-drift runs from modeled_tables' replay when it ran first."""
     groups = by_workload(sessions, limit)
     known = {w: _REPLACED[key] for w, ss in groups.items()

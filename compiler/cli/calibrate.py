@@ -5,10 +5,12 @@ The cost model prices cold experts with the host's `expert_read_bandwidth` (pack
 long prefills); without them it falls back to the spec's DRAM bandwidth and matmul rate, which the
 kernel does not reach. This builds the project's CPU kernel for this CPU at DeepSeek-V4-Flash's expert
 shape, has the runtime time it (python -m ostinato.runtime.kernel_rates, a separate process) and
-writes BASE with the host's fields replaced by what was measured. A CPU-only spec's "device" is the CPU
-itself, so its dense products are priced at its `gpus.matmul_flops` and `gpus.bandwidth`: those become the
-measured dense GEMM rate (torch's, in the dtype the runtime computes a prefill's products in here) and read
-bandwidth.
+writes BASE with the host's fields replaced by what was measured and what this host is (its cores, ISA
+and memory: host.usable_bytes is USABLE_FRACTION of it). A CPU-only spec's "device" is the CPU itself:
+its memory is the host's (the device may use all of host.usable_bytes; the compiler checks the device's
+bytes and the host's together), and its dense products are priced at its `gpus.matmul_flops` and
+`gpus.bandwidth`: those become the measured dense GEMM rate (torch's, in the dtype the runtime computes a
+prefill's products in here) and read bandwidth.
 
     ostinato-calibrate rtx4090d-x4 build/my-box.yaml      # a preset, or a spec file
     ostinato-compile MODEL plan.yaml --hardware build/my-box.yaml
@@ -24,7 +26,7 @@ import sys
 from pathlib import Path
 
 from ostinato.cli.common import InputError, check_output_file, refuse
-from ostinato.hardware import HardwareError, load_hardware
+from ostinato.hardware import HardwareError, HardwareSpec, load_hardware
 from ostinato.host import cpu_model, usable_cores
 from ostinato.yaml_files import dump_yaml
 
@@ -32,6 +34,12 @@ from ..codegen.kernels import build_cpu_experts, host_cpu_params
 
 D, I = 4096, 2048   # DeepSeek-V4-Flash's expert: hidden 4096, width 2048
 ROUTED = 6          # experts per timed call at 1 token (runtime/kernel_rates.py)
+MEMINFO = Path("/proc/meminfo")
+CGROUP_MEMORY = Path("/sys/fs/cgroup/memory.max")  # a container's limit (cgroup v2): "max" when unlimited
+# Of this host's memory, what a spec lets Ostinato use: the presets keep 1/8 for the OS, page tables and
+# other processes (rtx4090d-x4: 448 of 512 GiB).
+USABLE_FRACTION = 7 / 8
+MIB = 2**20
 
 
 def parse_args(argv):
@@ -59,6 +67,32 @@ def rate(x: float) -> float:
     return float(f"{x:.3g}")
 
 
+def host_memory_bytes(meminfo: Path = MEMINFO, cgroup: Path = CGROUP_MEMORY) -> int | None:
+    """This host's memory in bytes: MemTotal, or a container's memory limit where that is lower; None where
+    /proc/meminfo is not there (not Linux)."""
+    try:
+        fields = dict(line.split(":", 1) for line in meminfo.read_text().splitlines() if ":" in line)
+        number, unit = fields["MemTotal"].split()
+    except (OSError, KeyError, ValueError):
+        return None
+    total = int(number) * {"kB": 1024}.get(unit, 1)
+    try:
+        limit = cgroup.read_text().strip()
+    except OSError:
+        return total
+    return min(total, int(limit)) if limit.isdigit() else total
+
+
+def with_host_memory(spec: HardwareSpec, total: int) -> HardwareSpec:
+    """`spec` for a host of `total` bytes: host.usable_bytes USABLE_FRACTION of it (whole MiB); on a cpu-only
+    spec the device is the host itself, so it may use all of that (split over gpus.count), and the compiler
+    counts what the device holds and what the host holds against host.usable_bytes together."""
+    usable = int(total * USABLE_FRACTION) // MIB * MIB
+    host = spec.host.replace(usable_bytes=usable)
+    gpus = spec.gpus.replace(usable_bytes=usable // spec.gpus.count // MIB * MIB) if spec.cpu_only else spec.gpus
+    return spec.replace(host=host, gpus=gpus)
+
+
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
     try:
@@ -84,12 +118,21 @@ def main(argv: list[str] | None = None) -> int:
             f"of read), {m['expert_flops'] / 1e9:.0f} GFLOP/s at {m['batch']} tokens"
             + (f"; dense GEMM {m['dense_flops'] / 1e9:.0f} GFLOP/s ({m['dense_dtype']}, {m['dense_tokens']} tokens)"
                if base.cpu_only else ""))
+    memory = host_memory_bytes()
+    note += (f"; memory {memory / 2**30:.1f} GiB, {USABLE_FRACTION:.3g} of it usable" if memory is not None
+             else "; memory not read (no /proc/meminfo): the base spec's kept")
     host = base.host.replace(cores=m["threads"], isa=m["isa"], bandwidth=rate(m["read_bandwidth"]),
                              expert_read_bandwidth=rate(m["expert_read_bandwidth"]),
                              expert_flops=rate(m["expert_flops"]), calibration=note)
     gpus = (base.gpus.replace(bandwidth=rate(m["read_bandwidth"]), matmul_flops=rate(m["dense_flops"]))
             if base.cpu_only else base.gpus)
     spec = base.replace(name=f"{base.name}-calibrated", host=host, gpus=gpus)
+    if memory is not None:
+        spec = with_host_memory(spec, memory)
+    if base.cpu_only:
+        size = f", {memory / 2**30:.1f} GiB" if memory is not None else ""
+        spec = spec.replace(description=f"this host: {cpu_model()} ({m['isa']}), {m['threads']} threads{size}; "
+                                        f"the CPU itself is the planned device, its memory the host's")
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(f"# {base.name} with this host's CPU expert rates, measured by {note}\n"
                      + dump_yaml(spec.model_dump(mode="json", exclude_none=True)))
