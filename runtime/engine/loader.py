@@ -8,7 +8,9 @@ bytes; a mismatch names the field or the shard). Each
 layer's hot experts go to its planned device, packed as stored (both hot backends compute from the
 packed pool); its cold experts stay where the checkpoint is, memory-mapped (views of the safetensors
 files, no copies) behind the generated CPU kernel; when a GPU is used they are copied once into one
-pinned arena per NUMA node instead (pinned_arena.py: the uploads DMA from them). Each
+pinned arena per NUMA node instead (pinned_arena.py: the uploads DMA from them), and so are the hot
+experts' rows of the layers that re-place between turns (policy.adapt idle: an evicted expert is
+uploaded from its row, a re-promoted one copied into its slot from it). Each
 device has two upload staging buffers, shared by its layers. So the runtime holds what the plan's
 memory rows count for experts. With device="cpu" every planned GPU maps to the CPU, which is how
 tests and CI run all of it.
@@ -26,6 +28,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from ostinato.adaptation import AdaptPolicy
 from ostinato.checkpoint.fingerprint import model_fingerprint
 from ostinato.checkpoint.reader import Checkpoint, PackedExpert
 from ostinato.checkpoint.weight_fingerprint import weight_fingerprint
@@ -74,7 +77,8 @@ class Engine:
 
     def new_session(self) -> EngineSession:
         return EngineSession(self.model.new_session(), self.executor, self.plan.policy.prefill_threshold,
-                             self.step_runner, self.speculative, self.adapter, self.prefill_threads)
+                             self.step_runner, self.speculative, self.adapter, self.prefill_threads,
+                             self.plan.policy.context)
 
     def prefill_threads(self, tokens: int) -> int:
         """torch's intra-op threads for a dynamic prefill of `tokens` tokens: one for a short prompt
@@ -170,19 +174,29 @@ def _packed(ckpt: Checkpoint, layer: int, experts: list[int]) -> list[PackedExpe
     return out
 
 
-def _cold_packed(ckpt: Checkpoint, placed: list[LayerPlan], devices: list[torch.device],
+def _expert_rows(ckpt: Checkpoint, placed: list[LayerPlan], devices: list[torch.device], adapted: int,
                  disable: bool | None) -> list[list[PackedExpert]]:
-    """Each placed layer's cold experts (the ones not hot, by id): views of the checkpoint's mmap; with
-    GPUs, copies in one pinned arena per NUMA node (pinned_arena.py), which the uploads DMA from.
-    A CPU run copies nothing: it holds the experts once, in the page cache."""
+    """[placed layer][E] every expert's host row, by id: views of the checkpoint's mmap (a CPU run copies
+    nothing: it holds the experts once, in the page cache). With GPUs the rows the engine may DMA from are
+    copied into one pinned arena per NUMA node (pinned_arena.py): each layer's cold experts (uploads, the
+    cold bridges), and in the first `adapted` layers, which re-place between turns (engine/adapter.py),
+    the hot ones' too: an evicted expert is uploaded from its row and a re-promoted one copied into its
+    slot from it, and a pageable source would make those copies staged and blocking."""
     E = ckpt.config.n_routed_experts
-    layers = [_packed(ckpt, lp.layer, sorted(set(range(E)) - set(lp.hot_experts))) for lp in placed]
+    rows = [_packed(ckpt, lp.layer, list(range(E))) for lp in placed]  # views of the mapped files: no copies
     if not pinned_arena.pinning(devices):
-        return layers
-    total = sum(e.nbytes for experts in layers for e in experts)
-    with tqdm(total=total, desc="pinning cold experts", unit="B", unit_scale=True, unit_divisor=1024,
+        return rows
+    pinned = [list(range(E)) if i < adapted else sorted(set(range(E)) - set(lp.hot_experts))
+              for i, lp in enumerate(placed)]  # [placed layer] the experts whose rows are pinned, by id
+    sources = [[row[e] for e in experts] for row, experts in zip(rows, pinned)]
+    total = sum(e.nbytes for experts in sources for e in experts)
+    with tqdm(total=total, desc="pinning host experts", unit="B", unit_scale=True, unit_divisor=1024,
               file=sys.stderr, disable=disable) as bar:
-        return pinned_arena.pinned_experts(layers, progress=bar.update)
+        copies = pinned_arena.pinned_experts(sources, progress=bar.update)
+    for row, experts, copied in zip(rows, pinned, copies):
+        for e, packed in zip(experts, copied):
+            row[e] = packed
+    return rows
 
 
 def _staging(n: int, D: int, I: int, device: torch.device) -> HotPool:
@@ -233,6 +247,7 @@ def load_engine(plan: str | Path | Plan, model_dir: str | Path | None = None, de
     if not isinstance(plan, Plan):
         plan = load_plan(plan)
     spec = speculating(plan, speculative)
+    adapt_policy = _adapt_policy(plan, adapt)
     placed = [*plan.layers, plan.mtp] if spec else list(plan.layers)  # the MTP block is layer index model.layers
     model_dir = model_directory(plan, model_dir)
     fp = model_fingerprint(model_dir)
@@ -265,10 +280,11 @@ def load_engine(plan: str | Path | Plan, model_dir: str | Path | None = None, de
         else:
             compute = CpuPoolCompute(cpu_kernel, threads.threads)
         E, D, I = cfg.n_routed_experts, cfg.hidden_size, cfg.moe_intermediate_size
-        cold_layers = _cold_packed(ckpt, placed, devices, disable)
+        adapted = len(plan.layers) if adapt_policy.mode == "idle" else 0  # these pin their hot experts' rows too
+        rows = _expert_rows(ckpt, placed, devices, adapted, disable)
         staging = {}  # planned GPU -> its two upload buffers, shared by its layers (the plan counts one pair per
         # GPU; keyed by the plan's index so a CPU run holds what the GPUs would)
-        for lp, cold_packed in zip(placed, cold_layers):
+        for lp, table in zip(placed, rows):
             dev = devices[lp.gpu]
             compute.prepare(dev, dtype)
             if lp.gpu not in staging:
@@ -279,9 +295,6 @@ def load_engine(plan: str | Path | Plan, model_dir: str | Path | None = None, de
             slot_of[hot] = torch.arange(len(hot))
             cold_of = torch.full((E,), -1, dtype=torch.int64)
             cold_of[cold] = torch.tensor(cold, dtype=torch.int64)  # the table holds every expert, by id
-            table = _packed(ckpt, lp.layer, list(range(E)))  # views of the mapped files: no copies
-            for e, packed in zip(cold, cold_packed):
-                table[e] = packed  # with GPUs, the cold ones' pinned copies
             pool = HotPool.stack([table[e] for e in hot], dev) if hot else _staging(0, D, I, dev)
             layers.append(LayerExperts(dev, slot_of.to(dev), cold_of, pool, table,
                                        cpu_kernel.table(table) if cold else None, staging[lp.gpu]))
@@ -320,7 +333,8 @@ def load_engine(plan: str | Path | Plan, model_dir: str | Path | None = None, de
         with tqdm(total=len(runner.steps), desc="capturing CUDA graphs", unit="step", file=sys.stderr,
                   disable=disable) as bar:
             runner.capture_graphs(lambda T: bar.update())
-    engine = Engine(plan, model_dir, model, executor, devices, runner, threads, spec, _adapter(plan, executor, adapt))
+    engine = Engine(plan, model_dir, model, executor, devices, runner, threads, spec,
+                    _adapter(plan, executor, adapt_policy))
     if not cuda:  # the cold experts and the embedding are read from the mapped checkpoint: read it ahead
         prefetch_mapped(t for _, t in tensors_in(engine))
     return engine
@@ -340,11 +354,16 @@ def _cpu_step(plan: Plan, choice: str | None) -> tuple[str, str]:
     return mode, source
 
 
-def _adapter(plan: Plan, executor: PlacementExecutor, mode: str | None) -> Adapter | None:
-    """The plan's policy.adapt (its mode replaced by `mode` when given) -> an Adapter, or None when off."""
+def _adapt_policy(plan: Plan, mode: str | None) -> AdaptPolicy:
+    """The plan's policy.adapt, its mode replaced by `mode` ("off" / "idle") when given."""
     policy = plan.policy.adapt if mode is None else plan.policy.adapt.replace(mode=mode)
     if policy.mode not in ("off", "idle"):
         raise ValueError(f"adapt must be 'off' or 'idle', got {mode!r}")
+    return policy
+
+
+def _adapter(plan: Plan, executor: PlacementExecutor, policy: AdaptPolicy) -> Adapter | None:
+    """An Adapter for `policy` (the engine's policy.adapt), or None when it is off."""
     if policy.mode == "off":
         return None
     E = plan.model.routed_experts
@@ -352,4 +371,3 @@ def _adapter(plan: Plan, executor: PlacementExecutor, mode: str | None) -> Adapt
     for lp in plan.layers:
         planned[lp.layer, lp.hot_experts] = True
     return Adapter(executor, planned, policy, plan.model.expert_bytes)
-

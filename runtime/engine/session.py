@@ -17,6 +17,10 @@ follows every token the session runs, and a caller that has decided the next tok
 
 A rejection leaves the session exactly as plain decoding of `token` leaves it (the model session's
 or the static state's mark, then the same one-token step). `drafted` / `accepted` count drafts.
+
+A session never grows past the plan's context (`context`: policy.context): the memory model counts the KV
+cache and the fixed-shape steps' state for that many tokens, so a forward that would pass it raises
+ContextFull, naming both numbers and the compile option, before it runs.
 """
 
 from __future__ import annotations
@@ -33,13 +37,18 @@ from .executor import PlacementExecutor
 from .step_runner import StepRunner
 
 
+class ContextFull(ValueError):
+    """A forward would take a session past the plan's context."""
+
+
 class EngineSession:
     def __init__(self, session: Session, executor: PlacementExecutor, threshold: int | None,
                  runner: StepRunner | None = None, speculative: bool = False, adapter: Adapter | None = None,
-                 prefill_threads: Callable[[int], int] | None = None):
+                 prefill_threads: Callable[[int], int] | None = None, context: int | None = None):
         """`prefill_threads`: torch's intra-op threads for a dynamic prefill of n tokens (Engine.prefill_threads);
-        None: torch's count as it is."""
+        None: torch's count as it is. `context`: the plan's tokens per session (None: unbounded, a bare model)."""
         self.session, self.executor, self.threshold, self.runner = session, executor, threshold, runner
+        self.context = context
         self.adapter, self.prefill_threads = adapter, prefill_threads
         # this session's routes, per main layer and expert (engine/adapter.py re-places the hot set from them)
         self.routes = SessionRoutes(session.model.config.n_layers, session.model.config.n_routed_experts)
@@ -58,8 +67,16 @@ class EngineSession:
             return "bucket"
         return "upload" if self.threshold is not None and n > self.threshold else "split"
 
+    def room_for(self, n: int) -> None:
+        """Raise ContextFull unless n more tokens fit the plan's context."""
+        if self.context is not None and len(self.session) + n > self.context:
+            raise ContextFull(f"{len(self.session):,d} tokens in the session and {n:,d} more would pass the plan's "
+                              f"context of {self.context:,d} tokens (policy.context): compile a plan with a longer "
+                              f"one (ostinato-compile --context {len(self.session) + n})")
+
     def prefill(self, token_ids, last_only: bool = False) -> torch.Tensor:
         ids = torch.as_tensor(token_ids, dtype=torch.long).reshape(-1)
+        self.room_for(ids.numel())
         self._settle()
         follow = None if self.drafter is None else self._follow
         if self.prefill_mode(ids.numel(), last_only) == "bucket":
@@ -80,6 +97,7 @@ class EngineSession:
             return self.session.prefill(ids, last_only, on_chunk=chunk)
 
     def decode(self, token_id) -> torch.Tensor:
+        self.room_for(1)
         self._settle()
         if self.drafter is not None:
             logits, streams = self._extend([int(token_id)])
@@ -102,6 +120,7 @@ class EngineSession:
         both until reject(); anything else called next keeps them (the draft was accepted)."""
         if self.drafter is None:
             raise ValueError("verify() needs a speculative session (the plan's policy.speculative: mtp)")
+        self.room_for(2)
         self._settle()
         self.drafted += 1
         self.accepted += 1  # until reject() says otherwise
@@ -166,7 +185,7 @@ class EngineSession:
         self._settle()
         self._release()
         other = EngineSession(self.session.fork(), self.executor, self.threshold, self.runner, adapter=self.adapter,
-                              prefill_threads=self.prefill_threads)
+                              prefill_threads=self.prefill_threads, context=self.context)
         other.drafter = None if self.drafter is None else self.drafter.fork()
         other.routes.counts = self.routes.counts.copy()
         return other
