@@ -139,3 +139,38 @@ def test_the_plan_records_the_releases_chat_encoding(release_0731, tmp_path):
     assert compile_plan(CompileOptions(release_0731, chat_encoding="dsv4", **opts)).plan.policy.chat_encoding == "dsv4"
     with pytest.raises(CompileError, match="--chat-encoding is 'v5': one of auto, dsv4, dsv4-0731"):
         compile_plan(CompileOptions(release_0731, chat_encoding="v5", **opts))
+
+
+@pytest.mark.slow  # two engines
+def test_0731_runs_as_the_same_weights_without_the_drafter(release_0731, tmp_path, kernel_dir):
+    """Planned and run, the 0731 checkpoint decodes the greedy tokens of the same weights with its drafter
+    stripped (its mtp.* out of the index, its dspark_* keys out of the config): the drafter changes nothing."""
+    from engine_helpers import IDS
+
+    from ostinato.runtime.engine.loader import load_engine
+
+    stripped = shutil.copytree(release_0731, tmp_path / "stripped")
+    index = _index(stripped)
+    index["weight_map"] = {n: f for n, f in index["weight_map"].items() if not n.startswith("mtp.")}
+    (stripped / "model.safetensors.index.json").write_text(json.dumps(index))
+    cfg = json.loads((stripped / "config.json").read_text())
+    for key in ("dspark_block_size", "dspark_target_layer_ids", "dspark_markov_rank", "dspark_noise_token_id"):
+        del cfg[key]
+    cfg["num_nextn_predict_layers"] = 0
+    (stripped / "config.json").write_text(json.dumps(cfg))
+    tokens = []
+    for ckpt in (release_0731, stripped):
+        work = tmp_path / f"plan-{ckpt.name}"
+        work.mkdir()
+        plan = compile_plan(CompileOptions(ckpt, work / "plan.yaml", "cpu-only", kernel_dir=kernel_dir, context=1024,
+                                           max_hot_per_layer=6)).plan
+        plan.write(work / "plan.yaml")
+        engine = load_engine(work / "plan.yaml", ckpt, device="cpu")
+        session, out = engine.new_session(), []
+        token = int(session.prefill(IDS[:40], last_only=True)[-1].argmax())
+        for _ in range(12):
+            out.append(token)
+            token = int(session.decode(token).argmax())
+        tokens.append(out)
+        engine.close()
+    assert tokens[0] == tokens[1]
