@@ -3,12 +3,22 @@ cost model and the issue's goals. Their pass/fail properties are the checks in t
 tests/gpu`); tools/gpu_check.sh runs both on a lent GPU machine.
 
     python -m ostinato.bench.gpu_report [--cpu] [--only NAME,...] [--peak-gbs 4800] [--host-isa avx2|native]
-                                        [--work DIR] [--table FILE] [--figures FILE] [--limit-s S] [--budget-s S]
+                                        [--work DIR] [--table FILE] [--state FILE] [--figures FILE]
+                                        [--limit-s S] [--budget-s S]
 
-One table row per figure, then a line of ratios and a line of goals:
+One table row per figure, then a line of ratios and a line of goals; the measurements in this order, what
+matters most first (a run cut short keeps those):
+  fp8       (h) the FP8 dense kernel on bf16 activations: a decode token through each distinct dense FP8
+            matrix shape of V4-Flash (copies cycled in one graph, past L2) in GB/s vs peak (goal >= 0.6);
+            wo_a as the engine runs it (through attention.grouped_linear, the function the attention applies
+            it with, whatever that launches) against one GEMV of its shape (same goal); a 4096-token GEMM
+            through wo_b in TFLOP/s vs the spec
   decode    (a) the hot decode kernel at V4-Flash shapes (6 routes, D=4096, I=2048) on bf16 activations,
             several launches over distinct experts (no L2 reuse) replayed from one CUDA graph: GB/s of
             packed weights vs the GPU's peak (--peak-gbs); goal >= 0.7
+  step      (c) the engine's decode step on the tiny model compiled for one H200 (bf16, at most 6 hot
+            experts per layer, so cold routes cross through host nodes): tok/s and ms/token replayed from
+            its CUDA graphs vs run eagerly, steady state (capture and the first tokens excluded)
   prefill   (b) the prefill kernel's two launches (graph-replayed) at 16..4096 routes per expert on bf16
             activations (the engine's; float16 under --cpu): TFLOP/s, and the cost model's time for the
             same experts and routes over the measured time
@@ -18,15 +28,9 @@ One table row per figure, then a line of ratios and a line of goals:
   hostnode  (d) one layer's cold-route bridge with zero cold routes: the stream fork, copies, host function,
             copy and join of the decode step, captured 32 times in one graph: its cost per layer vs the
             cost model's (two link latencies plus the activations)
-  step      (c) the engine's decode step on the tiny model compiled for one H200 (bf16, at most 6 hot
-            experts per layer, so cold routes cross through host nodes): ms/token replayed from its CUDA
-            graphs vs run eagerly, steady state (capture and the first tokens excluded)
   bucket    (i) short prefills of 16, 64 and 120 tokens (after 100) on the same tiny engine as the plan's
             bucket steps (buckets 2..128: 120 = 64+32+16+8): replayed from their CUDA graphs vs the same
             steps eagerly vs the dynamic model (median of 5)
-  fp8       (h) the FP8 dense kernel on bf16 activations: a decode token through each distinct dense FP8
-            matrix shape of V4-Flash (copies cycled in one graph, past L2) in GB/s vs peak (goal >= 0.6),
-            and a 4096-token GEMM through wo_b in TFLOP/s vs the spec
 The goals measured by the checks (graphs equal eager to 1e-5 of the logit scale in float32, allocation =
 plan within 5%) come from the figures file they write (tests/gpu/conftest.py, --figures).
 
@@ -34,8 +38,9 @@ Each measurement runs in its own process (--child NAME; bench/gpu_report_process
 seconds and within --budget-s in all: a sticky CUDA error (a misaligned address) poisons the process it
 happens in, so a crash, a hang or an error costs only its own measurement, which becomes a FAILED row; the
 others still run. Every row is added to the table file (--table; bench/gpu_report_table.py) as it
-finishes, so a run cut short keeps what it measured. Exit status 1 when a measurement failed or could not
-run.
+finishes, so a run cut short keeps what it measured; with --state the rows of an earlier part come first
+(tools/gpu_check.py runs fp8, decode and step before the checks, the rest after). Exit status 1 when one of
+this part's measurements failed or could not run.
 
 Without CUDA (and without --cpu) it measures nothing, lists what stays unverified and exits 1. `--cpu` runs
 every measurement on the CPU at the tiny model's shapes (Triton's interpreter, graphs as their eager twin,
@@ -215,7 +220,8 @@ def decode_step(s: GpuSetup, peak_gbs: float) -> Iterator[Row]:
             e.close()
     graph_ms, eager_ms = (t / steps * 1e3 for t in times)
     yield Row("step", f"(c) decode step, tiny {dtype}, {steps} tokens after {warmup}: graph vs eager",
-              f"{graph_ms:.2f} ms/token", f"eager {eager_ms:.2f} ms/token", eager_ms / graph_ms, "eager/graph")
+              f"{1e3 / graph_ms:.0f} tok/s, {graph_ms:.2f} ms/token", f"eager {eager_ms:.2f} ms/token",
+              eager_ms / graph_ms, "eager/graph")
 
 
 def bucket_rate(s: GpuSetup, peak_gbs: float) -> Iterator[Row]:
@@ -256,33 +262,26 @@ def fp8_dense(s: GpuSetup, peak_gbs: float) -> Iterator[Row]:
     """(h) The FP8 dense kernel on the engine's activations: a GEMV per dense FP8 shape, a 4096-token GEMM.
     A decode token through every distinct dense FP8 matrix shape (GB/s of weights and scales read, copies
     cycled past L2 in one graph), then a 4096-token prefill through wo_b (4096 x 8192 on V4-Flash)."""
-    from ostinato.checkpoint.formats import quantize_fp8
     from ostinato.runtime.kernels.fp8_triton import fp8_linear  # imports Triton: after TRITON_INTERPRET is set
-    from ostinato.runtime.kernels.scale_layout import word_aligned
 
     dev, act, g = s.device, activation_dtype(s.device), torch.Generator().manual_seed(5)
-
-    def weights(N: int, K: int, copies: int):  # each copy's scales laid out on words, as the loader holds them
-        q, scale = quantize_fp8(torch.randn(N, K, generator=g) * 0.02)
-        q, scale = q.to(dev), scale.view(torch.uint8).to(dev)
-        return [(q.clone(), word_aligned(scale.clone())) for _ in range(copies)]
-
-    shapes = dense_fp8_shapes(s.cfg)
+    shapes, gemv_seconds = dense_fp8_shapes(s.cfg), {}
     for (N, K), names in shapes.items():
-        copies = max(2, math.ceil(ROTATE_BYTES / (N * K))) if s.cuda else 2
-        mats, x = weights(N, K, copies), torch.randn(1, K, generator=g).to(dev, act)
+        copies = fp8_copies(s, N, K)
+        mats, x = fp8_weights(N, K, copies, dev, g), torch.randn(1, K, generator=g).to(dev, act)
 
         def run(mats=mats, x=x):
             for q, scale in mats:
                 fp8_linear(x, q, scale)
 
-        sec = per_call(captured(run, dev), dev, 20 if s.cuda else 1) / copies
+        sec = gemv_seconds[N, K] = per_call(captured(run, dev), dev, 20 if s.cuda else 1) / copies
         gbs = (N * K + mats[0][1].numel()) / sec / 1e9
         yield Row("fp8", f"(h) FP8 GEMV {N}x{K} ({', '.join(names)}), 1 token, graph of {copies}",
                   f"{sec * 1e6:.1f} us, {gbs:.0f} GB/s", f"peak {peak_gbs:.0f} GB/s", gbs / peak_gbs,
                   f"fp8_gemv_bw/peak:{N}x{K}")
+    yield from wo_a_as_run(s, peak_gbs, gemv_seconds[next(shape for shape, names in shapes.items() if "wo_a" in names)])
     (N, K), T = next(shape for shape, names in shapes.items() if "wo_b" in names), (4096 if s.cuda else 64)
-    q, scale = weights(N, K, 1)[0]
+    q, scale = fp8_weights(N, K, 1, dev, g)[0]
     x = torch.randn(T, K, generator=g).to(dev, act)
     sec = per_call(lambda: fp8_linear(x, q, scale), dev, 20 if s.cuda else 1)
     tflops, spec = 2 * T * N * K / sec / 1e12, s.plan.hardware.gpus.matmul_flops / 1e12
@@ -290,8 +289,52 @@ def fp8_dense(s: GpuSetup, peak_gbs: float) -> Iterator[Row]:
               tflops / spec, "fp8_gemm_flops/spec")
 
 
-RUNS = {"decode": hot_decode, "prefill": prefill_rate, "upload": upload, "hostnode": host_node, "step": decode_step,
-        "bucket": bucket_rate, "fp8": fp8_dense}
+def fp8_copies(s: GpuSetup, N: int, K: int) -> int:
+    """Copies of an N x K FP8 matrix a timed graph cycles through: ROTATE_BYTES of them, past L2."""
+    return max(2, math.ceil(ROTATE_BYTES / (N * K))) if s.cuda else 2
+
+
+def fp8_weights(N: int, K: int, copies: int, dev: torch.device, g: torch.Generator) -> list[tuple]:
+    """`copies` copies of one random N x K FP8 matrix, (q, scale) each, the scales laid out on words as the
+    loader holds them."""
+    from ostinato.checkpoint.formats import quantize_fp8
+    from ostinato.runtime.kernels.scale_layout import word_aligned
+
+    q, scale = quantize_fp8(torch.randn(N, K, generator=g) * 0.02)
+    q, scale = q.to(dev), scale.view(torch.uint8).to(dev)
+    return [(q.clone(), word_aligned(scale.clone())) for _ in range(copies)]
+
+
+def wo_a_as_run(s: GpuSetup, peak_gbs: float, gemv_s: float) -> Iterator[Row]:
+    """(h) wo_a as a decode token's attention applies it: through the function the attention module calls with
+    it (attention.grouped_linear, looked up there at each call, so this row times whatever the engine
+    launches), on an Fp8Matrix held as the loader holds it and the attention's grouped view of its heads'
+    outputs; against `gemv_s`, one GEMV of the same shape."""
+    from ostinato.runtime.model import attention  # imports Triton on CUDA: after TRITON_INTERPRET is set
+    from ostinato.runtime.model.fp8_matrix import Fp8Matrix
+
+    dev, act, cfg = s.device, activation_dtype(s.device), s.cfg
+    (N, K), G = next(shape for shape, names in dense_fp8_shapes(cfg).items() if "wo_a" in names), cfg.o_groups
+    copies = fp8_copies(s, N, K)
+    mats = [Fp8Matrix.of_bytes(q, scale) for q, scale in fp8_weights(N, K, copies, dev, torch.Generator())]
+    o = torch.randn(1, G * K, generator=torch.Generator().manual_seed(6)).to(dev, act)  # [T, H*hd]
+    grouped = o.reshape(1, G, -1).transpose(0, 1)  # [G, T, H*hd/G]: the attention's view
+
+    def run():
+        for w in mats:
+            attention.grouped_linear(grouped, w)  # [G, T, ol]
+
+    sec = per_call(captured(run, dev), dev, 20 if s.cuda else 1) / copies
+    gbs = (N * K + mats[0].scale.numel()) / sec / 1e9
+    yield Row("fp8", f"(h) wo_a as the engine runs it: grouped_linear, {G} groups of {N // G}x{K}, 1 token, "
+              f"graph of {copies}", f"{sec * 1e6:.1f} us, {gbs:.0f} GB/s",
+              f"one {N}x{K} GEMV {gemv_s * 1e6:.1f} us; peak {peak_gbs:.0f} GB/s", gbs / peak_gbs,
+              "fp8_gemv_bw/peak:wo_a_as_run")
+
+
+# In the order they run: the figures that matter most first (a run cut short keeps them).
+RUNS = {"fp8": fp8_dense, "decode": hot_decode, "step": decode_step, "prefill": prefill_rate, "upload": upload,
+        "hostnode": host_node, "bucket": bucket_rate}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -304,6 +347,8 @@ def main(argv: list[str] | None = None) -> int:
                                    "(the checks' OSTINATO_GPU_WORK); default: a temporary one")
     ap.add_argument("--table", type=Path, default=Path(os.environ.get("OUT", "build/gpu_check")) / "report_table.txt",
                     help="the table file, rewritten as each row finishes (default $OUT/report_table.txt)")
+    ap.add_argument("--state", type=Path, help="the rows so far (JSON lines): an earlier run's rows are kept and "
+                                               "this run's added (the device script runs the report in two parts)")
     ap.add_argument("--figures", type=Path, default=os.environ.get("OSTINATO_GPU_FIGURES"),
                     help="the checks' figures (JSON lines; default $OSTINATO_GPU_FIGURES): their goals' rows")
     ap.add_argument("--limit-s", type=float, help=f"time limit of one measurement's process (default {LIMIT_S:g}; "
@@ -313,11 +358,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rows", help=argparse.SUPPRESS)                        # --child's rows file
     args = ap.parse_args(argv)
     names = [n for n in args.only.split(",") if n]
-    total = len(names)
     if unknown := set(names) - set(RUNS):
         ap.error(f"--only: unknown {sorted(unknown)}; choose from {tuple(RUNS)}")
     if args.cpu:
         os.environ["TRITON_INTERPRET"] = "1"  # read when Triton is first imported (later; children inherit it)
+        os.environ.setdefault("OSTINATO_CPU_STEP", "eager")  # the graphs' eager twin, not a torch.compile'd step
     if args.child:
         return child(args, RUNS)
     if not args.cpu and not torch.cuda.is_available():
@@ -329,7 +374,9 @@ def main(argv: list[str] | None = None) -> int:
     limit = args.limit_s or (math.inf if args.cpu else LIMIT_S)
     print(f"device: {torch.cuda.get_device_name() if not args.cpu else 'cpu (plumbing only: figures mean nothing)'}"
           f", torch {torch.__version__}")
-    out = TableFile(args.table)
+    out = TableFile(args.table, args.state)
+    out.drop({"checks", "goals"})  # an earlier part's judgement of the checks' figures: judged again at the end
+    mine, total = set(names), len(set(names) | {r.name for r in out.rows if r.name in RUNS})
     with tempfile.TemporaryDirectory() as tmp:
         work, start = Path(args.work or tmp), time.perf_counter()
         try:  # here, not in each child: the first would write the checkpoint and plans while the rest wait
@@ -356,7 +403,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"gpu_report: the table, also in {out.path}:")
     print(table(out.rows))
     print("\n".join(lines))
-    return 1 if failed else 0
+    return 1 if mine & set(failed) else 0  # this part's measurements: an earlier part said its own
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from ostinato.bench.gpu_setup import GRAPH_VS_EAGER
@@ -98,15 +98,21 @@ def goals_line(rows: list[Row]) -> str:
 
 class TableFile:
     """The table so far in a file, rewritten whenever a row arrives (replaced whole: a reader never sees
-    half of it), so a run cut short keeps every row it finished."""
+    half of it), so a run cut short keeps every row it finished. With a state file (JSON lines, one Row each)
+    the rows of an earlier run that wrote it come first, and it is kept up to date too."""
 
-    def __init__(self, path: Path):
-        self.path, self.rows = path, []
+    def __init__(self, path: Path, state: Path | None = None):
+        self.path, self.state, self.rows = path, state, []
         path.parent.mkdir(parents=True, exist_ok=True)
+        if state is not None and state.exists():
+            self.rows = [Row(**json.loads(line)) for line in state.read_text().splitlines() if line]
 
     def add(self, rows: list[Row]) -> None:
         self.rows += [judged(r) for r in rows]
         self.write()
+
+    def drop(self, names: set[str]) -> None:
+        self.rows = [r for r in self.rows if r.name not in names]
 
     def finish_measurement(self, name: str, seconds: float) -> None:
         """The measurement's time on its last row."""
@@ -115,6 +121,13 @@ class TableFile:
         self.write()
 
     def write(self, *lines: str) -> None:
-        tmp = self.path.with_name(f".{self.path.name}.tmp")
-        tmp.write_text("\n".join([table(self.rows), *lines]) + "\n")
-        os.replace(tmp, self.path)
+        _replace(self.path, "\n".join([table(self.rows), *lines]) + "\n")
+        if self.state is not None:
+            _replace(self.state, "".join(json.dumps(asdict(r)) + "\n" for r in self.rows))
+
+
+def _replace(path: Path, text: str) -> None:
+    """path's text replaced whole (a reader sees the old file or the new one)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)

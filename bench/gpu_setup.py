@@ -1,5 +1,6 @@
 """What a GPU run's checks (tests/gpu) and its throughput report (gpu_report) share: the tiny model
-compiled for one H200 (as planned, and in float32 for the graph-vs-eager comparisons), the expert shapes
+compiled for one H200 (as planned; in float32 for the graph-vs-eager comparisons; in float32 with MTP
+speculation and re-placement on, for the check of both), the expert shapes
 the kernel runs use, the plan's Triton expert kernels, CUDA graph capture, the kernel launches and
 upload-once path that the report times and the checks check, V4-Flash's dense FP8 matrix shapes, and
 the tolerance rule every comparison uses.
@@ -66,6 +67,7 @@ class GpuSetup:
     ckpt: Path           # the tiny model
     plan: Plan           # the tiny model compiled for h200-x1 (its default: FP8 dense, bf16 compute)
     plan_f32: Plan       # the same with dense_format float32 (float32 compute): graph vs eager to 1e-5
+    plan_spec: Plan      # plan_f32 with MTP speculation and re-placement on (policy.speculative mtp, adapt idle)
     cfg: ModelConfig     # the expert shapes of the kernel runs: V4-Flash on CUDA, tiny on the CPU
     cost: CostModel      # the h200-x1 spec's cost model at cfg's shapes
 
@@ -91,28 +93,32 @@ def make_setup(device: torch.device, work: Path, host_isa: str = "avx2") -> GpuS
     script runs each check file (and each report measurement) in its own process over one folder, so only
     the first one writes them. `host_isa`: the plans' CPU kernel variant; avx2 has run, the AVX-512 ones
     not yet ('native': this machine's best)."""
-    ckpt, plan_file, f32_file = work / "tiny", work / "plan.yaml", work / "plan-float32.yaml"
+    ckpt, plan_file = work / "tiny", work / "plan.yaml"
+    f32_file, spec_file = work / "plan-float32.yaml", work / "plan-float32-spec-adapt.yaml"
     work.mkdir(parents=True, exist_ok=True)
-    if not plan_file.exists():  # plan.yaml is written last, atomically: the checkpoint and the float32 plan exist
+    if not plan_file.exists():  # plan.yaml is written last, atomically: the checkpoint and the other plans exist
         write_tiny_checkpoint(ckpt, "tiny", seed=0, progress=False)
         spec = yaml.safe_load((plans_dir() / "hardware" / "h200-x1.yaml").read_text())
         spec["host"]["isa"] = detect_isa() if host_isa == "native" else host_isa
         (work / "h200.yaml").write_text(yaml.safe_dump(spec))
         _compile(work, f32_file, "float32")
+        _compile(work, spec_file, "float32", speculative="mtp", adapt="idle")
         _compile(work, plan_file, None)
-    elif not f32_file.exists():  # a folder an older setup wrote
-        _compile(work, f32_file, "float32")
+    for file, extra in ((f32_file, {}), (spec_file, {"speculative": "mtp", "adapt": "idle"})):
+        if not file.exists():  # a folder an older setup wrote
+            _compile(work, file, "float32", **extra)
     cfg = ModelConfig.from_json(plans_dir() / "models" / "deepseek-v4-flash" if device.type == "cuda" else ckpt)
     cost = CostModel(cfg, load_hardware("h200-x1"), [], model_sizes(cfg).expert_bytes, 0, CONTEXT)
-    return GpuSetup(device, work, ckpt, load_plan(plan_file), load_plan(f32_file), cfg, cost)
+    return GpuSetup(device, work, ckpt, load_plan(plan_file), load_plan(f32_file), load_plan(spec_file), cfg, cost)
 
 
-def _compile(work: Path, plan_file: Path, dense_format: str | None) -> None:
-    """The tiny checkpoint compiled for work/h200.yaml into plan_file (dense_format None: the compiler's), plain:
-    no MTP speculation and no re-placement, the steps and placement these checks time and measure."""
+def _compile(work: Path, plan_file: Path, dense_format: str | None, speculative: str = "off",
+             adapt: str = "off") -> None:
+    """The tiny checkpoint compiled for work/h200.yaml into plan_file (dense_format None: the compiler's); by
+    default plain, no MTP speculation and no re-placement: the steps and placement the report times."""
     compile_plan(CompileOptions(work / "tiny", plan_file, str(work / "h200.yaml"), context=CONTEXT,
-                                max_hot_per_layer=MAX_HOT, kernel_dir=work / "kernels",
-                                dense_format=dense_format, speculative="off", adapt="off")).plan.write(plan_file)
+                                max_hot_per_layer=MAX_HOT, kernel_dir=work / "kernels", dense_format=dense_format,
+                                speculative=speculative, adapt=adapt)).plan.write(plan_file)
 
 
 @functools.cache  # loaded once per process: Triton compiles each on its first launch

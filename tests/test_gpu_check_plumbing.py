@@ -1,15 +1,16 @@
-"""The GPU run off the GPU. A GPU run is rare and short (tools/gpu_check.sh: the pre-flight
-tools/gpu_preflight.py, the checks in tests/gpu, then the throughput report bench/gpu_report.py), so
-everything up to the CUDA calls is run here:
+"""The GPU run off the GPU. A GPU run is rare and short (tools/gpu_check.py, or .sh: the pre-flight
+tools/gpu_preflight.py, setup, the warm-up bench/gpu_warmup.py, the report bench/gpu_report.py in two parts around
+the checks in tests/gpu), so everything up to the CUDA calls is run here:
+- the device script's CPU twin (--cpu), with the server's packages made unimportable: every step passes, it
+  leaves at most 8 files in $OUT (the summary and the table as plain files, the rest in one archive), the
+  speculation + re-placement check ran, and its summary says which runtime/ modules the checks covered;
+  its plan of time, estimated for one H200, fits ~7 minutes with the most important rows first;
+- without CUDA (and without --cpu) it stops after its import step and fails, saying why;
 - the pre-flight names what the machine lacks (a C++ compiler that builds OpenMP, a GPU, free memory, the
-  wheelhouse), and the device script puts its lines in the summary;
-- without CUDA the report names the figures that stay unverified and fails; with --cpu it runs every
-  measurement on the CPU (the tiny model's shapes, Triton's interpreter, the decode graphs' eager twin),
-  each in its own process: a crash, an error or a hang becomes a FAILED row while the others still run,
-  and the table file grows row by row; its last lines have every ratio the GPU run will report and the
-  issue's goals;
-- without CUDA `pytest -m gpu tests/gpu` collects every check and skips it (no import fails), and with
-  OSTINATO_GPU_TESTS_ON_CPU=1 the same checks run on the CPU, pass, and write their figures;
+  checks' wheels but never the server's), and setup unpacks exactly the wheels the checks need;
+- without CUDA the report names the figures that stay unverified and fails; in its --cpu runs a crash, an
+  error or a hang becomes a FAILED row while the others still run, and the table file grows row by row;
+- without CUDA `pytest -m gpu tests/gpu` collects every check and skips it (no import fails);
 - the tolerance rule, V4-Flash's dense FP8 shapes and the bucket steps the report and checks run.
 """
 
@@ -21,12 +22,15 @@ import math
 import os
 import subprocess
 import sys
+import tarfile
 import time
 import xml.etree.ElementTree as ET
+import zipfile
 from pathlib import Path
 
 import pytest
 import torch
+from test_gpu_imports import blocking_env
 
 from ostinato.bench.gpu_setup import (
     SHORT_PREFILLS,
@@ -46,7 +50,7 @@ GPU_TESTS = REPO / "tests" / "gpu"
 TINY_FP8 = ("256x256", "512x128", "128x256", "256x128")  # the tiny model's dense FP8 shapes, largest first
 RATIOS = ("decode_bw/peak", "prefill16/model", "h2d/link", "overlap", "hostnode/model", "eager/graph",
           "dynamic/graph16", "dynamic/graph64", "dynamic/graph120", "fp8_gemm_flops/spec",
-          *(f"fp8_gemv_bw/peak:{shape}" for shape in TINY_FP8))
+          *(f"fp8_gemv_bw/peak:{shape}" for shape in TINY_FP8), "fp8_gemv_bw/peak:wo_a_as_run")
 # what the checks record beside their verdicts (on the CPU: no CUDA allocator, so no alloc/plan_gpu0)
 FIGURES = ("bf16_err/cpu_bf16", "greedy_agree", "held/plan_gpu0", "graph/eager_decode",
            *(f"graph/eager_bucket:{n}" for n in SHORT_PREFILLS))
@@ -104,22 +108,6 @@ def test_without_cuda_the_report_fails_listing_what_stays_unverified(tmp_path):
     for name in ("decode", "prefill", "upload", "hostnode", "step", "bucket", "fp8"):
         assert f"  {name} " in r.stdout
     assert _report("--only", "nope").returncode == 2
-
-
-def test_cpu_mode_runs_every_measurement(work, tmp_path):
-    table = tmp_path / "table.txt"
-    r = _report("--cpu", "--work", str(work), "--table", str(table))
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert "FAILED" not in r.stdout and "raised" not in r.stdout, r.stdout
-    lines = r.stdout.splitlines()
-    assert lines[-3] == "gpu_report: 7 of 7 measurements ran", lines[-3]
-    ratios = dict(item.split("=") for item in lines[-2].removeprefix("ratios: ").split())
-    assert set(ratios) == set(RATIOS), lines[-2]
-    assert lines[-1].startswith("goals: "), lines[-1]
-    written = table.read_text().splitlines()
-    assert written[-3:] == lines[-3:]  # the file has what was printed
-    assert "64+32+16+8" in r.stdout  # 120 tokens ran as the plan's bucket steps
-    assert "float16" in next(line for line in lines if line.startswith("(b) prefill"))  # 16-bit activations
 
 
 def test_a_crash_or_an_error_costs_only_its_own_measurement(work, tmp_path):
@@ -192,7 +180,7 @@ def test_the_preflight_checks_free_gpu_memory_and_the_wheelhouse(tmp_path):
     bin_dir.mkdir()
     (bin_dir / "nvidia-smi").write_text("#!/bin/sh\necho 'NVIDIA H200, 570.86.15, 2048'\n")
     (bin_dir / "nvidia-smi").chmod(0o755)
-    pyproject.write_text('[project]\ndependencies = ["torch>=2.8", "surely-absent-package>=1.0"]\n')
+    pyproject.write_text('[project]\ndependencies = ["torch>=2.8", "surely-absent-package>=1.0", "uvicorn>=0.29"]\n')
     args = ("--setup", "--only", "cuda,memory,wheelhouse", "--wheelhouse", str(wheels), "--pyproject", str(pyproject))
     env = {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
     r = _preflight(*args, env=env)
@@ -200,30 +188,95 @@ def test_the_preflight_checks_free_gpu_memory_and_the_wheelhouse(tmp_path):
     assert r.returncode == 1
     assert checks["cuda"] == "ok     NVIDIA H200, driver 570.86.15", checks
     assert checks["memory"] == "FAILED GPU 0: 2.0 GiB free, 8 GiB needed", checks
-    assert checks["wheelhouse"].startswith("FAILED surely-absent-package: not installed"), checks
+    assert checks["wheelhouse"].startswith("FAILED surely-absent-package>=1.0 (not installed, no wheel in"), checks
+    assert "uvicorn" not in checks["wheelhouse"]  # the server's: the checks never need it
     wheels.mkdir()
-    (wheels / "surely_absent_package-1.0-py3-none-any.whl").write_bytes(b"")
+    with zipfile.ZipFile(wheels / "surely_absent_package-1.0-py3-none-any.whl", "w") as z:
+        z.writestr("surely_absent_package-1.0.dist-info/METADATA", "Name: surely-absent-package\nVersion: 1.0\n")
     r = _preflight(*args, "--need-gib", "1", env=env)
     assert r.returncode == 0, r.stdout + r.stderr
     assert _lines(r.stdout, "preflight: ")["wheelhouse"].startswith("ok     "), r.stdout
 
 
+def _gpu_check(tmp_path: Path, *args: str, env: dict | None = None) -> tuple[subprocess.CompletedProcess, Path]:
+    """bash tools/gpu_check.sh ARGS with this Python, its folders under tmp_path -> (the run, its $OUT)."""
+    out = tmp_path / "out"
+    cmd = ["bash", str(REPO / "tools" / "gpu_check.sh"), *args, "--out", str(out), "--logs", str(tmp_path / "logs"),
+           "--work", str(tmp_path / "work"), "--site", str(tmp_path / "site")]
+    r = subprocess.run(cmd, env={**(env or os.environ), "PYTHON": sys.executable}, capture_output=True, text=True,
+                       timeout=2400, check=False)
+    return r, out
+
+
+def _steps(summary: str) -> dict[str, str]:
+    """{step or check file: its verdict's first word} from summary.txt's step lines."""
+    others = ("plan:", "preflight:", "gpu_check:", "coverage:", "gpu_report:", "goals:")
+    return {line.split()[0]: line.split()[1] for line in summary.splitlines() if not line.startswith(others)}
+
+
 @no_cuda
-def test_the_device_script_puts_the_preflight_in_its_summary(tmp_path):
-    """Without a GPU and with no time for the checks: the pre-flight's lines, then every step's verdict."""
-    env = {**os.environ, "OUT": str(tmp_path), "BUDGET_S": "60", "REPORT_S": "60", "SKIP_SETUP": "1",
-           "PYTHON": sys.executable}
-    r = subprocess.run(["bash", str(REPO / "tools" / "gpu_check.sh")], env=env, capture_output=True, text=True,
-                       timeout=300, check=False)
+def test_without_cuda_the_device_script_stops_after_its_imports_and_fails(tmp_path):
+    r, out = _gpu_check(tmp_path)
     assert r.returncode == 1, r.stdout + r.stderr
-    summary = (tmp_path / "summary.txt").read_text()
-    checks = _lines(summary, "preflight: ")
-    assert checks["compiler"].startswith("ok "), summary
-    assert checks["cuda"].startswith("FAILED "), summary
-    steps = {line.split()[0]: line for line in summary.splitlines() if not line.startswith("preflight: ")}
-    assert "FAILED (exit status 1)" in steps["preflight"]
-    assert all("NOT RUN (out of time)" in steps[p.stem] for p in GPU_TESTS.glob("test_*.py")), summary
-    assert "FAILED (exit status 1)" in steps["report"], summary  # no CUDA: the report fails, by design
+    summary = (out / "summary.txt").read_text()
+    assert _lines(summary, "preflight: ")["cuda"].startswith("FAILED "), summary
+    assert _steps(summary) == {"preflight": "FAILED", "setup": "ok", "cuda": "FAILED", "pack": "ok"}, summary
+    assert "gpu_check: no CUDA device" in summary and "UNVERIFIED" in summary
+    assert sorted(p.name for p in out.iterdir()) == ["gpu_check.tar.gz", "summary.txt"]
+
+
+@no_cuda
+def test_the_device_scripts_cpu_twin(tmp_path):
+    """The whole run on the CPU, with the server's packages unimportable in every process (test_gpu_imports)."""
+    start = time.monotonic()
+    r, out = _gpu_check(tmp_path, "--cpu", env=blocking_env(tmp_path / "blocker"))
+    seconds = time.monotonic() - start
+    assert r.returncode == 0, r.stdout[-6000:] + r.stderr
+    # what comes back from a device call: at most 8 files, no more than 2 folders deep
+    assert sorted(str(p.relative_to(out)) for p in out.rglob("*")) == ["gpu_check.tar.gz", "report_table.txt",
+                                                                        "summary.txt"]
+    summary = (out / "summary.txt").read_text()
+    checks = {p.stem for p in GPU_TESTS.glob("test_*.py")}
+    steps = _steps(summary)
+    assert set(steps) == {"preflight", "setup", "cuda", "warmup", "report:first", "report:rest", "pack", *checks}
+    assert set(steps.values()) == {"ok"}, summary
+    plan = next(line for line in summary.splitlines() if line.startswith("plan: total"))
+    assert float(plan.split()[2]) <= 7 * 60, plan
+    with tarfile.open(out / "gpu_check.tar.gz") as tar:
+        tar.extractall(tmp_path / "packed", filter="data")
+    packed = tmp_path / "packed" / "gpu_check"
+    assert f"ostinato from {tmp_path / 'site'}" in (packed / "cuda.log").read_text()  # setup's package, not .venv's
+    # every check passed, the speculation + re-placement one first
+    outcomes = {}
+    for junit in (packed / "junit").glob("*.xml"):
+        for case in ET.parse(junit).iter("testcase"):
+            kinds = [child.tag for child in case if child.tag in ("skipped", "failure", "error")]
+            outcomes[f"{case.get('classname')}.{case.get('name')}"] = kinds[0] if kinds else "passed"
+    assert _files(outcomes) == checks and set(outcomes.values()) == {"passed"}, outcomes
+    assert len(outcomes) == 17, sorted(outcomes)  # each check at the tiny shapes, float32 inputs only
+    assert [line.split()[0] for line in summary.splitlines() if line.split()[0] in checks][0] == \
+        "test_speculation_replacement"
+    written = {f["figure"] for f in map(json.loads, (packed / "figures.jsonl").read_text().splitlines())}
+    assert written == set(FIGURES)
+    # the table: every measurement, the most important rows first, the checks' figures judged
+    lines = (out / "report_table.txt").read_text().splitlines()
+    assert lines[-3] == "gpu_report: 7 of 7 measurements ran", lines[-3]
+    ratios = dict(item.split("=") for item in lines[-2].removeprefix("ratios: ").split())
+    assert set(ratios) >= set(RATIOS), lines[-2]
+    rows = [line[:4] for line in lines[2:] if line.startswith("(")]
+    assert rows[:len(TINY_FP8) + 2] == ["(h) "] * (len(TINY_FP8) + 2) and rows[len(TINY_FP8) + 2:][:2] == ["(a) ",
+                                                                                                         "(c) "]
+    assert any("wo_a as the engine runs it" in line for line in lines)
+    assert "64+32+16+8" in "\n".join(lines)  # 120 tokens ran as the plan's bucket steps
+    assert lines[-1].startswith("goals: ") and "graph/eager_decode" not in lines[-1].split("missed:")[-1], lines[-1]
+    # coverage: the checks' CPU twin ran speculation's and re-placement's modules
+    coverage = next(line for line in summary.splitlines() if line.startswith("coverage: "))
+    assert "the checks on the CPU twin ran code of" in coverage, coverage
+    ran = (packed / "coverage.txt").read_text().split("imported, none of its code ran")[0]
+    for module in ("engine/drafter.py", "engine/adapter.py", "model/mtp.py", "model/static_decode/mtp_step.py",
+                   "model/static_decode/rollback.py"):
+        assert f"runtime/{module}" in ran, module
+    print(f"the device script's CPU twin: {seconds:.0f} s")
 
 
 # ----- what the report and the checks measure ---------------------------------------------------------
@@ -272,21 +325,3 @@ def test_without_cuda_the_gpu_checks_are_collected_and_skipped(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     assert _files(outcomes) == {p.stem for p in GPU_TESTS.glob("test_*.py")}, outcomes
     assert set(outcomes.values()) == {"skipped"}, outcomes
-
-
-@no_cuda
-def test_the_gpu_checks_pass_on_the_cpu(tmp_path):
-    """The checks' CPU twins: without tests/conftest.py (--confcutdir), whose hook skips `gpu` tests here."""
-    figures = tmp_path / "figures.jsonl"
-    r, outcomes = _gpu_checks(tmp_path / "junit.xml", "--confcutdir", str(GPU_TESTS),
-                              env={"OSTINATO_GPU_TESTS_ON_CPU": "1", "OSTINATO_GPU_WORK": str(tmp_path / "work"),
-                                   "OSTINATO_GPU_FIGURES": str(figures)})
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert _files(outcomes) == {p.stem for p in GPU_TESTS.glob("test_*.py")}, outcomes
-    assert set(outcomes.values()) == {"passed"}, outcomes
-    assert len(outcomes) == 16, sorted(outcomes)  # each check at the tiny shapes, float32 inputs only
-    line = next(line for line in r.stdout.splitlines() if line.startswith("gpu figures: "))
-    assert {item.split("=")[0] for item in line.removeprefix("gpu figures: ").split()} == set(FIGURES), line
-    written = {f["figure"]: f["value"] for f in map(json.loads, figures.read_text().splitlines())}
-    assert set(written) == set(FIGURES)
-    assert written["graph/eager_decode"] == 0.0  # on the CPU the graphs' eager twin is the eager step

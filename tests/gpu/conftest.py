@@ -9,13 +9,17 @@ variable says; that CPU run leaves it out:
 OSTINATO_GPU_WORK names a folder for the tiny checkpoint and its plans that processes share (the device
 script runs each file in its own process); else each process writes its own. OSTINATO_GPU_FIGURES names a
 file the measured figures are appended to (one JSON object a line), from which gpu_report --figures
-judges the goals the checks measure (graphs vs eager, allocation vs plan).
+judges the goals the checks measure (graphs vs eager, allocation vs plan). OSTINATO_GPU_COVERAGE names a
+folder where each process leaves which runtime modules it imported and which it ran code of (runtime_coverage;
+the device script sums them up for the CPU twin).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import sys
+import threading
 from pathlib import Path
 
 import torch
@@ -26,9 +30,58 @@ if ON_CPU:
 
 import pytest  # noqa: E402
 
+import ostinato.runtime  # noqa: E402
 from ostinato.bench.gpu_setup import GpuSetup, make_setup  # noqa: E402
 
 FIGURES: dict[str, float] = {}  # measured figures the checks record, printed in pytest's summary
+RUNTIME = str(Path(ostinato.runtime.__file__).resolve().parent)  # runtime/, as checked out
+RAN: set[str] = set()  # the files of every Python function called since the session began (with a coverage folder)
+
+
+def _record_calls() -> None:
+    """Note the file of every function that starts, cheaply: with sys.monitoring (Python 3.12+, the GPU machine's)
+    each code object reports once and is then switched off; before 3.12 a profile hook that only notes the
+    file name of each call (a set add: two check files' CPU twin ran no slower within the noise)."""
+    if monitoring := getattr(sys, "monitoring", None):
+        tool = monitoring.PROFILER_ID
+
+        def started(code, offset):
+            RAN.add(code.co_filename)
+            return monitoring.DISABLE
+
+        try:
+            monitoring.use_tool_id(tool, "ostinato-gpu-coverage")
+        except ValueError:  # another profiler holds the id: no coverage from this process, the checks still run
+            return
+        monitoring.register_callback(tool, monitoring.events.PY_START, started)
+        monitoring.set_events(tool, monitoring.events.PY_START)
+        return
+
+    def called(frame, event, arg):
+        if event == "call":
+            RAN.add(frame.f_code.co_filename)
+
+    threading.setprofile(called)
+    sys.setprofile(called)
+
+
+def runtime_coverage() -> dict[str, list[str]]:
+    """{'imported': the runtime/ modules loaded in this process, 'ran': those any function of ran}, as paths under
+    runtime/ ('engine/adapter.py')."""
+    def under_runtime(path: str | None) -> str | None:
+        if not path:
+            return None
+        real = os.path.realpath(path)
+        return os.path.relpath(real, RUNTIME) if real.startswith(RUNTIME + os.sep) else None
+
+    imported = {p for m in list(sys.modules.values()) if (p := under_runtime(getattr(m, "__file__", None)))}
+    ran = {p for f in RAN if (p := under_runtime(f))}
+    return {"imported": sorted(imported), "ran": sorted(ran & imported)}
+
+
+def pytest_sessionstart(session) -> None:
+    if os.environ.get("OSTINATO_GPU_COVERAGE"):
+        _record_calls()
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -59,3 +112,8 @@ def pytest_terminal_summary(terminalreporter) -> None:
         if path := os.environ.get("OSTINATO_GPU_FIGURES"):
             with open(path, "a") as f:
                 f.writelines(json.dumps({"figure": k, "value": v}) + "\n" for k, v in FIGURES.items())
+    if folder := os.environ.get("OSTINATO_GPU_COVERAGE"):
+        sys.setprofile(None)
+        threading.setprofile(None)
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        (Path(folder) / f"checks-{os.getpid()}.json").write_text(json.dumps(runtime_coverage()))
