@@ -18,26 +18,13 @@ from typing import Any, Literal
 
 from pydantic import StrictStr
 
-from ..fields import RequestModel, refuse_unless
+from ..fields import refuse_unless
+from .generation import GenerationRequest
 
 
-class ChatCompletionRequest(RequestModel):
-    model: Any = None
+class ChatCompletionRequest(GenerationRequest):
     messages: Any = None                  # each checked by its role's model (messages.py, chat_encoding.py)
-    max_tokens: Any = None
     max_completion_tokens: Any = None
-    stream: Any = None
-    stream_options: Any = None
-    user: Any = None
-    temperature: Any = None               # the sampling fields: sampling.py checks them
-    top_p: Any = None
-    seed: Any = None
-    n: Any = None
-    stop: Any = None
-    presence_penalty: Any = None
-    frequency_penalty: Any = None
-    logit_bias: Any = None
-    logprobs: Any = None
     top_logprobs: Any = None
     tools: Any = None
     tool_choice: Any = None

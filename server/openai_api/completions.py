@@ -9,25 +9,12 @@ from typing import Any
 
 from pydantic import StrictBool, StrictStr
 
-from ..fields import RequestModel, refuse_unless
+from ..fields import refuse_unless
+from .generation import GenerationRequest
 
 
-class CompletionRequest(RequestModel):
-    model: Any = None
+class CompletionRequest(GenerationRequest):
     prompt: Any = None
-    max_tokens: Any = None
-    stream: Any = None
-    stream_options: Any = None
-    user: Any = None
-    temperature: Any = None
-    top_p: Any = None
-    seed: Any = None
-    n: Any = None
-    stop: Any = None
-    presence_penalty: Any = None
-    frequency_penalty: Any = None
-    logit_bias: Any = None
-    logprobs: Any = None
     return_token_ids: Any = None
     echo: StrictBool | None = None
     suffix: StrictStr | None = None
