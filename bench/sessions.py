@@ -31,6 +31,7 @@ from ostinato.bench.simulator.bench import (
     REPLACE_README_BEGIN,
     REPLACE_README_END,
     doc_with,
+    modeled_tables,
     run_modeled,
 )
 from ostinato.bench.simulator.kernels import KERNELS_FILE
@@ -39,8 +40,18 @@ from ostinato.plans import plans_dir
 from ostinato.workload import WorkloadError, read_sessions
 
 SHIPPED = plans_dir() / "workloads" / "agent_turns.csv"
+AGENT_SCALE = plans_dir() / "workloads" / "agent_scale.csv"  # drawn from published traffic (bench/agent_workload.py)
+AGENT_BEGIN = ("<!-- modeled tables (agent_scale): written by python -m ostinato.bench.sessions --sessions "
+               "plans/workloads/agent_scale.csv --skip-measured --doc; do not edit -->")
+AGENT_END = "<!-- end of the modeled tables (agent_scale) -->"
 DOC = Path("docs/benchmarks.md")  # --doc's default: the page that shows the modeled tables (from the repository root)
 PLOT = "modeled-wait-vs-coverage.png"  # the plot that page shows, written beside it
+
+
+def agent_scale_block(world, sessions) -> str:
+    """docs/benchmarks.md's agent-scale block: the headline rows, then the systems' and ablation tables."""
+    tables, head, _ = modeled_tables(world, sessions, DOC_SESSIONS, seed=0)
+    return head + "\n\n" + tables
 
 
 def main(argv=None) -> int:
@@ -70,14 +81,20 @@ def main(argv=None) -> int:
     kernels = None if a.kernels == "none" else Path(a.kernels)
     if kernels is not None and not kernels.is_file():
         p.error(f"--kernels {kernels}: no such file")
-    if a.doc and (a.sessions.resolve() != SHIPPED.resolve() or a.per_workload != DOC_SESSIONS or a.seed != 0
+    if a.doc and (a.sessions.resolve() not in (SHIPPED.resolve(), AGENT_SCALE.resolve())
+                  or a.per_workload != DOC_SESSIONS or a.seed != 0
                   or kernels is None or kernels.resolve() != KERNELS_FILE.resolve()):
-        p.error("--doc: the documented tables are those of the shipped sessions with the default "
-                "--per-workload, --seed and --kernels")
+        p.error("--doc: the documented tables are those of the shipped sessions or the agent-scale ones with the "
+                "default --per-workload, --seed and --kernels")
     if a.doc and not a.doc.is_file():
         p.error(f"--doc {a.doc}: no such file (run from the repository root, or name the file)")
     t0 = time.perf_counter()
     world = build_world(kernels=kernels)
+    if a.doc and a.sessions.resolve() == AGENT_SCALE.resolve():  # its block: the systems' tables and headline
+        block = agent_scale_block(world, sessions)
+        a.doc.write_text(doc_with(a.doc.read_text(), block, AGENT_BEGIN, AGENT_END))
+        print(f"{block}\n(rewrote the agent-scale tables in {a.doc}: {time.perf_counter() - t0:.0f} s)")
+        return 0
     print(f"MODELED on {world.build.hardware.name} with DeepSeek-V4-Flash sizes; routing: synthetic profile "
           f"({world.build.profile.source}); plan hot share {world.build.cost.hot_share():.1%}, "
           f"upload threshold {world.build.threshold} tokens; llama.cpp layer placement: {world.gpu_layers} of "

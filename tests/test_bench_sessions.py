@@ -80,3 +80,27 @@ def test_the_documented_tables_are_the_tools_output():
         "--skip-measured --doc")
     shown = doc[doc.index(REPLACE_README_BEGIN) + len(REPLACE_README_BEGIN):doc.index(REPLACE_README_END)]
     assert shown.strip() == lines, "docs/benchmarks.md's re-placement lines are stale: run the same"
+
+
+@pytest.mark.slow
+def test_the_agent_scale_tables_are_the_tools_output_and_differ_as_the_page_says():
+    """docs/benchmarks.md's agent-scale block, regenerated; and the direction its paragraph states: Ostinato's
+    median wait below KTransformers' at its best on the shipped sessions, above it on the agent-scale ones."""
+    from ostinato.bench.simulator.world import build_world
+
+    doc = (Path(__file__).resolve().parents[1] / bench_sessions.DOC).read_text()
+    shown = doc[doc.index(bench_sessions.AGENT_BEGIN) + len(bench_sessions.AGENT_BEGIN):
+                doc.index(bench_sessions.AGENT_END)].strip()
+    block = bench_sessions.agent_scale_block(build_world(), read_sessions(bench_sessions.AGENT_SCALE))
+    assert shown == block, ("docs/benchmarks.md's agent-scale tables are stale: run python -m ostinato.bench.sessions "
+                            "--sessions plans/workloads/agent_scale.csv --skip-measured --doc")
+
+    def at_best_ratios(text: str) -> list[float]:  # the headline's "at their best" rows: median wait, ours / theirs
+        return [float(row.split("|")[4].split("(")[1].rstrip("x) ")) for row in text.splitlines()
+                if "| at their best |" in row]
+
+    assert at_best_ratios(block) and all(r > 1 for r in at_best_ratios(block))
+    from ostinato.bench.simulator.bench import HEADLINE_BEGIN, HEADLINE_END
+
+    shipped = doc[doc.index(HEADLINE_BEGIN):doc.index(HEADLINE_END)]
+    assert at_best_ratios(shipped) and all(r < 1 for r in at_best_ratios(shipped))
