@@ -9,6 +9,12 @@ Token ids: real text through the model's tokenizer when the checkpoint has one (
 own corpus, or --text), cut into the turn's length from a seeded offset; else ids drawn from the
 seed. Generated tokens come from the model itself.
 
+Threads: a model whose matrices are all small (the tiny presets: engine/cpu_step.py's rule, `graph_threads`)
+is recorded on one thread, as the engine runs its steps and short prefills: its ops are a few microseconds of
+work each, and a fork and join per op costs more than the op, on a busy machine far more (an OpenMP thread
+waits for its sibling to be scheduled: one of the demo's tiny sessions took 23 s of CPU on 2 threads against 2.6 s
+on 1, measured on a 2-core machine at load 9). Larger models keep torch's threads.
+
 A model loaded with its MTP block (load_model(..., mtp=True)) also has the block follow the session as
 speculative decoding runs it (model/speculative.py): over each prefill chunk's pairs (the streams of a
 position with the token after it), and with each decoded token the pair before it. Its routes (the
@@ -25,6 +31,7 @@ compiler prices speculation at that rate instead of the published one.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import torch
@@ -34,6 +41,7 @@ from ostinato.checkpoint.fingerprint import model_fingerprint
 from ostinato.profile_format import PHASES, RoutingProfile, pack_touched
 from ostinato.workload import SessionShape, TokenSource
 
+from .engine.cpu_step import graph_threads, intra_op_threads
 from .kernels.argmax import argmax
 from .model.mtp import mtp_logits
 
@@ -104,33 +112,39 @@ class MtpFollower:
 
 
 def record_profile(model, model_dir: str | Path, sessions: list[SessionShape], phase_boundary: int = DEFAULT_BOUNDARY,
-                   seed: int = 0, text: Path | None = None, progress: bool = True) -> RoutingProfile:
-    """Replay `sessions` through `model` (a runtime Model) and return their routing profile."""
+                   seed: int = 0, text: Path | None = None, progress: bool | None = True) -> RoutingProfile:
+    """Replay `sessions` through `model` (a runtime Model) and return their routing profile. `progress`: a bar
+    over the turns on stderr (rate and time left); None: only when stderr is a terminal."""
     model_dir = Path(model_dir)
     cfg = model.config
     mtp = len(model.weights.mtp)  # the MTP blocks loaded with the model: their rows follow the layers'
     counter = RouteCounter(cfg.n_layers + mtp, cfg.n_routed_experts)
     tokens = TokenSource(model_dir, cfg.vocab_size, seed, text)
     total = sum(len(s.turns) for s in sessions)
-    bar = tqdm(total=total, desc="profiling", unit="turn", disable=not progress)
+    # progress: True / False, or None: only when stderr is a terminal (tqdm's rule)
+    bar = tqdm(total=total, desc="recording routes", unit="turn", file=sys.stderr,
+               disable=None if progress is None else not progress)
+    threads = graph_threads(model.weights.layers, torch.get_num_threads())
     model.set_observer(counter)
     drafts = agreed = 0
     try:
-        for shape in sessions:
+        for index, shape in enumerate(sessions):
+            bar.set_postfix_str(f"session {index + 1}/{len(sessions)}", refresh=False)
             session, nxt = model.new_session(), None
             follow = MtpFollower(model) if mtp else None
             prefill = session.prefill if follow is None else \
                 (lambda ids, last_only: session.prefill(ids, last_only=last_only, on_chunk=follow.chunk))
             decode = session.decode if follow is None else (lambda token: follow.decode(session, token))
             for turn in shape.turns:
-                if turn.appended:
-                    ids = tokens.take(turn.appended)
-                    phase = "short_prefill" if turn.appended <= phase_boundary else "long_prefill"
-                    logits = counter.run(phase, turn.appended, lambda: prefill(ids, last_only=True))
-                    nxt = argmax(logits[-1])
-                for _ in range(turn.generated if nxt is not None else 0):
-                    logits = counter.run("decode", 1, lambda: decode(nxt))
-                    nxt = argmax(logits)
+                with intra_op_threads(threads):
+                    if turn.appended:
+                        ids = tokens.take(turn.appended)
+                        phase = "short_prefill" if turn.appended <= phase_boundary else "long_prefill"
+                        logits = counter.run(phase, turn.appended, lambda: prefill(ids, last_only=True))
+                        nxt = argmax(logits[-1])
+                    for _ in range(turn.generated if nxt is not None else 0):
+                        logits = counter.run("decode", 1, lambda: decode(nxt))
+                        nxt = argmax(logits)
                 bar.update(1)
             if follow is not None:
                 drafts, agreed = drafts + follow.drafts, agreed + follow.agreed

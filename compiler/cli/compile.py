@@ -7,6 +7,8 @@ import logging
 import sys
 from pathlib import Path
 
+from tqdm import tqdm
+
 from ostinato.buckets import CAPTURE_RUNS, bucket_rule_error
 from ostinato.checkpoint import CheckpointError
 from ostinato.cli.common import InputError, check_model_dir, check_output_file, refuse
@@ -15,7 +17,18 @@ from ostinato.plan import PlanError
 from ostinato.profile_format import ProfileError
 
 from ..codegen.cxx import KernelCompileError
-from ..compile import ADAPT, CPU_STEP, SPECULATIVE, CompileError, CompileOptions, compile_plan
+from ..compile import (
+    ADAPT,
+    CHAT_ENCODINGS,
+    CPU_STEP,
+    DEFAULT_CONTEXT,
+    PASSES,
+    SPECULATIVE,
+    Build,
+    CompileError,
+    CompileOptions,
+    log,
+)
 from ..explain import explain
 
 
@@ -35,7 +48,7 @@ def _buckets(text: str) -> tuple[int, ...]:
     return sizes
 
 
-def parse_args(argv: list[str] | None) -> tuple[CompileOptions, bool]:
+def parse_args(argv: list[str] | None) -> tuple[CompileOptions, bool, bool | None]:
     p = argparse.ArgumentParser(
         prog="ostinato-compile",
         description="Plan where every expert of a DeepSeek-V4 checkpoint lives (hot on a GPU or cold on the host) "
@@ -47,7 +60,9 @@ def parse_args(argv: list[str] | None) -> tuple[CompileOptions, bool]:
                    help=f"hardware spec: a YAML file or a preset ({', '.join(available_presets())})")
     p.add_argument("--profile", help="routing profile (.safetensors from ostinato-record), or 'synthetic:ALPHA' "
                                      "for a documented Zipf profile; default: uniform routing (said in the plan)")
-    p.add_argument("--context", type=int, default=65536, help="context tokens per session to reserve KV for (65536)")
+    p.add_argument("--context", type=int, default=DEFAULT_CONTEXT,
+                   help=f"context tokens per session to reserve KV for ({DEFAULT_CONTEXT}: agent scale; the plan's "
+                        "--explain says what it costs in hot experts)")
     p.add_argument("--sessions", type=int, default=1, help="sessions whose KV cache stays resident (1)")
     p.add_argument("--prefill-chunk", type=int, default=4096, help="largest prefill chunk in tokens (4096)")
     p.add_argument("--upload-group", type=int, default=16, help="experts per upload staging buffer (16)")
@@ -69,6 +84,11 @@ def parse_args(argv: list[str] | None) -> tuple[CompileOptions, bool]:
                    help="the decode step's layers on the CPU (a cpu-only spec: all of them): compiled = one compiled "
                         "call per token (torch.compile's C++ wrapper, built at the first load and cached by "
                         "content), the CPU's analogue of a CUDA graph; eager = op by op (compiled)")
+    p.add_argument("--chat-encoding", choices=CHAT_ENCODINGS, default="auto",
+                   help="the release's chat encoder, which sets the reasoning-effort levels the server offers: "
+                        "dsv4 (the original release: high, max), dsv4-0731 (DeepSeek-V4-Flash-0731: low, high, max); "
+                        "auto: from the checkpoint's encoding/encoding_dsv4.py, else its config's 0731 keys, else "
+                        "dsv4 (auto)")
     p.add_argument("--speculative", choices=SPECULATIVE, default="auto",
                    help="decode with the checkpoint's MTP block (speculative decoding): auto: where the cost model "
                         "says it pays, the block placed beside the head with its hot experts from the profile; "
@@ -78,6 +98,10 @@ def parse_args(argv: list[str] | None) -> tuple[CompileOptions, bool]:
                                                    "(default: build/kernels in the working directory)")
     p.add_argument("--explain", action="store_true", help="print a readable table of the plan")
     p.add_argument("-v", "--verbose", action="store_true", help="log each compiler pass")
+    shown = p.add_mutually_exclusive_group()
+    shown.add_argument("--progress", action="store_true",
+                       help="a bar over the passes on stderr even when it is not a terminal (default: on a terminal)")
+    shown.add_argument("--quiet", action="store_true", help="no progress bar")
     a = p.parse_args(argv)
     for name in ("context", "sessions", "prefill_chunk", "upload_group", "snapshots"):
         if getattr(a, name) <= 0:
@@ -90,15 +114,32 @@ def parse_args(argv: list[str] | None) -> tuple[CompileOptions, bool]:
                           snapshots=a.snapshots, prefill_buckets=a.prefill_buckets,
                           dense_format=a.dense_format, max_hot_per_layer=a.max_hot_per_layer,
                           speculative=a.speculative, adapt=a.adapt, cpu_step=a.cpu_step,
-                          build_kernels=not a.no_kernels, kernel_dir=a.kernel_dir), a.explain
+                          chat_encoding=a.chat_encoding,
+                          build_kernels=not a.no_kernels, kernel_dir=a.kernel_dir), a.explain, \
+        True if a.progress else False if a.quiet else None
+
+
+def run_passes(options: CompileOptions, progress: bool | None) -> Build:
+    """compile_plan's ordered passes (compiler/compile.py), with a bar on stderr naming the pass that runs
+    (the kernels' build is the long one); `progress` None: only when stderr is a terminal (tqdm's rule). Each pass
+    is logged as compile_plan logs it (-v)."""
+    b = Build(options)
+    with tqdm(total=len(PASSES), desc="ostinato-compile", unit="pass", file=sys.stderr,
+              disable=None if progress is None else not progress) as bar:
+        for p in PASSES:
+            bar.set_postfix_str(p.__name__)
+            log.info("pass %s", p.__name__)
+            p(b)
+            bar.update()
+    return b
 
 
 def main(argv: list[str] | None = None) -> int:
-    options, show = parse_args(argv)
+    options, show, progress = parse_args(argv)
     try:
         check_model_dir(options.model)
         check_output_file(options.output, "plan")
-        build = compile_plan(options)
+        build = run_passes(options, progress)
     except (InputError, CompileError, CheckpointError, HardwareError, ProfileError, PlanError,
             KernelCompileError) as e:
         return refuse("ostinato-compile", e)

@@ -42,7 +42,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--no-mtp", action="store_true",
                    help="leave the checkpoint's MTP block out (default: it follows the sessions and the profile "
                         "gets its routes as one more row, for ostinato-compile to place its experts)")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    shown = p.add_mutually_exclusive_group()
+    shown.add_argument("--progress", action="store_true",
+                       help="a progress bar on stderr (turns done, rate, time left) even when it is not a terminal "
+                            "(default: only on a terminal)")
+    shown.add_argument("--quiet", action="store_true", help="no progress bar")
     a = p.parse_args(argv)
     for name in ("phase_boundary", "limit_sessions", "limit_turns"):
         v = getattr(a, name)
@@ -55,6 +59,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if a.scale <= 0:
         p.error(f"--scale must be positive, got {a.scale}")
     return a
+
+
+def progress_choice(a: argparse.Namespace) -> bool | None:
+    """--progress: always, --quiet: never, else None: only when stderr is a terminal (tqdm's rule)."""
+    return True if a.progress else False if a.quiet else None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -75,7 +84,8 @@ def main(argv: list[str] | None = None) -> int:
         with Checkpoint.open(a.model, weights=False) as ckpt:
             mtp = ckpt.has_mtp and not a.no_mtp
         model = load_model(a.model, mtp=mtp)
-        profile = record_profile(model, a.model, sessions, a.phase_boundary, a.seed, a.text, progress=not a.quiet)
+        profile = record_profile(model, a.model, sessions, a.phase_boundary, a.seed, a.text,
+                                 progress=progress_choice(a))
         profile.save(a.output)
     except (InputError, ProfileError, CheckpointError, WorkloadError) as e:
         return refuse("ostinato-record", e)

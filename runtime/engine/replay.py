@@ -97,7 +97,10 @@ def format_turn(r: TurnResult) -> str:
 
 
 def summary(results: list[TurnResult], plan: Plan, session_s: float) -> str:
-    waits = np.array([r.wait_s for r in results[1:]] or [r.wait_s for r in results]) * 1e3
+    later = results[1:] or results  # the first turn's prompt is the session's start, not a tool output
+    waits = np.array([r.wait_s for r in later]) * 1e3
+    predicted_waits = [r.predicted_wait_s * 1e3 for r in later if r.predicted_wait_s is not None]
+    modeled = f" (plan predicts median {np.median(predicted_waits):.1f} ms)" if predicted_waits else ""
     speeds = [r.decode_tokens_per_s for r in results if r.decode_tokens_per_s]
     p = plan.predictions
     drafted, accepted = sum(r.drafted for r in results), sum(r.accepted for r in results)
@@ -109,7 +112,7 @@ def summary(results: list[TurnResult], plan: Plan, session_s: float) -> str:
         predicted += f"{spec}; {drafted} drafts, {accepted / drafted:.0%} accepted"
     return "\n".join([
         f"wait after tool output (turns after the first): median {np.median(waits):.1f} ms, "
-        f"p90 {np.percentile(waits, 90):.1f} ms",
+        f"p90 {np.percentile(waits, 90):.1f} ms{modeled}",
         f"decode: median {np.median(speeds) if speeds else float('nan'):.1f} tokens/s ({predicted})",
         f"session time: {session_s:.2f} s over {len(results)} turns",
         f"hot route share: plan (profiled) {p.hot_route_share:.1%}, measured "
