@@ -78,13 +78,18 @@ class CompileError(ValueError):
     """The inputs cannot give a plan; the message says what is short and what to change."""
 
 
+# Tokens a session may hold by default: coding agents' sessions run past 100k tokens (TraceLab's median cached
+# prefix is 118,656, shared/PUBLISHED.md), so a plan reserves agent scale unless told less (--context).
+DEFAULT_CONTEXT = 262_144
+
+
 @dataclass(frozen=True)
 class CompileOptions:
     model: Path
     output: Path                             # where the plan will be written: its paths are relative to it
     hardware: str
     profile: str | None = None               # a profile file, "synthetic:ALPHA", or None (uniform)
-    context: int = 65536
+    context: int = DEFAULT_CONTEXT          # tokens per session the plan reserves KV (and the steps' state) for
     sessions: int = 1
     prefill_chunk: int = 4096
     upload_group: int = 16

@@ -45,7 +45,7 @@ def explain(plan: Plan) -> str:
     t, buckets = plan.policy.prefill_threshold, plan.policy.prefill_buckets
     steps = (f"captured bucket steps ({', '.join(map(str, buckets))} tokens) up to {buckets[-1]} tokens, "
              if buckets else "no bucket steps (none predicted faster than eager), ")
-    out += ["",
+    out += ["", _context_line(plan),
             f"hot route share (profiled): {p.hot_route_share:.1%}",
             f"prefill: {steps}split-route up to {t if t is not None else 'any number of'} tokens, upload-once above",
             f"predicted wait after a 120-token tool output: {p.wait_after_tool_output_120_tokens_ms:.1f} ms",
@@ -56,6 +56,18 @@ def explain(plan: Plan) -> str:
             + (" (one compiled call per token, built at the first load)" if plan.policy.cpu_step == "compiled"
                else " (op by op)")]
     return "\n".join(out)
+
+
+CONTEXT_KINDS = ("kv_cache", "kv_snapshots", "decode_state")  # the device bytes that grow with the context
+
+
+def _context_line(plan: Plan) -> str:
+    """What the reserved context costs: its bytes on the devices, and the hot experts they would hold."""
+    held = sum(d.components.get(k, 0) for d in plan.memory if d.device != "host" for k in CONTEXT_KINDS)
+    experts = held // plan.model.expert_bytes
+    return (f"context: {plan.policy.context:,d} tokens x {plan.policy.sessions} session(s); its KV cache, turn "
+            f"snapshots and decode step state take {held / GIB:.3f}G on the device{'s' if len(plan.memory) > 2 else ''}"
+            f", the room of {experts:,d} hot experts (--context trades them)")
 
 
 def _adapt_line(a) -> str:

@@ -236,10 +236,14 @@ def test_the_compiled_steps_of_two_contexts_equal_the_eager_step(compiled, tiny_
     plan = _variant(compiled[0], "mixed", None)
     eager = load_engine(plan, tiny_ckpt, device="cpu", cpu_step="eager")
     fast = load_engine(plan, tiny_ckpt, device="cpu", cpu_step="compiled")
-    assert [c for c, _ in fast.step_runner.decode_steps] == [128, plan.policy.context]
-    assert all(set(graphs.compiled) == {0} for _, graphs in fast.step_runner.decode_steps)
+    runner = fast.step_runner
+    assert [c for c, _ in runner.decode_steps] == [128, plan.policy.context]
+    # the smallest context's step is built at load, the plan context's when a position first needs it
+    assert [set(graphs.compiled) for _, graphs in runner.decode_steps] == [{0}, set()]
+    assert runner.unbuilt == {plan.policy.context}
     want, want_logits = _decode_all(eager)
     got, got_logits = _decode_all(fast)
+    assert all(set(graphs.compiled) == {0} for _, graphs in runner.decode_steps) and not runner.unbuilt
     assert got == want
     err = ((got_logits - want_logits).abs().amax(dim=1) / want_logits.abs().amax(dim=1)).max()
     assert err <= 1e-5, f"compiled vs eager across two contexts: {err:.2e} of the logits' scale"

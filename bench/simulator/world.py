@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ostinato.compiler.compile import Build, CompileOptions, compile_plan
+from ostinato.compiler.compile import DEFAULT_CONTEXT, Build, CompileOptions, compile_plan
 from ostinato.compiler.cost_model import CostModel
 
 from .ablation import ablations
@@ -93,7 +93,8 @@ class World:
 
 
 def build_world(model: Path = V4_FLASH, hardware: str = "rtx4090d-x4", profile: str = PROFILE,
-                context: int = 65536, build: Build | None = None, kernels: Path | None = KERNELS_FILE) -> World:
+                context: int = DEFAULT_CONTEXT, build: Build | None = None,
+                kernels: Path | None = KERNELS_FILE) -> World:
     """`kernels`: the side-by-side CPU kernel table (kernels.py); None: every system at the cost model's kernel."""
     b = build or compile_plan(CompileOptions(model=model, output=Path("unused.yaml"), hardware=hardware,
                                              profile=profile, context=context, build_kernels=False))

@@ -321,11 +321,12 @@ def load_engine(plan: str | Path | Plan, model_dir: str | Path | None = None, de
     if runner is not None and runner.cpu_step == "eager" and not runner.cpu_step_note:
         runner.cpu_step_note = why
     if runner is not None and runner.cpu_step == "compiled":  # at load, as a capture: a minute the first time
-        what = "compiling the CPU decode steps (a minute or two each the first time, then cached)"
-        with tqdm(total=len(runner.decode_steps), desc=what, unit="context", file=sys.stderr,
-                  disable=disable) as bar:
+        now = len(runner.decode_steps) if runner.speculative else 1  # the larger ones when first needed
+        what = (f"compiling the CPU decode step{'s' if now > 1 else ''} (about a minute each the first time, then "
+                f"cached; {len(runner.decode_steps) - now} larger context size(s) when a session first reaches them)")
+        with tqdm(total=now, desc=what, unit="context", file=sys.stderr, disable=disable) as bar:
             if bar.disable and disable is not True:  # no terminal (a server's log): say it once, as a line
-                print(f"{what}: {len(runner.decode_steps)} context sizes", file=sys.stderr, flush=True)
+                print(what, file=sys.stderr, flush=True)
             compiled = runner.compile_cpu_step(lambda context: bar.update())
         if not compiled:
             print(f"ostinato: decoding with the eager CPU step: {runner.cpu_step_note}", file=sys.stderr, flush=True)

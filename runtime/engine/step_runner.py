@@ -33,14 +33,16 @@ stays one (each context's step would be another capture).
 On GPUs each segment of each step is captured once as a CUDA graph (decode_graphs.py, all in one
 memory pool on one capture stream per device: the steps never run at the same time) and replayed; on
 the CPU the decode steps are compiled into one call each (the plan's policy.cpu_step "compiled",
-engine/cpu_step.py; `compile_cpu_step()`, at load, falling back to the eager steps with the reason in
-`cpu_step_note`) and the other steps run eagerly. The capture runs when the engine loads (`capture_graphs()`, a
+engine/cpu_step.py; `compile_cpu_step()`: the smallest context's at load, falling back to the eager steps
+with the reason in `cpu_step_note`, the larger ones when a position first needs them) and the other steps
+run eagerly. The capture runs when the engine loads (`capture_graphs()`, a
 few seconds for V4-Flash's buckets, said on stderr), not on the first request, whose wait it would
 add to. Counters get each step's routes afterwards.
 """
 
 from __future__ import annotations
 
+import sys
 import time
 
 import torch
@@ -56,6 +58,7 @@ from .cpu_step import CompileFailed
 from .decode_graphs import SegmentGraphs, graph_pool
 from .executor import PlacementExecutor
 from .streams import streams_for
+from .ticker import Ticker
 
 VERIFY_TOKENS = 2  # a verify step: the pending token and one draft (depth 1)
 
@@ -123,25 +126,60 @@ class StepRunner:
         cpu = any(s.device.type == "cpu" for s in self.step.segments)
         self.cpu_step = cpu_step if cpu else "eager"
         self.cpu_step_note = "" if cpu else "no CPU segments"  # why the decode step runs eagerly on the CPU
+        self.unbuilt: set[int] = set()  # contexts whose compiled decode step is built when first needed
 
     def compile_cpu_step(self, on_step=lambda context: None) -> bool:
-        """Compile the decode steps' CPU segments (at load, as capture_graphs) -> whether they are compiled;
-        when one cannot be, all stay eager and `cpu_step_note` says why (it is logged by the caller).
-        `on_step(context)`: called after each decode step's compile (a progress bar)."""
+        """Compile the CPU segments of the decode step of the smallest context (at load, as capture_graphs) ->
+        whether it is compiled; when it cannot be, every step stays eager and `cpu_step_note` says why (it is
+        logged by the caller). The larger contexts' steps are compiled when a position first needs one
+        (`_run`): each build is a minute on 2 cores the first time, and a plan reserving an agent's context
+        (262,144 tokens: five sizes) would pay for all of them at every first load, most never used by a
+        short session. A speculative runner builds them all now (its drafter holds state a build would have
+        to rebind). `on_step(context)`: called after each build (a progress bar); while one builds, a line
+        every few seconds says so (ticker.py: on a terminal, or with $OSTINATO_PROGRESS=1)."""
         if self.cpu_step != "compiled":
             return False
         self.release()
         self.release_drafter()
+        now = self.decode_steps if self.speculative else self.decode_steps[:1]
         try:
-            for context, graphs in self.decode_steps:
-                graphs.compile_cpu()
+            for context, graphs in now:
+                self._build(context, graphs)
                 on_step(context)
         except CompileFailed as e:
             for _, graphs in self.decode_steps:
                 graphs.compiled = {}
             self.cpu_step, self.cpu_step_note = "eager", str(e)
             return False
+        self.unbuilt = {context for context, _ in self.decode_steps[len(now):]}
         return True
+
+    def _build(self, context: int, graphs: SegmentGraphs) -> None:
+        """Compile one decode step's CPU segments (raises CompileFailed); leaves the state to be loaded again."""
+        n = next(i for i, (c, _) in enumerate(self.decode_steps, 1) if c == context)
+        # one blocking call per step: the ticker says it is alive (a terminal, or $OSTINATO_PROGRESS=1)
+        with Ticker(f"building decode step {n}/{len(self.decode_steps)} for positions up to {context:,d}",
+                    "the first time traced, generated as C++ and compiled; then found in the cache"):
+            graphs.compile_cpu()
+
+    def _build_when_first_needed(self, context: int, graphs: SegmentGraphs) -> None:
+        """The first position past the smaller contexts: compile its step now, between two steps of the bound
+        session (stored back before the build, loaded again after it). A build that fails leaves this and the
+        larger steps eager (each is exact; the smaller compiled ones stay), said once on stderr."""
+        owner = self.owner
+        self.release()
+        try:
+            self._build(context, graphs)
+            self.unbuilt.discard(context)
+        except CompileFailed as e:
+            graphs.compiled = {}
+            self.unbuilt = set()
+            self.cpu_step_note = str(e)
+            print(f"ostinato: decoding positions past {context // 4:,d} with the eager CPU step: {e}",
+                  file=sys.stderr, flush=True)
+        finally:
+            if owner is not None:
+                self.bind(owner)
 
     def capture_graphs(self, on_step=lambda T: None) -> None:
         """Capture every step's graphs (at load: a no-op without GPU segments or with graphs off).
@@ -261,6 +299,10 @@ class StepRunner:
     def _run(self, T: int, ids: list[int]) -> torch.Tensor:
         """One step of T tokens -> its logits buffer [V]; counts its routes."""
         graphs = self._decode_graphs() if T == 1 else self.graphs[T]
+        if T == 1 and self.unbuilt:
+            context = next((c for c, g in self.decode_steps if g is graphs), None)
+            if context in self.unbuilt:
+                self._build_when_first_needed(context, graphs)
         step = graphs.step
         start = time.perf_counter()
         step.set_tokens(ids)
