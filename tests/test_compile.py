@@ -395,3 +395,20 @@ def test_flash_compiles_for_a_cpu_only_host_with_the_memory_and_names_the_bytes_
     with pytest.raises(CompileError, match=r"does not fit: cpu \(the CPU as a device: 4,294,967,296 bytes of host "
                                            r"memory.*ostinato-calibrate cpu-only"):
         compile_plan(_flash_options(hardware="cpu-only"))
+
+
+def test_plans_reserve_an_agents_context_and_say_what_it_costs(tmp_path):
+    """The committed plans reserve 262,144 tokens (the default); V4-Flash's whole 1,048,576 compiles on
+    rtx4090d-x4, and --explain states what the context takes: its bytes and the hot experts they would hold."""
+    for plan_file in (FLASH_PLAN, "plans/tiny.cpu-only.yaml"):
+        assert load_plan(REPO / plan_file).policy.context >= 262_144
+    costs = {}
+    for context in (262_144, 1_048_576):
+        plan = compile_plan(CompileOptions(REPO / FLASH, tmp_path / f"{context}.yaml", "rtx4090d-x4",
+                                           profile="synthetic:0.9", context=context, build_kernels=False)).plan
+        line = next(l for l in explain(plan).splitlines() if l.startswith("context:"))
+        assert f"context: {context:,d} tokens x 1 session(s)" in line
+        costs[context] = (int(line.split("the room of ")[1].split(" hot experts")[0].replace(",", "")),
+                          sum(len(l.hot_experts) for l in plan.layers))
+    (room_262k, hot_262k), (room_1m, hot_1m) = costs[262_144], costs[1_048_576]
+    assert room_1m > room_262k > 0 and hot_1m < hot_262k  # the longer context holds fewer hot experts

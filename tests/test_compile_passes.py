@@ -49,7 +49,7 @@ def _flash_plan_with(tmp_path, **policy) -> Path:
 @pytest.mark.parametrize("buckets, says", [
     ([2, 3], "prefill bucket 3 is not a power of two >= 2"),
     ([1, 2], "prefill bucket 1 is not a power of two >= 2"),
-    ([2, 32768], "prefill bucket 32768: buckets are powers of two from 2 up to context / 3 (21845"),
+    ([2, 131072], "prefill bucket 131072: buckets are powers of two from 2 up to context / 3 (87381"),
     ([4, 2], "prefill buckets [4, 2]: ascending, each once"),
     ([2, 2], "prefill buckets [2, 2]: ascending, each once"),
 ])

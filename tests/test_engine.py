@@ -226,4 +226,4 @@ def test_ostinato_run_answers_a_prompt_and_names_bad_input(compiled, tiny_ckpt, 
 
     rc = run_main(["plan.yaml", "--model", str(tiny_ckpt), "--device", "cpu", "--session",
                    str(plans_dir() / "workloads" / "agent_turns.csv"), "--session-index", "99"])
-    assert rc == 1 and "--session-index 99 out of range (the file has 45 sessions)" in capsys.readouterr().err
+    assert rc == 1 and "--session-index 99 out of range (the file has 45 sessions: 0..44)" in capsys.readouterr().err

@@ -11,6 +11,7 @@ from engine_helpers import IDS, _close, _variant, on_gpus
 from graph_safety import first_difference, segment_owners, traced_step
 
 from ostinato.runtime.engine.loader import load_engine
+from ostinato.runtime.engine.session import ContextFull
 
 pytestmark = pytest.mark.slow  # the compiled plan and the reference model (tests/conftest.py)
 
@@ -77,9 +78,11 @@ def test_a_prompt_that_does_not_fit_runs_no_step(compiled, tiny_ckpt):
     engine = load_engine(plan, tiny_ckpt, device="cpu")
     s = engine.new_session()
     s.prefill(IDS[:26], last_only=True)
-    with pytest.raises(ValueError, match="max_context=30"):
+    with pytest.raises(ContextFull, match="26 tokens in the session and 5 more would pass the plan's context of 30"):
         s.prefill(IDS[26:31], last_only=True)  # 4 + 1 would fit, 5 does not: nothing runs
-    assert len(s) == 26 and engine.step_runner.step.position == 26
+    assert len(s) == 26  # refused before any step ran
+    s.prefill(IDS[26:30], last_only=True)  # 4 more fit: 4 = one bucket step
+    assert len(s) == 30 and engine.step_runner.step.position == 30
     engine.close()
 
 
