@@ -7,15 +7,13 @@ from __future__ import annotations
 import logging
 import time
 
-import openai
 import pytest
 import torch
 from conftest import compile_tiny_plan
+from test_session_store import _serve, _stop
 from tokenizers import Tokenizer
 
 from ostinato.runtime.engine.loader import load_engine
-from ostinato.server.app import create_app
-from ostinato.server.background import serve_in_background
 from ostinato.server.session_store import SUFFIX, SessionStore, engine_identity, file_name, logits_name
 
 pytestmark = pytest.mark.slow  # a compiled plan's engine (C++ kernels) behind the server
@@ -35,17 +33,6 @@ def tok(tiny_ckpt):
     return Tokenizer.from_file(str(tiny_ckpt / "tokenizer.json"))
 
 
-def _serve(engine, tok, store):
-    app = create_app(engine, tok, "tiny", session_store=store)
-    srv, base = serve_in_background(app)
-    return srv, app, openai.OpenAI(base_url=base, api_key="none", max_retries=0)
-
-
-def _stop(srv, app) -> None:
-    """Stop uvicorn; its shutdown stops the worker, which writes what the store lacks first."""
-    srv.should_exit = True
-    app.state.server.worker.thread.join(timeout=60)
-    assert not app.state.server.worker.thread.is_alive()
 
 
 def _ask(client, messages):
