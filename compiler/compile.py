@@ -562,10 +562,12 @@ PASSES = (read_model, read_profile, read_hardware, memory, placement, cost_model
           policy, kernels, plan)
 
 
-def compile_plan(options: CompileOptions) -> Build:
+def compile_plan(options: CompileOptions, on_pass=lambda name: None) -> Build:
+    """The passes in order, each logged; `on_pass(name)`: told as each starts (the CLI's progress bar)."""
     b = Build(options)
     for p in PASSES:
         log.info("pass %s", p.__name__)
+        on_pass(p.__name__)
         p(b)
     return b
 

@@ -24,13 +24,12 @@ import torch
 from engine_helpers import IDS, _close, _variant
 from graph_safety import storage_of
 from stream_order import StreamWork, races
-from test_pinned_arena import Pins, _nodes
+from test_pinned_arena import force_pinning
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ostinato.adaptation import AdaptPolicy
 from ostinato.compiler.memory_model import host_expert_bytes
 from ostinato.runtime.engine import adapter as adapter_module
-from ostinato.runtime.engine import pinned_arena
 from ostinato.runtime.engine.adapter import WEIGHTS, SessionRoutes
 from ostinato.runtime.engine.held_memory import held_memory
 from ostinato.runtime.engine.loader import load_engine
@@ -171,11 +170,8 @@ class CopySources(TorchDispatchMode):
 
 @pytest.fixture
 def forced(monkeypatch):
-    """Engines load as if on GPUs (pinned_arena.pinning -> True), over 2 pretend NUMA nodes."""
-    pins = Pins(monkeypatch)
-    monkeypatch.setattr(pinned_arena, "pinning", lambda devices: True)
-    monkeypatch.setattr(pinned_arena, "numa_nodes", lambda: _nodes(2))
-    return pins
+    """Engines load as if on GPUs, over 2 pretend NUMA nodes (test_pinned_arena.force_pinning)."""
+    return force_pinning(monkeypatch)
 
 
 def _row_of(engine) -> dict[int, tuple[int, int]]:

@@ -207,13 +207,17 @@ def test_a_failed_pin_names_the_node_and_the_bytes(monkeypatch):
 
 
 # ----- a loaded engine with the arena path forced ---------------------------------------------------
-@pytest.fixture
-def forced(monkeypatch):
+def force_pinning(monkeypatch) -> Pins:
     """Load engines as if on GPUs (pinned_arena.pinning -> True) over 2 pretend nodes; returns the Pins."""
     pins = Pins(monkeypatch)
     monkeypatch.setattr(pinned_arena, "pinning", lambda devices: True)
     monkeypatch.setattr(pinned_arena, "numa_nodes", lambda: _nodes(2))
     return pins
+
+
+@pytest.fixture
+def forced(monkeypatch):
+    return force_pinning(monkeypatch)
 
 
 @pytest.mark.slow  # the compiled plan (C++ kernels)

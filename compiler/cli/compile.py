@@ -27,7 +27,7 @@ from ..compile import (
     Build,
     CompileError,
     CompileOptions,
-    log,
+    compile_plan,
 )
 from ..explain import explain
 
@@ -120,18 +120,18 @@ def parse_args(argv: list[str] | None) -> tuple[CompileOptions, bool, bool | Non
 
 
 def run_passes(options: CompileOptions, progress: bool | None) -> Build:
-    """compile_plan's ordered passes (compiler/compile.py), with a bar on stderr naming the pass that runs
-    (the kernels' build is the long one); `progress` None: only when stderr is a terminal (tqdm's rule). Each pass
-    is logged as compile_plan logs it (-v)."""
-    b = Build(options)
+    """compile_plan with a bar on stderr naming the pass that runs (the kernels' build is the long one);
+    `progress` None: only when stderr is a terminal (tqdm's rule)."""
     with tqdm(total=len(PASSES), desc="ostinato-compile", unit="pass", file=sys.stderr,
               disable=None if progress is None else not progress) as bar:
-        for p in PASSES:
-            bar.set_postfix_str(p.__name__)
-            log.info("pass %s", p.__name__)
-            p(b)
-            bar.update()
-    return b
+        def on_pass(name: str) -> None:
+            if bar.n or name != PASSES[0].__name__:  # the pass before this one has ended
+                bar.update()
+            bar.set_postfix_str(name)
+
+        build = compile_plan(options, on_pass)
+        bar.update()
+    return build
 
 
 def main(argv: list[str] | None = None) -> int:
