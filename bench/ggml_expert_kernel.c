@@ -30,7 +30,8 @@
  *
  * Output (stdout): `# ...` comment lines (the check), then one line `T ms` per token count: the median of
  * `--calls` calls with each token's K experts drawn uniformly at random (distinct), in milliseconds per
- * call (the graph compute only; setup and setting the ids are not timed).
+ * call (the graph compute only; setup and setting the ids are not timed); with --cpu-time, the process's
+ * CPU seconds over the same span instead of the wall clock's (all its threads: a call's core-seconds).
  * `--serve` instead reads requests from stdin, one a line, and answers each with one line:
  *     `T C W PATH`  PATH holds (W + C) calls' ids, int32 [W + C][T][K], then their route weights, float32
  *                   [W + C][T][K]; the first W calls are warm-up, the next C are timed; answer:
@@ -42,7 +43,7 @@
  *     cc -O2 -o ggml_expert_kernel bench/ggml_expert_kernel.c -I $LLAMA_CPP_SRC/ggml/include \
  *        -L $LLAMA_CPP_BUILD/bin -Wl,-rpath,$LLAMA_CPP_BUILD/bin -lggml -lggml-base -lggml-cpu -lm
  * Usage: ggml_expert_kernel [--threads N] [--experts E] [--top-k K] [--tokens 1,2,4,...] [--calls C]
- *                           [--plain] [--no-check] [--serve] [--info]
+ *                           [--plain] [--no-check] [--serve] [--info] [--cpu-time]
  */
 
 #include <math.h>
@@ -301,9 +302,13 @@ static void set_routes(struct graph *g, int T, int K, const int32_t *ids, const 
     ggml_backend_tensor_set(g->w, w, 0, sizeof(float) * T * K);
 }
 
+/* --cpu-time: the process's CPU time (every thread's, its threadpool's polling included) instead of the
+ * wall clock, so a call costs its core-seconds whatever else the machine runs meanwhile */
+static clockid_t timing_clock = CLOCK_MONOTONIC;
+
 static double now(void) {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
+    clock_gettime(timing_clock, &ts);
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
@@ -411,7 +416,7 @@ static void print_info(int threads, int n_experts, int top_k, int plain) {
 
 static void usage(const char *argv0) {
     fprintf(stderr, "usage: %s [--threads N] [--experts E] [--top-k K] [--tokens 1,2,4,...] [--calls C] [--plain] "
-                    "[--no-check] [--serve] [--info]\n", argv0);
+                    "[--no-check] [--serve] [--info] [--cpu-time]\n", argv0);
     exit(1);
 }
 
@@ -470,6 +475,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--no-check")) do_check = 0;
         else if (!strcmp(a, "--serve")) serve = 1;
         else if (!strcmp(a, "--info")) info = 1;
+        else if (!strcmp(a, "--cpu-time")) timing_clock = CLOCK_PROCESS_CPUTIME_ID;
         else usage(argv[0]);
     }
     if (threads < 1 || calls < 1 || top_k < 1 || top_k > MAX_K || n_experts < top_k) usage(argv[0]);

@@ -18,7 +18,8 @@ bench/llama_cpp_side_by_side.py builds it (bench/llama_cpp_build.py's cache):
 `GgmlMxfp4(threads)` starts the program once (its experts set up, one call checked against a float
 reference); `.run(ids, weights, warmup)` then computes one call per row of ids [calls, T, k] (the first
 `warmup` untimed) and returns each timed call's seconds, process start-up, set-up and setting the ids not
-included. `.variant` says which ggml CPU features the library was built with and where the weights went
+included (`cpu_time=True`: the process's CPU seconds, all its threads, instead of wall seconds).
+`.variant` says which ggml CPU features the library was built with and where the weights went
 (CPU_REPACK: llama.cpp's default for CPU MXFP4 experts on AVX2). `.pid` is the process (its threadpool
 polls after each call: bench/kernel_side_by_side.py stops it while other systems are timed).
 
@@ -118,7 +119,7 @@ class GgmlMxfp4:
     token."""
 
     def __init__(self, threads: int, n_experts: int = 256, top_k: int = 6, build: str | None = None,
-                 src: str | None = None, plain: bool = False, cache: Path = CACHE):
+                 src: str | None = None, plain: bool = False, cache: Path = CACHE, cpu_time: bool = False):
         lib_dir, inc = locate(build, src)
         self.binary = compile_binary(lib_dir, inc, cache)
         self.threads, self.n_experts, self.top_k = threads, n_experts, top_k
@@ -130,7 +131,7 @@ class GgmlMxfp4:
         self._dir = tempfile.TemporaryDirectory(prefix="ggml_kernel-")
         self.proc = subprocess.Popen(
             [str(self.binary), "--serve", "--threads", str(threads), "--experts", str(n_experts),
-             "--top-k", str(top_k)] + (["--plain"] if plain else []),
+             "--top-k", str(top_k)] + (["--plain"] if plain else []) + (["--cpu-time"] if cpu_time else []),
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._err, text=True, bufsize=1)
         self.pid = self.proc.pid
         self.check_rel_err = self.check_rel_err_q8 = float("nan")

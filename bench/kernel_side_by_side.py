@@ -36,8 +36,13 @@ cache) and a C compiler. A system that cannot run is left out of the table with 
 each system's CPU experts with. Memory: ours 3.4 GB, kt's own copy 3.6 GB (its process briefly holds the
 3.4 GB it copies from too), ggml's 3.4 GB, the 2 GiB bandwidth buffer.
 
+`--isa avx2` builds ours for AVX2 on an AVX-512 host; pair it with a ggml build without AVX-512 (--llama-cpp-build)
+to run both AVX2 variants side by side. `--clock cpu` times each call in its process's CPU seconds (all threads,
+spinning included) instead of wall seconds: on a machine others load, a descheduled thread then costs nothing,
+and the rate per core (bytes / CPU seconds) stays comparable between systems; it writes no table.
+
 Usage: python -m ostinato.bench.kernel_side_by_side [--threads N] [--rounds R] [--samples S] [--out FILE]
-           [--llama-cpp-build DIR --llama-cpp-src DIR] [--quick]
+           [--llama-cpp-build DIR --llama-cpp-src DIR] [--isa ISA] [--clock wall|cpu] [--quick]
 """
 
 from __future__ import annotations
@@ -54,6 +59,7 @@ from pathlib import Path
 import torch
 
 from ostinato.host import cpu_model
+from ostinato.isa import ISAS, detect_isa, supports
 
 from .expert_layer import EXPERT_BYTES, MAX_LEN, N_EXPERTS, SEED, TOP_K, D, I, layer_checksum, random_layer
 from .kt_process import KtProcess
@@ -187,11 +193,13 @@ class Ours:
 
     name = "ostinato"
 
-    def __init__(self, experts: list, threads: int, dim: int = D, inter: int = I, build_root: str | None = None):
-        from ostinato.compiler.codegen.kernels import build_cpu_experts, host_cpu_params
+    def __init__(self, experts: list, threads: int, dim: int = D, inter: int = I, build_root: str | None = None,
+                 isa: str | None = None, cpu_time: bool = False):
+        from ostinato.compiler.codegen.kernels import CpuExpertParams, build_cpu_experts, host_cpu_params
         from ostinato.runtime.kernels.cpu_experts import CpuExpertKernel
 
-        self.params = host_cpu_params(dim, inter)
+        self.params = host_cpu_params(dim, inter) if isa is None else CpuExpertParams(D=dim, I=inter, isa=isa)
+        self.clock = time.process_time if cpu_time else time.perf_counter
         self.kern = CpuExpertKernel(build_cpu_experts(self.params, root=build_root).path)
         self.table = self.kern.table(experts)
         self.n_experts, self.threads, self.dim = len(experts), threads, dim
@@ -215,10 +223,10 @@ class Ours:
         for c in range(ids.shape[0]):
             routes = group_routes(ids[c], weights[c], self.n_experts)
             out.zero_()
-            t = time.perf_counter()
+            t = self.clock()
             self.kern(x, routes, self.table, out, self.threads)
             if c >= warmup:
-                secs.append(time.perf_counter() - t)
+                secs.append(self.clock() - t)
         return secs
 
     def close(self) -> None:
@@ -232,10 +240,10 @@ class Ggml:
 
     name = "ggml"
 
-    def __init__(self, threads: int, build: str | None, src: str | None):
+    def __init__(self, threads: int, build: str | None, src: str | None, cpu_time: bool = False):
         from .ggml_kernel import GgmlMxfp4
 
-        self.g = GgmlMxfp4(threads, N_EXPERTS, TOP_K, build, src)
+        self.g = GgmlMxfp4(threads, N_EXPERTS, TOP_K, build, src, cpu_time=cpu_time)
         self.pid, self.stopped = self.g.pid, False
 
     def stop(self) -> None:
@@ -331,6 +339,13 @@ def main(argv: list[str] | None = None) -> int:
                     help="llama.cpp source directory with ggml/include (default $OSTINATO_LLAMA_CPP_SRC, else "
                          "the cache)")
     ap.add_argument("--build-root", default=None, help="kernel build directory (default build/kernels)")
+    ap.add_argument("--isa", choices=ISAS, default=None,
+                    help="build our kernel for this ISA (default: this CPU's best); ggml's follows its build "
+                         "(--llama-cpp-build: e.g. one configured with GGML_NATIVE=OFF GGML_AVX2=ON GGML_AVX512=OFF)")
+    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                    help="wall: seconds per call; cpu: each system's process CPU seconds per call (all its "
+                         "threads, spinning included), so the rate per core holds on a machine others load; "
+                         "kt-kernel (no CPU clock) is left out and no table is written")
     ap.add_argument("--quick", action="store_true", help="a smoke run: 5 shapes, 2 rounds, few calls")
     ap.add_argument("--no-kt", action="store_true", help="leave kt-kernel out")
     ap.add_argument("--no-ggml", action="store_true", help="leave ggml out")
@@ -341,6 +356,12 @@ def main(argv: list[str] | None = None) -> int:
         out_dir = Path(args.out).resolve().parent
         if not out_dir.is_dir():
             ap.error(f"--out {args.out}: no directory {out_dir}")
+    if args.isa is not None and not supports(args.isa):
+        ap.error(f"--isa {args.isa}: this CPU cannot run it (it has {detect_isa()})")
+    if args.clock == "cpu" and args.out:
+        if args.out != str(DEFAULT_OUT):
+            ap.error("--clock cpu: the table holds wall seconds; pass --out '' (or no --out)")
+        args.out = ""
     if args.quick:
         args.rounds, args.samples = min(args.rounds, 2), min(args.samples, 4)
     return run(args)
@@ -362,7 +383,9 @@ def setup(args, threads: int, kt_workers: int, started: list) -> tuple[list, dic
     """Start the systems (appended to `started` as they start): ours, kt (checked against ours), ggml."""
     left_out, systems = {}, []
     kt = None
-    if not args.no_kt:
+    if args.clock == "cpu" and not args.no_kt:
+        left_out["kt-kernel"] = "--clock cpu: its process reports no CPU time"
+    elif not args.no_kt:
         try:  # started first: it builds the same layer in its own process while this one does
             kt = KtProcess(kt_workers)
             started.append(kt)
@@ -371,7 +394,7 @@ def setup(args, threads: int, kt_workers: int, started: list) -> tuple[list, dic
     t0 = time.perf_counter()
     experts = random_layer(N_EXPERTS, D, I, SEED)
     assert experts[0].nbytes == EXPERT_BYTES
-    ours = Ours(experts, threads, build_root=args.build_root)
+    ours = Ours(experts, threads, build_root=args.build_root, isa=args.isa, cpu_time=args.clock == "cpu")
     print(f"ours: {ours.kern.info}; {N_EXPERTS} experts x {EXPERT_BYTES:,} B = {N_EXPERTS * EXPERT_BYTES / 1e9:.2f} GB "
           f"({time.perf_counter() - t0:.0f} s to build)")
     systems.append(ours)
@@ -400,7 +423,7 @@ def setup(args, threads: int, kt_workers: int, started: list) -> tuple[list, dic
 
     if not args.no_ggml:
         try:
-            ggml = Ggml(threads, args.llama_cpp_build, args.llama_cpp_src)
+            ggml = Ggml(threads, args.llama_cpp_build, args.llama_cpp_src, cpu_time=args.clock == "cpu")
             started.append(ggml)
             print(f"ggml: {ggml.g.variant}; " + "; ".join(ggml.g.notes))
             ggml.stop()
@@ -484,10 +507,14 @@ def run(args) -> int:
     present = [sy.name for sy in systems]
     med = {(n, s): median(secs[n, s]) for n in present for s in shape_list}
     threads_of = {"ostinato": threads, "kt-kernel": kt_workers, "ggml": threads}
+    if args.clock == "cpu":  # CPU seconds are core-seconds already
+        threads_of = dict.fromkeys(threads_of, 1)
     reserved_of = {"ostinato": 0, "kt-kernel": 1 if threads > 1 else 0, "ggml": 0}
 
     print(f"\nread bandwidth: {m.bandwidth / 1e9:.1f} GB/s ({m.bandwidth / threads / 1e9:.1f} per core); load average "
           f"(1 min) before/after: {load_before:.2f}/{m.load_after:.2f} (after: includes this run's own threads)")
+    print(f"ours: {systems[0].params.isa} build; clock: {args.clock}"
+          + (" (ms: CPU ms of the system's process per call, all threads)" if args.clock == "cpu" else ""))
     head = f"{'shape':<20} {'t':>6} {'distinct':>8} {'calls':>5}"
     for n in present:
         head += f" | {n + ' ms':>12} {'GB/s/core':>9}"
@@ -505,7 +532,7 @@ def run(args) -> int:
     if args.out:
         from ostinato.compiler.codegen.kernels import host_cpu_params
 
-        isa = host_cpu_params(D, I).isa
+        isa = args.isa or host_cpu_params(D, I).isa
         n_calls = sorted({len(secs["ostinato", s]) for s in shape_list})
         span = f"{n_calls[0]}" if len(n_calls) == 1 else f"{n_calls[0]}-{n_calls[-1]}"
         how = (f"per shape {m.warmup} warm-up call a round and {span} timed calls over {rounds} rounds alternating "

@@ -117,6 +117,28 @@ def test_cli_refuses_bad_arguments(tmp_path, capsys):
     assert e.value.code == 2 and "no directory" in capsys.readouterr().err
 
 
+def test_cli_refuses_an_isa_this_cpu_lacks_and_a_table_of_cpu_seconds(tmp_path, capsys):
+    from ostinato.isa import ISAS, supports
+
+    lacking = next((isa for isa in reversed(ISAS) if not supports(isa)), None)
+    if lacking is not None:  # every CPU lacks something of the list but the richest one
+        with pytest.raises(SystemExit) as e:
+            ks.main(["--isa", lacking, "--out", ""])
+        assert e.value.code == 2 and "cannot run it" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:  # CPU seconds are not the wall seconds the simulator's table holds
+        ks.main(["--clock", "cpu", "--out", str(tmp_path / "t.yaml")])
+    assert e.value.code == 2 and "--clock cpu" in capsys.readouterr().err
+
+
+@pytest.mark.slow  # compiles our kernel (small)
+def test_ours_builds_the_isa_asked_for_and_times_cpu_seconds(tmp_path):
+    experts = random_layer(E, DIM, INTER, SEED)
+    ours = ks.Ours(experts, 1, DIM, INTER, build_root=str(tmp_path / "kernels"), isa="avx2", cpu_time=True)
+    assert ours.kern.info["isa"] == "avx2" and ours.clock is time.process_time
+    secs = ours.run(*ks.Shape("uniform", 3).draw(3, torch.Generator().manual_seed(2), E, K), warmup=1)
+    assert len(secs) == 2 and all(s >= 0 and math.isfinite(s) for s in secs)
+
+
 def test_busy_processes_and_load():
     assert ks.load_average() >= 0.0
     for pid, name, share in ks.busy_processes(interval=0.2):
@@ -162,11 +184,12 @@ def test_kt_process_agrees_with_ours_and_stops_cleanly(tmp_path):
 
 
 @pytest.mark.slow  # compiles bench/ggml_expert_kernel.c against a llama.cpp build, where one is found
-def test_ggml_process_runs_routed_calls():
+@pytest.mark.parametrize("cpu_time", [False, True])
+def test_ggml_process_runs_routed_calls(cpu_time):
     from ostinato.bench.ggml_kernel import GgmlMxfp4, GgmlNotFound, uniform_routes
 
     try:
-        g = GgmlMxfp4(2, n_experts=8, top_k=2)
+        g = GgmlMxfp4(2, n_experts=8, top_k=2, cpu_time=cpu_time)
     except GgmlNotFound as e:
         pytest.skip(f"no llama.cpp build: {e}")
     try:

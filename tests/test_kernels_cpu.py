@@ -13,7 +13,7 @@ import torch
 
 from ostinato.checkpoint.formats import unpack_fp4_codes
 from ostinato.compiler.codegen.kernels import CpuExpertParams, build_cpu_experts
-from ostinato.isa import detect_isa
+from ostinato.isa import KERNEL_VARIANTS, detect_isa, supports
 from ostinato.runtime.kernels.cpu_experts import CpuExpertKernel, gemm_library
 from ostinato.runtime.kernels.reference import dequantize_expert, moe_experts_reference
 from ostinato.runtime.kernels.routes import GroupedRoutes, group_routes
@@ -29,7 +29,17 @@ BF16_DOT = HOST_ISA in ("avx512_bf16", "amx")
 BF16_BOUND = 8e-3 if BF16_DOT else 1e-5
 TINY, REAL = (256, 128), (4096, 2048)
 # A build whose bf16 routes go to the GEMM library from 5 per expert (GEMV up to 4).
-GEMM_BUILD = {"gemm_min_tokens": 5}
+GEMM_BUILD = {"gemm_min_tokens": 5, "gemv_max_tokens": 4}
+# Every code path of the template, each run where this CPU has its instructions (an AVX-512 host runs the
+# avx2 build too): the ones it lacks are skipped, never emulated.
+ISA_VARIANTS = [pytest.param(isa, marks=pytest.mark.skipif(not supports(isa), reason=f"this CPU ({HOST_ISA}) "
+                                                                                       f"cannot run {isa}"))
+                for isa in KERNEL_VARIANTS]
+
+
+def bf16_bound(isa: str) -> float:
+    """The stated bound for bf16 activations of a build for `isa` (BF16_BOUND's argument)."""
+    return 8e-3 if isa == "avx512_bf16" else 1e-5
 needs_gemm = pytest.mark.skipif(not BF16_DOT or gemm_library() is None,
                                 reason=f"GEMM path: needs AVX512_BF16 (host: {HOST_ISA}) and torch's MKL symbols")
 BUILDS = [pytest.param({}, id="own"), pytest.param(GEMM_BUILD, id="gemm", marks=needs_gemm)]
@@ -44,10 +54,10 @@ def build_root(kernel_dir):
 def kernel(build_root):
     cache = {}
 
-    def get(D, I, **kw):
-        key = (D, I, tuple(sorted(kw.items())))
+    def get(D, I, isa=HOST_ISA, **kw):
+        key = (D, I, isa, tuple(sorted(kw.items())))
         if key not in cache:
-            cache[key] = CpuExpertKernel(build_cpu_experts(CpuExpertParams(D=D, I=I, isa=HOST_ISA, **kw),
+            cache[key] = CpuExpertKernel(build_cpu_experts(CpuExpertParams(D=D, I=I, isa=isa, **kw),
                                                            root=build_root).path)
         return cache[key]
     return get
@@ -166,7 +176,8 @@ def test_float32_activations_never_take_the_gemm_path(kernel):
     assert torch.equal(outs[0], outs[1])
 
 
-def test_every_code_and_extreme_scales(kernel):
+@pytest.mark.parametrize("T", [12, 24])  # 4 and 8 tokens per expert: gemv_row, gemv_row_wide (scaled weights)
+def test_every_code_and_extreme_scales(kernel, T):
     """Each token goes to one expert whose scales sit near the ends of the e8m0 range (x compensates,
     so results stay finite and meaningful); groups with all-zero codes carry scale bytes 0 and 254."""
     g = torch.Generator().manual_seed(3)
@@ -184,7 +195,6 @@ def test_every_code_and_extreme_scales(kernel):
         experts.append(e)
         codes = unpack_fp4_codes(e.w1)
         assert set(codes.unique().tolist()) == set(range(16))  # every FP4 code is exercised
-    T = 12
     expert_of = torch.arange(T) % len(regimes)
     x = torch.randn(T, D, generator=g) * torch.tensor([2.0 ** r[2] for r in regimes])[expert_of, None]
     routes = group_routes(expert_of[:, None], torch.ones(T, 1), len(regimes))
@@ -276,18 +286,55 @@ def test_the_gemv_items_size_changes_no_result(kernel, dtype):
         CpuExpertParams(D=256, I=128, gemv_row_tile=96)  # does not divide I
 
 
-def test_gemv_and_tiled_paths_agree(kernel):
-    """The same routes through a build that decodes into registers (gemv_max_tokens=4) and one that
+@pytest.mark.parametrize("isa", ISA_VARIANTS)
+@pytest.mark.parametrize("T", [4, 8])  # gemv_row (1..4 tokens), gemv_row_wide (5..8)
+def test_gemv_and_tiled_paths_agree(kernel, isa, T):
+    """The same routes through a build that decodes into registers (gemv_max_tokens=8) and one that
     always tiles (gemv_max_tokens=1) agree to float32 rounding."""
     g = torch.Generator().manual_seed(12)
     experts = [random_packed_expert(*TINY, g) for _ in range(2)]
-    x = torch.randn(4, TINY[0], generator=g)
-    routes = group_routes(torch.tensor([[0, 1]] * 4), torch.ones(4, 2), 2)  # 4 tokens per expert
-    a, b = torch.zeros(4, TINY[0]), torch.zeros(4, TINY[0])
-    kernel(*TINY, gemv_max_tokens=4)(x, routes, experts, a, 2)
-    kernel(*TINY, gemv_max_tokens=1)(x, routes, experts, b, 2)
+    x = torch.randn(T, TINY[0], generator=g)
+    routes = group_routes(torch.tensor([[0, 1]] * T), torch.ones(T, 2), 2)  # T tokens per expert
+    a, b = torch.zeros(T, TINY[0]), torch.zeros(T, TINY[0])
+    kernel(*TINY, isa=isa, gemv_max_tokens=8)(x, routes, experts, a, 2)
+    kernel(*TINY, isa=isa, gemv_max_tokens=1)(x, routes, experts, b, 2)
     assert not torch.equal(a, torch.zeros_like(a))
     assert ((a - b).abs().max() / a.abs().max()) <= 1e-6
+
+
+def _routes_per_expert(counts: list[int], g: torch.Generator) -> GroupedRoutes:
+    """Routes giving expert e exactly counts[e] tokens (tokens 0 .. counts[e] - 1), random weights."""
+    T = max(counts)
+    ids = torch.tensor([[e if t < n else -1 for e, n in enumerate(counts)] for t in range(T)])  # [T, E]
+    return group_routes(ids, torch.rand(T, len(counts), generator=g) + 0.1, len(counts))
+
+
+@pytest.mark.parametrize("isa", ISA_VARIANTS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_wide_gemv_matches_reference(kernel, real_experts, isa, dtype):
+    """Experts with 1 and 5..8 routes in one decode call, all on the GEMV path (gemv_max_tokens=8: the
+    wide row kernels for 5..8), at V4-Flash's shape: the float32 reference within each build's bound."""
+    experts, dense = real_experts
+    g = torch.Generator().manual_seed(23)
+    counts = [1, 5, 6, 7, 8]
+    kern = kernel(*REAL, isa=isa, gemv_max_tokens=8)
+    assert kern.info["gemv_max"] == "8" and kern.info["isa"] == isa
+    x = torch.randn(max(counts), REAL[0], generator=g).to(dtype)
+    _check(kern, x, _routes_per_expert(counts, g), experts[:5], dense=dense[:5],
+           bound=1e-5 if dtype == torch.float32 else bf16_bound(isa))
+
+
+@pytest.mark.parametrize("isa", ISA_VARIANTS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_every_gemv_width_on_every_isa(kernel, isa, dtype):
+    """Each token count 1..8 of the GEMV path (one expert per count), tiny shape, the default build of each
+    ISA the CPU runs: the float32 reference within the bound; tokens without routes keep their out rows."""
+    g = torch.Generator().manual_seed(29)
+    counts = list(range(1, 9))
+    experts = [random_packed_expert(*TINY, g) for _ in counts]
+    x = torch.randn(9, TINY[0], generator=g).to(dtype)  # token 8 has no route
+    _check(kernel(*TINY, isa=isa), x, _routes_per_expert(counts, g), experts,
+           bound=1e-5 if dtype == torch.float32 else bf16_bound(isa))
 
 
 def test_invalid_routes_are_rejected_before_writing(kernel):

@@ -1,6 +1,7 @@
 // One work item's weight rows against the routes of one expert, by one of three paths chosen by the
 // expert's route count n:
-//  - n <= GEMV_MAX: decode straight into registers and FMA (memory-bound GEMV, weights read once);
+//  - n <= GEMV_MAX (up to 8): decode straight into registers and FMA (weights read once; 5..8 tokens
+//    through gemv_row_wide, whose accumulators fit the registers);
 //  - n >= GEMM_MIN, bf16 activations, a GEMM library passed in (ost_set_gemm): decode a rows x KB tile
 //    to bf16 into an L2-sized buffer and hand it to the library (MKL's cblas_gemm_bf16bf16f32, which
 //    picks AMX where the CPU has it); GEMM_MIN = 0: never;
@@ -78,11 +79,49 @@ inline void prefetch_after(const Rows& rows, int k0, int kb, int K) {
         prefetch_chunk(rows.next_p, rows.next_s, rows.next_n, 0, kb);
 }
 
+// One row for n (1..GEMV_MAX) inputs: the row kernels are templates over the token count (a build with
+// GEMV_MAX <= 4 compiles the wide ones but never calls them).
+inline void gemv_row_n(int n, const uint8_t* p, const uint8_t* s, int K, const float* const* xs, float* y) {
+    switch (n) {
+        case 1: gemv_row<1>(p, s, K, xs, y); return;
+        case 2: gemv_row<2>(p, s, K, xs, y); return;
+        case 3: gemv_row<3>(p, s, K, xs, y); return;
+        case 4: gemv_row<4>(p, s, K, xs, y); return;
+    }
+    if constexpr (GEMV_MAX > 4) {
+        switch (n) {
+            case 5: gemv_row_wide<5>(p, s, K, xs, y); return;
+            case 6: gemv_row_wide<6>(p, s, K, xs, y); return;
+            case 7: gemv_row_wide<7>(p, s, K, xs, y); return;
+            default: gemv_row_wide<8>(p, s, K, xs, y); return;
+        }
+    }
+}
+#ifdef OST_BF16DOT
+// 8 tokens' two accumulators fit the 32 registers beside the decoded codes: one kernel for 1..8.
+inline void gemv_row_bf16_n(int n, const uint8_t* p, const uint8_t* s, int K, const uint16_t* const* xs, float* y) {
+    switch (n) {
+        case 1: gemv_row_bf16<1>(p, s, K, xs, y); return;
+        case 2: gemv_row_bf16<2>(p, s, K, xs, y); return;
+        case 3: gemv_row_bf16<3>(p, s, K, xs, y); return;
+        case 4: gemv_row_bf16<4>(p, s, K, xs, y); return;
+    }
+    if constexpr (GEMV_MAX > 4) {
+        switch (n) {
+            case 5: gemv_row_bf16<5>(p, s, K, xs, y); return;
+            case 6: gemv_row_bf16<6>(p, s, K, xs, y); return;
+            case 7: gemv_row_bf16<7>(p, s, K, xs, y); return;
+            default: gemv_row_bf16<8>(p, s, K, xs, y); return;
+        }
+    }
+}
+#endif
+
 // xbs: bf16 inputs (vdpbf16ps builds with bf16 activations), else null and xs is used.
 void gemv_rows(const Rows& rows, int K, const float* const* xs, const uint16_t* const* xbs, int n, float* y, int ldy) {
     const uint8_t* const* rp = rows.p;
     const uint8_t* const* rs = rows.s;
-    float v[4];
+    float v[8];  // the widest gemv_row
     for (int r = 0; r < PREFETCH_ROWS && r < rows.n; ++r) prefetch_row(rp[r], rs[r], K);
     for (int r = 0; r < rows.n; ++r) {
         const int a = r + PREFETCH_ROWS;  // into the next rows past the end
@@ -92,22 +131,12 @@ void gemv_rows(const Rows& rows, int K, const float* const* xs, const uint16_t* 
             prefetch_row(rows.next_p[a - rows.n], rows.next_s[a - rows.n], K);
 #ifdef OST_BF16DOT
         if (xbs) {
-            switch (n) {
-                case 1: gemv_row_bf16<1>(rp[r], rs[r], K, xbs, v); break;
-                case 2: gemv_row_bf16<2>(rp[r], rs[r], K, xbs, v); break;
-                case 3: gemv_row_bf16<3>(rp[r], rs[r], K, xbs, v); break;
-                default: gemv_row_bf16<4>(rp[r], rs[r], K, xbs, v); break;
-            }
+            gemv_row_bf16_n(n, rp[r], rs[r], K, xbs, v);
             for (int t = 0; t < n; ++t) y[t * ldy + r] = v[t];
             continue;
         }
 #endif
-        switch (n) {
-            case 1: gemv_row<1>(rp[r], rs[r], K, xs, v); break;
-            case 2: gemv_row<2>(rp[r], rs[r], K, xs, v); break;
-            case 3: gemv_row<3>(rp[r], rs[r], K, xs, v); break;
-            default: gemv_row<4>(rp[r], rs[r], K, xs, v); break;
-        }
+        gemv_row_n(n, rp[r], rs[r], K, xs, v);
         for (int t = 0; t < n; ++t) y[t * ldy + r] = v[t];
     }
 }

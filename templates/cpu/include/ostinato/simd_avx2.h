@@ -71,4 +71,37 @@ inline void gemv_row(const uint8_t* p, const uint8_t* s, int K, const float* con
     for (int t = 0; t < NT; ++t) y[t] = hsum(acc[t]);
 }
 
+// gemv_row for 5..8 tokens: the 16 registers cannot hold 8 decoded vectors and 8
+// accumulators, so each block is decoded a half (one nibble, 4 vectors) at a time and the half's weights
+// are scaled once for all tokens (a power of two: exact, the product tile_f32.h's tiles hold), then
+// FMAed straight into each token's accumulator: NT >= 5 independent chains cover the FMA latency.
+template <int NT>
+inline void gemv_row_wide(const uint8_t* p, const uint8_t* s, int K, const float* const* xs, float* y) {
+    static_assert(NT >= 5 && NT <= 8, "5..8 tokens (gemv_row: 1..4)");
+    const __m256i m = _mm256_set1_epi8(0x0F);
+    const __m256i b3 = _mm256_load_si256((const __m256i*)TAB.fp4_b3);
+    const __m256i b2 = _mm256_load_si256((const __m256i*)TAB.fp4_b2);
+    const __m256i hw = _mm256_set1_epi32((int)0xFFFF0000u);
+    V acc[NT];
+    for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
+    for (int b = 0; b < K / BLK; ++b) {
+        const __m256i v = _mm256_loadu_si256((const __m256i*)(p + 32 * b));
+        const V sv = block_scale(s + 2 * b, 0);
+        for (int h = 0; h < 2; ++h) {  // the lane order of decode64: vectors 4h .. 4h + 3
+            const __m256i nib = h ? _mm256_and_si256(_mm256_srli_epi16(v, 4), m) : _mm256_and_si256(v, m);
+            const __m256i hi = _mm256_shuffle_epi8(b3, nib), lo = _mm256_shuffle_epi8(b2, nib);
+            const __m256i wa = _mm256_unpacklo_epi8(lo, hi), wb = _mm256_unpackhi_epi8(lo, hi);
+            const V w[4] = {_mm256_mul_ps(_mm256_castsi256_ps(_mm256_slli_epi32(wa, 16)), sv),
+                            _mm256_mul_ps(_mm256_castsi256_ps(_mm256_and_si256(wa, hw)), sv),
+                            _mm256_mul_ps(_mm256_castsi256_ps(_mm256_slli_epi32(wb, 16)), sv),
+                            _mm256_mul_ps(_mm256_castsi256_ps(_mm256_and_si256(wb, hw)), sv)};
+            for (int t = 0; t < NT; ++t) {
+                const float* x = xs[t] + BLK * b + 32 * h;
+                for (int q = 0; q < 4; ++q) acc[t] = _mm256_fmadd_ps(w[q], _mm256_load_ps(x + 8 * q), acc[t]);
+            }
+        }
+    }
+    for (int t = 0; t < NT; ++t) y[t] = hsum(acc[t]);
+}
+
 }  // namespace

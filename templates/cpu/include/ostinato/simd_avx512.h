@@ -52,5 +52,11 @@ inline void gemv_row(const uint8_t* p, const uint8_t* s, int K, const float* con
     }
     for (int t = 0; t < NT; ++t) y[t] = hsum(_mm512_add_ps(acc[t][0], acc[t][1]));
 }
+// 5..8 tokens: the 32 registers hold 8 tokens' two accumulators, the 4 decoded vectors and the scales.
+template <int NT>
+inline void gemv_row_wide(const uint8_t* p, const uint8_t* s, int K, const float* const* xs, float* y) {
+    static_assert(NT >= 5 && NT <= 8, "5..8 tokens (gemv_row: 1..4)");
+    gemv_row<NT>(p, s, K, xs, y);
+}
 
 }  // namespace
