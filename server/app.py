@@ -31,7 +31,7 @@ from .chat_encoding import ChatOptions, ConversationError, encode, encode_chat, 
 from .completions import Completions
 from .dsml import BLOCK_START, DSML, SEPARATOR
 from .errors import APIError, engine_error, http_error, server_busy
-from .events import ClientGone, next_event
+from .events import ClientGone, Done, Failed, next_event
 from .fields import check_fields, flag
 from .logprobs import chat_entry
 from .messages_api import Messages
@@ -250,16 +250,16 @@ class Server:
             n, logprobs = 0, []
             while True:
                 ev = await next_event(events, request, job)
-                if ev[0] == "error":
-                    return engine_error(ev[1]).response()
-                if ev[0] == "done":
+                if isinstance(ev, Failed):
+                    return engine_error(ev.message).response()
+                if isinstance(ev, Done):
                     break
                 n += 1
-                self._apply(msg, ev[3])  # the reply's events for this token (reply.feed ran on the engine thread)
-                if job.sampling.logprobs and ev[1] != self.eos:
-                    logprobs.append(chat_entry(self.tok, ev[2]))
-            reason, reused = reply.finish_reason(ev[1]), ev[2]
-            self._apply(msg, reply.finish(ev[1]))
+                self._apply(msg, ev.reply)  # the reply's events for this token (reply.feed ran on the engine thread)
+                if job.sampling.logprobs and ev.token != self.eos:
+                    logprobs.append(chat_entry(self.tok, ev.pick))
+            reason, reused = reply.finish_reason(ev.reason), ev.reused
+            self._apply(msg, reply.finish(ev.reason))
         except ClientGone:
             return Response(status_code=499)  # nobody reads it: the client left (nginx's "client closed")
         finally:
@@ -307,22 +307,22 @@ class Server:
             n = 0
             while True:
                 ev = await events.get()
-                if ev[0] == "error":
-                    yield engine_error(ev[1]).sse()
+                if isinstance(ev, Failed):
+                    yield engine_error(ev.message).sse()
                     return
-                if ev[0] == "done":
+                if isinstance(ev, Done):
                     break
                 n += 1
-                if job.sampling.logprobs and ev[1] != self.eos:
-                    unsent.append(chat_entry(self.tok, ev[2]))
-                for c in deltas(ev[3]):  # the reply's events for this token (reply.feed ran on the engine thread)
+                if job.sampling.logprobs and ev.token != self.eos:
+                    unsent.append(chat_entry(self.tok, ev.pick))
+                for c in deltas(ev.reply):  # the reply's events for this token (reply.feed ran on the engine thread)
                     yield c
-            for c in deltas(reply.finish(ev[1])):
+            for c in deltas(reply.finish(ev.reason)):
                 yield c
-            yield chunk({}, reply.finish_reason(ev[1]))
+            yield chunk({}, reply.finish_reason(ev.reason))
             if include_usage:
                 yield "data: " + json.dumps({**meta, "object": "chat.completion.chunk", "choices": [],
-                                             "usage": self.usage(job, n, ev[2])}) + "\n\n"
+                                             "usage": self.usage(job, n, ev.reused)}) + "\n\n"
             yield "data: [DONE]\n\n"
         finally:
             job.cancel.set()  # client gone (or finished): the worker stops before its next forward

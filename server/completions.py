@@ -13,6 +13,7 @@ import asyncio
 import json
 import time
 import uuid
+from dataclasses import dataclass
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -20,7 +21,7 @@ from tokenizers.decoders import DecodeStream
 
 from .chat_encoding import encode
 from .errors import APIError, engine_error
-from .events import ClientGone, next_event
+from .events import ClientGone, Failed, Generated, next_event
 from .fields import check_fields, flag
 from .logprobs import legacy
 from .openai_api import CompletionRequest
@@ -43,6 +44,13 @@ def _prompt_ids(prompt, tok, vocab: int) -> list[int]:
                         "(batches of several prompts are not supported)", "prompt")
 
 
+@dataclass(frozen=True)
+class TextPiece:
+    """What one token adds to a completion's text."""
+    text: str       # released now (text held back for a possible stop sequence comes later)
+    offset: int     # the token's text_offset: characters decoded before it
+
+
 class TextReply:
     """Generated ids -> completion text, on the engine thread (worker.Job.watch): decoded incrementally
     (special tokens kept) and cut at the first stop sequence, which ends generation on that token."""
@@ -51,12 +59,12 @@ class TextReply:
         self.tok, self.decoder, self.stop = tokenizer, DecodeStream(skip_special_tokens=False), StopMatcher(stops)
         self.decoded = 0  # characters decoded so far, stop sequences or not: the next token's text_offset
 
-    def feed(self, token: int) -> tuple[tuple[str, int], bool]:
-        """((text released now, this token's text_offset), stop generating?)"""
+    def feed(self, token: int) -> tuple[TextPiece, bool]:
+        """(the token's piece, stop generating?)"""
         offset, piece = self.decoded, self.decoder.step(self.tok, token) or ""
         self.decoded += len(piece)
         text, hit = self.stop.feed(piece)
-        return (text, offset), hit
+        return TextPiece(text, offset), hit
 
     def finish(self) -> str:
         return self.stop.flush()
@@ -100,24 +108,24 @@ class Completions:
                      request: Request):
         text, ids, picks, offsets = [], [], [], []
         try:
-            while (ev := await next_event(events, request, job))[0] == "token":
-                ids.append(ev[1])
-                picks.append(ev[2])
-                text.append(ev[3][0])
-                offsets.append(ev[3][1])
+            while isinstance(ev := await next_event(events, request, job), Generated):
+                ids.append(ev.token)
+                picks.append(ev.pick)
+                text.append(ev.reply.text)
+                offsets.append(ev.reply.offset)
         except ClientGone:
             return Response(status_code=499)  # nobody reads it: the client left
         finally:
             job.cancel.set()  # a no-op when finished; stops the worker if this handler was cancelled
-        if ev[0] == "error":
-            return engine_error(ev[1]).response()
+        if isinstance(ev, Failed):
+            return engine_error(ev.message).response()
         text.append(reply.finish())
         lp = legacy(self.s.tok, picks, offsets) if job.sampling.logprobs else None
-        choice = {"index": 0, "text": "".join(text), "logprobs": lp, "finish_reason": ev[1]}
+        choice = {"index": 0, "text": "".join(text), "logprobs": lp, "finish_reason": ev.reason}
         extra = {"prompt_token_ids": job.ids} if ids_too else {}
         if ids_too:
             choice["token_ids"] = ids
-        return JSONResponse({**meta, **extra, "choices": [choice], "usage": self.s.usage(job, len(ids), ev[2])})
+        return JSONResponse({**meta, **extra, "choices": [choice], "usage": self.s.usage(job, len(ids), ev.reused)})
 
     async def _stream(self, job: Job, reply: TextReply, events: asyncio.Queue, meta: dict, ids_too: bool,
                       include_usage: bool):
@@ -128,16 +136,16 @@ class Completions:
             return "data: " + json.dumps({**meta, "choices": [choice]}) + "\n\n"
         n = 0
         try:
-            while (ev := await events.get())[0] == "token":
+            while isinstance(ev := await events.get(), Generated):
                 n += 1
-                lp = legacy(self.s.tok, [ev[2]], [ev[3][1]]) if job.sampling.logprobs else None
-                yield chunk(ev[3][0], ids=[ev[1]], lp=lp)
-            if ev[0] == "error":
-                yield engine_error(ev[1]).sse()  # ends with [DONE]
+                lp = legacy(self.s.tok, [ev.pick], [ev.reply.offset]) if job.sampling.logprobs else None
+                yield chunk(ev.reply.text, ids=[ev.token], lp=lp)
+            if isinstance(ev, Failed):
+                yield engine_error(ev.message).sse()  # ends with [DONE]
                 return
-            yield chunk(reply.finish(), ev[1], ids=[])
+            yield chunk(reply.finish(), ev.reason, ids=[])
             if include_usage:
-                yield "data: " + json.dumps({**meta, "choices": [], "usage": self.s.usage(job, n, ev[2])}) + "\n\n"
+                yield "data: " + json.dumps({**meta, "choices": [], "usage": self.s.usage(job, n, ev.reused)}) + "\n\n"
             yield "data: [DONE]\n\n"
         finally:
             job.cancel.set()  # client gone (or finished): the worker stops before its next forward

@@ -28,7 +28,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from .chat_encoding import END_THINK, encode_chat
 from .errors import APIError, engine_error
-from .events import ClientGone, next_event
+from .events import ClientGone, Done, Failed, Generated, Started, next_event
 from .messages_blocks import ContentBlocks, stop_reason
 from .messages_request import ChatRequest, parse_messages
 from .reply import ReplyBuilder
@@ -71,7 +71,7 @@ class Messages:
         max_tokens = s.max_tokens({"max_tokens": body["max_tokens"]}, len(ids), "messages")
         constraint, forced = (None, ()) if force is None else s._forced_call(force, req.tools, req.options.thinking)
         return Job(ids, max_tokens, emit, sampling, forced, constraint, reply.feed,
-                   started=lambda reused: emit(("start", reused))), reply
+                   started=lambda reused: emit(Started(reused))), reply
 
     # -- endpoints ----------------------------------------------------------------------------------------
     async def create(self, request: Request):
@@ -109,21 +109,21 @@ class Messages:
     async def _whole(self, job: Job, reply: ReplyBuilder, events: asyncio.Queue, meta: dict, request: Request):
         blocks, n = ContentBlocks(), 0
         try:
-            while (ev := await next_event(events, request, job))[0] in ("start", "token"):
-                if ev[0] == "token":
+            while isinstance(ev := await next_event(events, request, job), (Started, Generated)):
+                if isinstance(ev, Generated):
                     n += 1
-                    blocks.feed(ev[3])  # the reply's events for this token (reply.feed ran on the engine thread)
+                    blocks.feed(ev.reply)  # the reply's events for this token (reply.feed ran on the engine thread)
         except ClientGone:
             return Response(status_code=499)  # nobody reads it: the client left
         finally:
             job.cancel.set()  # a no-op when finished; stops the worker if this handler was cancelled
-        if ev[0] == "error":
-            return engine_error(ev[1]).anthropic_response()
-        blocks.feed(reply.finish(ev[1]))
+        if isinstance(ev, Failed):
+            return engine_error(ev.message).anthropic_response()
+        blocks.feed(reply.finish(ev.reason))
         blocks.close()
-        reason, sequence = stop_reason(reply, ev[1])
+        reason, sequence = stop_reason(reply, ev.reason)
         return JSONResponse({**meta, "content": blocks.content, "stop_reason": reason, "stop_sequence": sequence,
-                             "usage": self.usage(job, n, ev[2])})
+                             "usage": self.usage(job, n, ev.reused)})
 
     async def _stream(self, job: Job, reply: ReplyBuilder, events: asyncio.Queue, meta: dict):
         blocks, n, reused, started = ContentBlocks(), 0, 0, False
@@ -134,28 +134,28 @@ class Messages:
                 except asyncio.TimeoutError:
                     yield _event({"type": "ping"}) if started else ": waiting for the engine\n\n"
                     continue
-                if ev[0] == "error":
-                    yield engine_error(ev[1]).anthropic_sse()
+                if isinstance(ev, Failed):
+                    yield engine_error(ev.message).anthropic_sse()
                     return
-                if ev[0] == "done" and not started:  # cancelled while queued: nobody is reading
+                if isinstance(ev, Done) and not started:  # cancelled while queued: nobody is reading
                     return
-                if ev[0] == "start":
-                    reused, started = ev[1], True
+                if isinstance(ev, Started):
+                    reused, started = ev.reused, True
                     message = {**meta, "content": [], "stop_reason": None, "stop_sequence": None,
                                "usage": self.usage(job, 0, reused)}
                     yield _event({"type": "message_start", "message": message})
                     yield _event({"type": "ping"})
                     continue
-                if ev[0] == "done":
+                if isinstance(ev, Done):
                     break
                 n += 1
-                for e in blocks.feed(ev[3]):
+                for e in blocks.feed(ev.reply):
                     yield _event(e)
-            for e in blocks.feed(reply.finish(ev[1])) + blocks.close():
+            for e in blocks.feed(reply.finish(ev.reason)) + blocks.close():
                 yield _event(e)
-            reason, sequence = stop_reason(reply, ev[1])
+            reason, sequence = stop_reason(reply, ev.reason)
             yield _event({"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": sequence},
-                          "usage": self.usage(job, n, ev[2])})
+                          "usage": self.usage(job, n, ev.reused)})
             yield _event({"type": "message_stop"})
         finally:
             job.cancel.set()  # client gone (or finished): the worker stops before its next forward

@@ -106,11 +106,11 @@ class ReplyBuilder:
         return out
 
     def finish(self, reason: str = "stop") -> list[tuple[str, object]]:
-        """The events of what was held back, once the worker says why the reply ended (its "done" reason:
-        "stop", or "length" / "cancelled" for a reply cut short). A cut reply drops what is not text yet:
-        a tail that could begin a tool call (dsml_stream.py), and an unfinished character after it (the
-        start of `｜` in `<｜DSML｜` written as plain bytes). An unfinished character elsewhere is U+FFFD, as
-        decoding the whole reply renders it."""
+        """The events of what was held back, once the worker says why the reply ended (its Done event's
+        reason, events.py: "stop", or "length" / "cancelled" for a reply cut short). A cut reply drops what
+        is not text yet: a tail that could begin a tool call (dsml_stream.py), and an unfinished character
+        after it (the start of `｜` in `<｜DSML｜` written as plain bytes). An unfinished character elsewhere
+        is U+FFFD, as decoding the whole reply renders it."""
         if self.stopped:
             return []
         cut = reason != "stop"

@@ -4,13 +4,12 @@ Owning the engine and the prefix cache from a single thread is what keeps the ca
 a cancelled job stops between two forwards, so its session holds exactly the tokens it processed
 and goes back into the cache; a job that fails inside a forward drops its session instead.
 
-With a speculative engine (the plan's policy.speculative "mtp", engine/session.py) each forward after
-a pick drafts the token after it with the MTP block and runs both in one step; the step's first
-logits give the pick the draft is checked against, through the same sampler (penalties, bias, forced
-tokens, constraints, and for sampled replies the same per-token noise, sampling.py). A kept draft is
-the pick the model makes; after a rejected one the pick is made again from the logits of the token
-run alone, as plain decoding makes it. So a reply, greedy or sampled under a seed, is token for token
-the one plain decoding gives (up to the last bits of a 2-token step's logits, as with the buckets).
+A job's reply is the runtime's generation loop (runtime/engine/generation.py) over its cached session,
+with the job's sampler as the picker (JobPicker: penalties, bias, forced tokens, constraints, the
+test hook, and for sampled replies the per-token noise, sampling.py). With a speculative engine (the
+plan's policy.speculative "mtp") the loop drafts, verifies and rejects through that same picker, so a
+reply, greedy or sampled under a seed, is token for token the one plain decoding gives. The loop's
+events become the request's (events.py): Started, Generated per token, then Done or Failed.
 """
 
 from __future__ import annotations
@@ -25,7 +24,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ostinato.runtime.engine import Generation, Token
+
 from .errors import ENGINE_ERROR
+from .events import Done, Event, Failed, Generated
 from .metrics import Metrics
 from .prefix_cache import PrefixCache
 from .sampling import Pick, Sampler, Sampling
@@ -37,8 +39,8 @@ log = logging.getLogger("ostinato.server")
 class Job:
     ids: list[int]                       # the rendered prompt
     max_tokens: int
-    # ("token", id, Pick, watch's events) ... then ("done", finish_reason, reused) or ("error", msg)
-    emit: Callable[[tuple], None]
+    # the request's events, in order (events.py): Generated per token, then Done or Failed
+    emit: Callable[[Event], None]
     sampling: Sampling = Sampling()      # temperature, top_p, seed, penalties, logit_bias, banned, logprobs
     forced: tuple[int, ...] = ()         # generated first, whatever the logits say (tool_choice required/named)
     constraint: object | None = None     # structured output: .mask(logits) -> logits, .advance(id), .done()
@@ -124,13 +126,13 @@ class Worker:
             # `running` is set: a stop() that saw no running job has set `stopping` before this reads it
             if job.cancel.is_set() or self.stopping.is_set():
                 self.running = None
-                job.emit(("done", "cancelled", 0))
+                job.emit(Done("cancelled", 0))
                 continue
             try:
                 self._run(job)
             except Exception:  # a failed forward: logged with its traceback; the client gets a generic 500
                 log.exception("the engine failed on a request of %d prompt tokens", len(job.ids))
-                job.emit(("error", ENGINE_ERROR))
+                job.emit(Failed(ENGINE_ERROR))
             finally:
                 self.running = None
         try:
@@ -138,43 +140,12 @@ class Worker:
         except Exception:
             log.exception("writing the cached sessions to the session store failed")
 
-    def _pick(self, job: Job, gen: list[int], logits: torch.Tensor, sampler: Sampler, peek: bool = False) -> Pick:
-        """The next token's Pick from `logits` (a pure function of them and the sampler's state); `peek`:
-        the token only (a draft's), no logprobs."""
-        if self.logits_hook is not None:
-            logits = self.logits_hook(gen, logits)
-        step = len(gen)
-        return sampler.pick(logits, job.forced[step] if step < len(job.forced) else None, peek)
-
-    @property
-    def speculative(self) -> bool:
-        return bool(getattr(self.engine, "speculative", False))
-
-    def _forward(self, job: Job, session, gen: list[int], sampler: Sampler) -> tuple[torch.Tensor, Pick | None]:
-        """Run the last picked token -> (the logits of the next pick, None), or with an accepted draft
-        (the logits after it, its Pick: the next token, already decided and run)."""
-        tok = gen[-1]
-        last = len(gen) + 1 >= job.max_tokens  # one token left: a draft could not be used
-        draft_logits = None if last or not self.speculative else session.draft(tok)
-        if draft_logits is None:
-            return session.decode(tok), None
-        # the draft: the pick this request would make from the MTP block's logits (same hook, penalties,
-        # constraint, forced token and, sampled, the same noise: sampling.py), so it is kept exactly when the
-        # model's own pick from the verify step's logits is the same token
-        d = self._pick(job, gen, draft_logits, sampler, peek=True).token
-        logits = session.verify(tok, d)
-        pick = self._pick(job, gen, logits[0], sampler)
-        if pick.token == d:
-            return logits[1], pick
-        return session.reject(), None  # picked again from the token's own logits, as plain decoding does
-
     def _run(self, job: Job) -> None:
         counters = self.engine.executor.counters
         before = counters.copy()
         entry, reused = self.cache.acquire(job.ids)
         if job.started is not None:
             job.started(reused)
-        sampler = Sampler(job.sampling, job.constraint)
         logits = entry.logits_at(len(job.ids))  # the same prompt again: its logits are kept, nothing to compute
         if logits is None:
             # raises -> entry dropped, never cached half-done
@@ -182,41 +153,29 @@ class Worker:
             # a copy: the engine may reuse its output buffer (a decode graph's), and the sampler reads it
             entry.end_logits = (len(job.ids), logits.clone())
         entry.tokens = list(job.ids)
-        gen, reason = [], "length"
-        queued: Pick | None = None  # the next token, already decided by a speculative step
-        spec_before = (entry.session.drafted, entry.session.accepted) if self.speculative else (0, 0)
+        run = Generation(entry.session, logits, JobPicker(job, self.logits_hook), job.max_tokens, self.eos,
+                         cancelled=job.cancel.is_set)
         try:
-            while len(gen) < job.max_tokens:
-                if job.cancel.is_set():
-                    reason = "cancelled"
-                    break
-                pick = queued if queued is not None else self._pick(job, gen, logits, sampler)
-                ran, queued = queued is not None, None  # ran: an accepted draft, run by the step that verified it
-                tok = pick.token
-                gen.append(tok)
-                sampler.accept(tok)
-                if len(gen) == 1:
+            for event in run:
+                if not isinstance(event, Token):
+                    continue  # Finished: read below
+                if event.index == 0:
                     self.metrics.add_wait(time.perf_counter() - job.arrived)
-                events, stop = job.watch(tok) if job.watch is not None else (None, False)
-                job.emit(("token", tok, pick, events))
-                if tok == self.eos or stop or sampler.done():
-                    reason = "stop"
-                    break
-                if len(gen) == job.max_tokens:
-                    break
-                if not ran:  # else `logits` are already the ones after it
-                    logits, queued = self._forward(job, entry.session, gen, sampler)
+                reply, stop = job.watch(event.id) if job.watch is not None else (None, False)
+                if stop:  # a stop sequence or the end of the tool calls completed on this token
+                    run.stop()
+                job.emit(Generated(event.id, event.pick, reply))
         except Exception:
             entry = None  # the session may hold a half-processed token: never reuse it
             raise
         finally:
+            gen = run.tokens
+            reason = run.finished.reason if run.finished is not None else None
             if entry is not None:
                 entry.tokens = list(job.ids) + gen[:len(entry.session) - len(job.ids)]  # what the session ran
                 end_turn = getattr(self.engine, "end_turn", None)
                 if end_turn is not None:  # the reply is out: the agent's tool runs; re-place for this session
                     end_turn(entry.session)
-                drafted = entry.session.drafted - spec_before[0] if self.speculative else 0
-                accepted = entry.session.accepted - spec_before[1] if self.speculative else 0
                 self.cache.release(entry)
             d = counters.minus(before)
             with self.metrics.lock:
@@ -232,6 +191,31 @@ class Worker:
                     m.experts_swapped, m.adapt_bytes_uploaded = adapter.stats.swapped, adapter.stats.bytes_uploaded
                 m.cancelled += reason == "cancelled"
                 if entry is not None:
-                    m.drafted_tokens += drafted
-                    m.accepted_tokens += accepted
-        job.emit(("done", reason, reused))
+                    m.drafted_tokens += run.drafted
+                    m.accepted_tokens += run.accepted
+        job.emit(Done(reason, reused))
+
+
+class JobPicker:
+    """The generation loop's picker for a job: its sampler, with its forced tokens first (tool_choice) and the
+    server's logits hook (tests script replies with it) applied before every pick, drafts' included."""
+
+    def __init__(self, job: Job, logits_hook=None):
+        self.sampler = Sampler(job.sampling, job.constraint)
+        self.forced, self.logits_hook = job.forced, logits_hook
+        self.generated: list[int] = []  # the reply so far: what the hook sees
+
+    def pick(self, logits: torch.Tensor, peek: bool = False) -> Pick:
+        """The next token's Pick from `logits` (a pure function of them and the sampler's state); `peek`: the
+        token only (a draft's), no logprobs."""
+        if self.logits_hook is not None:
+            logits = self.logits_hook(self.generated, logits)
+        step = len(self.generated)
+        return self.sampler.pick(logits, self.forced[step] if step < len(self.forced) else None, peek)
+
+    def accept(self, token: int) -> None:
+        self.generated.append(token)
+        self.sampler.accept(token)
+
+    def done(self) -> bool:
+        return self.sampler.done()

@@ -3,6 +3,14 @@
     engine = load_engine("plan.yaml", device="cpu")
     session = engine.new_session()       # prefill picks split-route or upload-once by the plan's threshold
 
+load_engine runs four named stages, each a function that returns what it builds, whole: the model and the
+step runner get everything the plan adds to them when they are made, and nothing edits them afterwards.
+
+    spec = read_plan(plan, ...)                         # the plan checked, every choice resolved: LoadSpec
+    executor = place_experts(spec)                      # the routed experts placed: PlacementExecutor
+    model = load_planned_model(spec, executor)          # dense weights and the plan's kernels: Model
+    runner = build_steps(spec, model, executor)         # fixed-shape steps, compiled / captured: StepRunner
+
 The plan is checked against the checkpoint first (fingerprints of config, index and each weight shard's
 bytes; a mismatch names the field or the shard). Each
 layer's hot experts go to its planned device, packed as stored (both hot backends compute from the
@@ -29,6 +37,7 @@ import torch
 from tqdm import tqdm
 
 from ostinato.adaptation import AdaptPolicy
+from ostinato.checkpoint.config import ModelConfig
 from ostinato.checkpoint.fingerprint import model_fingerprint
 from ostinato.checkpoint.reader import Checkpoint, PackedExpert
 from ostinato.checkpoint.weight_fingerprint import weight_fingerprint
@@ -232,11 +241,35 @@ def speculating(plan: Plan, speculative: str | None) -> bool:
     return choice == "mtp"
 
 
+@dataclass(frozen=True)
+class LoadSpec:
+    """What the first stage decides (read_plan): the plan, checked against the checkpoint, and every choice
+    of the load resolved, before any weight is placed."""
+    plan: Plan
+    model_dir: Path
+    config: ModelConfig                 # the checkpoint's config.json
+    devices: list[torch.device]         # each planned GPU's torch device
+    cuda: bool
+    dtype: torch.dtype                  # the dense compute dtype (compute_dtype)
+    hot_backend: str                    # "triton" / "torch" / "cpu"
+    speculative: bool                   # the MTP block is placed and sessions draft with it
+    adapt: AdaptPolicy
+    cpu_threads: CpuThreads
+    placed: list[LayerPlan]             # the layers whose experts are placed: the model's, then the MTP block
+
+    @property
+    def layer_devices(self) -> list[torch.device]:
+        return [self.devices[lp.gpu] for lp in self.plan.layers]
+
+
 def load_engine(plan: str | Path | Plan, model_dir: str | Path | None = None, device: str | None = None,
                 dtype: torch.dtype | None = None, hot_backend: str | None = None, static_decode: bool = True,
                 decode_graphs: bool = True, progress: bool | None = False, speculative: str | None = None,
                 adapt: str | None = None, cpu_step: str | None = None) -> Engine:
-    """The plan's engine. `dtype`: the compute dtype, default the plan's dense format (see compute_dtype).
+    """The plan's engine, in four stages: read the plan (read_plan), place the experts (place_experts), load
+    the model (load_planned_model), build the fixed-shape steps (build_steps). Each stage builds what it
+    makes whole: nothing edits the model after it is built.
+    `dtype`: the compute dtype, default the plan's dense format (see compute_dtype).
     `static_decode`: decode through the fixed-shape step sized for the plan's context (else the
     dynamic model); `decode_graphs`: capture that step as CUDA graphs on GPUs. `progress`: bars over
     the layers on stderr while weights are placed (routed experts, then the rest of each layer);
@@ -244,11 +277,27 @@ def load_engine(plan: str | Path | Plan, model_dir: str | Path | None = None, de
     policy.speculative (see speculating()); `adapt`: "off" / "idle" instead of policy.adapt's mode;
     `cpu_step`: "compiled" / "eager" instead of policy.cpu_step (the decode step's CPU segments, compiled
     into one call with decode_graphs; default: $OSTINATO_CPU_STEP if set, else the plan's)."""
+    disable = None if progress is None else not progress  # tqdm: None = only on a terminal
+    spec = read_plan(plan, model_dir, device, dtype, hot_backend, speculative, adapt)
+    executor = place_experts(spec, disable)
+    model = load_planned_model(spec, executor, disable)
+    runner = build_steps(spec, model, executor, decode_graphs, cpu_step, disable) if static_decode else None
+    engine = Engine(spec.plan, spec.model_dir, model, executor, spec.devices, runner, spec.cpu_threads,
+                    spec.speculative, _adapter(spec.plan, executor, spec.adapt))
+    if not spec.cuda:  # the cold experts and the embedding are read from the mapped checkpoint: read it ahead
+        prefetch_mapped(t for _, t in tensors_in(engine))
+    return engine
+
+
+def read_plan(plan: str | Path | Plan, model_dir: str | Path | None = None, device: str | None = None,
+              dtype: torch.dtype | None = None, hot_backend: str | None = None, speculative: str | None = None,
+              adapt: str | None = None) -> LoadSpec:
+    """Stage 1: the plan read and checked against the checkpoint (fingerprints of its config, index and
+    weight shards), and the load's choices resolved (load_engine's arguments)."""
     if not isinstance(plan, Plan):
         plan = load_plan(plan)
     spec = speculating(plan, speculative)
     adapt_policy = _adapt_policy(plan, adapt)
-    placed = [*plan.layers, plan.mtp] if spec else list(plan.layers)  # the MTP block is layer index model.layers
     model_dir = model_directory(plan, model_dir)
     fp = model_fingerprint(model_dir)
     check_fingerprint(plan, fp.config_sha256, fp.index_sha256)  # cheap: refuses another layout before any hashing
@@ -264,27 +313,34 @@ def load_engine(plan: str | Path | Plan, model_dir: str | Path | None = None, de
         raise PlanError("the cpu hot backend computes the hot pools in host memory: it runs with --device cpu only")
     if backend == "triton" and not cuda and os.environ.get("TRITON_INTERPRET") != "1":
         raise PlanError("the triton hot backend on the CPU needs TRITON_INTERPRET=1 (or use the torch backend)")
+    placed = [*plan.layers, plan.mtp] if spec else list(plan.layers)  # the MTP block is layer index model.layers
+    return LoadSpec(plan, model_dir, ModelConfig.from_json(model_dir / "config.json"), devices, cuda, dtype, backend,
+                    spec, adapt_policy, cpu_threads(plan.policy.cpu_threads, cuda), placed)
+
+
+def place_experts(spec: LoadSpec, disable: bool | None = False) -> PlacementExecutor:
+    """Stage 2: every placed layer's routed experts where the plan puts them (hot pools on their device,
+    cold ones behind the CPU kernel, the upload staging), and the executor over them."""
+    plan, devices, dtype, cfg = spec.plan, spec.devices, spec.dtype, spec.config
     cpu_kernel = CpuExpertKernel(_cpu_kernel_for_this_host(plan))
-    threads = cpu_threads(plan.policy.cpu_threads, cuda)
+    threads = spec.cpu_threads
     layers = []
-    disable = None if progress is None else not progress  # tqdm: None = only on a terminal
-    with Checkpoint.open(model_dir) as ckpt, tqdm(total=len(placed), desc="placing experts", unit="layer",
-                                                 file=sys.stderr, disable=disable) as bar:
-        cfg = ckpt.config
-        if backend == "triton":
+    with Checkpoint.open(spec.model_dir) as ckpt, tqdm(total=len(spec.placed), desc="placing experts", unit="layer",
+                                                      file=sys.stderr, disable=disable) as bar:
+        if spec.hot_backend == "triton":
             compute = TritonPoolCompute(
                 load_triton_module(_artifact(plan, plan.kernel(KernelName.HOT_EXPERTS_PREFILL))),
                 load_triton_module(_artifact(plan, plan.kernel(KernelName.HOT_EXPERTS_DECODE))))
-        elif backend == "torch":
+        elif spec.hot_backend == "torch":
             compute = TorchPoolCompute(cfg.swiglu_limit)
         else:
             compute = CpuPoolCompute(cpu_kernel, threads.threads)
         E, D, I = cfg.n_routed_experts, cfg.hidden_size, cfg.moe_intermediate_size
-        adapted = len(plan.layers) if adapt_policy.mode == "idle" else 0  # these pin their hot experts' rows too
-        rows = _expert_rows(ckpt, placed, devices, adapted, disable)
+        adapted = len(plan.layers) if spec.adapt.mode == "idle" else 0  # these pin their hot experts' rows too
+        rows = _expert_rows(ckpt, spec.placed, devices, adapted, disable)
         staging = {}  # planned GPU -> its two upload buffers, shared by its layers (the plan counts one pair per
         # GPU; keyed by the plan's index so a CPU run holds what the GPUs would)
-        for lp, table in zip(placed, rows):
+        for lp, table in zip(spec.placed, rows):
             dev = devices[lp.gpu]
             compute.prepare(dev, dtype)
             if lp.gpu not in staging:
@@ -299,28 +355,42 @@ def load_engine(plan: str | Path | Plan, model_dir: str | Path | None = None, de
             layers.append(LayerExperts(dev, slot_of.to(dev), cold_of, pool, table,
                                        cpu_kernel.table(table) if cold else None, staging[lp.gpu]))
             bar.update()
-    executor = PlacementExecutor(layers, compute, cpu_kernel, threads.threads, plan.policy.upload_group,
-                                 plan.model.expert_bytes, dtype, cfg.num_experts_per_tok,
-                                 sorted({1, *plan.policy.prefill_buckets} | ({2} if spec else set())))
+    return PlacementExecutor(layers, compute, cpu_kernel, threads.threads, plan.policy.upload_group,
+                             plan.model.expert_bytes, dtype, cfg.num_experts_per_tok,
+                             sorted({1, *plan.policy.prefill_buckets} | ({2} if spec.speculative else set())))
+
+
+def load_planned_model(spec: LoadSpec, executor: PlacementExecutor, disable: bool | None = False) -> Model:
+    """Stage 3: the model's dense weights on their layers' devices, built with the executor and what the plan
+    adds to it (its context and snapshots, the mHC mixing and dense-op kernels)."""
+    plan, cuda, threads = spec.plan, spec.cuda, spec.cpu_threads.threads
+    # on the CPU the dense path's torch ops and Inductor's code share the plan kernels' OpenMP threads: the
+    # head's too, whatever a compiled step sets torch's to
+    dense_ops = DenseOpsKernel(_cpu_kernel_for_this_host(plan, KernelName.DENSE_OPS_CPU), load_triton_module(
+        _artifact(plan, plan.kernel(KernelName.DENSE_OPS_TRITON))) if cuda else None, None if cuda else threads)
     with tqdm(total=len(plan.layers), desc="loading layers", unit="layer", file=sys.stderr, disable=disable) as bar:
-        model = load_model(model_dir, dtype=dtype, device=devices[plan.layers[0].gpu], executor=executor,
-                           prefill_chunk=plan.policy.prefill_chunk,
-                           layer_devices=[devices[lp.gpu] for lp in plan.layers], on_layer=lambda layer: bar.update(),
-                           fp8=plan.model.dense_format == "fp8", mtp=spec)
-    model.max_context, model.max_snapshots = plan.policy.context, plan.policy.snapshots  # what the plan sized
-    model.hc_mix = _hc_mix_kernel(plan, cfg, cuda)
-    model.dense_ops = DenseOpsKernel(_cpu_kernel_for_this_host(plan, KernelName.DENSE_OPS_CPU), load_triton_module(
-        _artifact(plan, plan.kernel(KernelName.DENSE_OPS_TRITON))) if cuda else None)
-    if not cuda:  # the dense path's torch ops and Inductor's code share the plan kernels' OpenMP threads
-        torch.set_num_threads(threads.threads)
-        model.dense_ops.threads = threads.threads  # the head's, whatever a compiled step sets torch's to
+        model = load_model(spec.model_dir, dtype=spec.dtype, device=spec.devices[plan.layers[0].gpu],
+                           executor=executor, prefill_chunk=plan.policy.prefill_chunk,
+                           layer_devices=spec.layer_devices, on_layer=lambda layer: bar.update(),
+                           fp8=plan.model.dense_format == "fp8", mtp=spec.speculative,
+                           max_context=plan.policy.context, max_snapshots=plan.policy.snapshots,
+                           hc_mix=_hc_mix_kernel(plan, spec.config, cuda), dense_ops=dense_ops)
+    if not cuda:
+        torch.set_num_threads(threads)
+    return model
+
+
+def build_steps(spec: LoadSpec, model: Model, executor: PlacementExecutor, decode_graphs: bool = True,
+                cpu_step: str | None = None, disable: bool | None = False) -> StepRunner:
+    """Stage 4: the fixed-shape steps (decode, prefill buckets, the 2-token verify step when speculating) sized
+    for the plan's context; the CPU decode step compiled and the CUDA graphs captured now, not on the first
+    request."""
+    plan = spec.plan
     step_mode, why = _cpu_step(plan, cpu_step) if decode_graphs else ("eager", "the step runs without graphs "
                                                                                "(--decode eager)")
     runner = StepRunner(model, executor, plan.policy.context, decode_graphs, [lp.gpu for lp in plan.layers],
-                        plan.policy.prefill_buckets, spec, step_mode) if static_decode else None
-    if runner is not None and runner.cpu_step == "eager" and not runner.cpu_step_note:
-        runner.cpu_step_note = why
-    if runner is not None and runner.cpu_step == "compiled":  # at load, as a capture: a minute the first time
+                        plan.policy.prefill_buckets, spec.speculative, step_mode, eager_why=why)
+    if runner.cpu_step == "compiled":  # at load, as a capture: a minute the first time
         now = len(runner.decode_steps) if runner.speculative else 1  # the larger ones when first needed
         what = (f"compiling the CPU decode step{'s' if now > 1 else ''} (about a minute each the first time, then "
                 f"cached; {len(runner.decode_steps) - now} larger context size(s) when a session first reaches them)")
@@ -330,15 +400,11 @@ def load_engine(plan: str | Path | Plan, model_dir: str | Path | None = None, de
             compiled = runner.compile_cpu_step(lambda context: bar.update())
         if not compiled:
             print(f"ostinato: decoding with the eager CPU step: {runner.cpu_step_note}", file=sys.stderr, flush=True)
-    if runner is not None and runner.use_graphs:  # now, not on the first request: seconds of capture
+    if runner.use_graphs:  # seconds of capture
         with tqdm(total=len(runner.steps), desc="capturing CUDA graphs", unit="step", file=sys.stderr,
                   disable=disable) as bar:
             runner.capture_graphs(lambda T: bar.update())
-    engine = Engine(plan, model_dir, model, executor, devices, runner, threads, spec,
-                    _adapter(plan, executor, adapt_policy))
-    if not cuda:  # the cold experts and the embedding are read from the mapped checkpoint: read it ahead
-        prefetch_mapped(t for _, t in tensors_in(engine))
-    return engine
+    return runner
 
 
 def _cpu_step(plan: Plan, choice: str | None) -> tuple[str, str]:

@@ -81,14 +81,14 @@ def on_gpu(step: StaticStep) -> bool:
 class StepRunner:
     def __init__(self, model, executor: PlacementExecutor, max_context: int, graphs: bool = True,
                  layer_gpus: list[int] | None = None, buckets: list[int] = (), speculative: bool = False,
-                 cpu_step: str = "eager", decode_contexts: list[int] | None = None):
+                 cpu_step: str = "eager", decode_contexts: list[int] | None = None, eager_why: str = ""):
         """`layer_gpus`: the plan's GPU of each layer (the steps' segments, see StaticStep);
         `buckets`: the prefill buckets' token counts (> 1; the decode step is T = 1); `speculative`: every
         step keeps its tokens' streams, the 2-token step (made if no bucket is one) every token's logits;
         `cpu_step`: "compiled" to compile the decode step's CPU segments (compile_cpu_step), else "eager";
         `decode_contexts`: on an engine without GPU segments, the contexts of its decode steps (ascending, the
         last max_context; default buckets.decode_contexts): each position decodes with the smallest that holds
-        it (StaticStep.within)."""
+        it (StaticStep.within); `eager_why`: why cpu_step is "eager" (the caller's choice: cpu_step_note)."""
         if cpu_step not in ("compiled", "eager"):
             raise ValueError(f"cpu_step must be 'compiled' or 'eager', got {cpu_step!r}")
         if any(b < 2 for b in buckets):
@@ -125,7 +125,8 @@ class StepRunner:
         self.decode_steps = [(c, SegmentGraphs(self.step.within(c))) for c in smaller] + [(max_context, self.graphs[1])]
         cpu = any(s.device.type == "cpu" for s in self.step.segments)
         self.cpu_step = cpu_step if cpu else "eager"
-        self.cpu_step_note = "" if cpu else "no CPU segments"  # why the decode step runs eagerly on the CPU
+        # why the decode step runs eagerly on the CPU ("": it does not, or compile_cpu_step will say)
+        self.cpu_step_note = ("" if self.cpu_step == "compiled" else eager_why) if cpu else "no CPU segments"
         self.unbuilt: set[int] = set()  # contexts whose compiled decode step is built when first needed
 
     def compile_cpu_step(self, on_step=lambda context: None) -> bool:

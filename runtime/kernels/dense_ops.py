@@ -57,7 +57,7 @@ def _block(n: int) -> int:
 class DenseOpsKernel:
     """A plan's dense-op kernels: the host library (ctypes) and, for GPUs, the Triton module."""
 
-    def __init__(self, library: str | Path, triton_module: ModuleType | None = None):
+    def __init__(self, library: str | Path, triton_module: ModuleType | None = None, threads: int | None = None):
         self.lib = ctypes.CDLL(str(library))
         p, i64, f32, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
         self.lib.ost_rms_norm.argtypes = [p, p, i64, i64, p, f32, i32, i32]
@@ -89,7 +89,7 @@ class DenseOpsKernel:
             self.lib.ost_fp8_dequantize_bf16.restype = ctypes.c_int
             self._dequantizers[torch.bfloat16] = self.lib.ost_fp8_dequantize_bf16
         self.triton = triton_module
-        self.threads: int | None = None  # the head's threads on the host; None: torch's intra-op count
+        self.threads = threads  # the head's threads on the host; None: torch's intra-op count
         self.handle = register(self)
         self.op_handle = handle_tensor(self.handle)  # for the ops compiled steps call (head, FP8 products)
 

@@ -42,17 +42,18 @@ DEFAULT_MAX_SNAPSHOTS = 256  # turn-boundary snapshots per session when no plan 
 class Model:
     def __init__(self, config: ModelConfig, weights: ModelWeights, executor: ExpertExecutor, dtype: torch.dtype,
                  device: torch.device | str, prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
-                 layer_devices: list | None = None):
+                 layer_devices: list | None = None, *, max_context: int | None = None,
+                 max_snapshots: int = DEFAULT_MAX_SNAPSHOTS, hc_mix: Callable | None = None, dense_ops=None):
         self.config, self.weights, self.executor = config, weights, executor
         self.dtype, self.device = dtype, torch.device(device)  # embedding; layer_devices[-1] runs the head
         # Pipeline over devices: layer i runs on layer_devices[i]; the residual moves at each boundary.
         self.layer_devices = [torch.device(d) for d in (layer_devices or [device] * config.n_layers)]
         self.prefill_chunk = prefill_chunk
-        self.max_context: int | None = None  # the planned context: caches grow in steps up to it (kv_cache.py)
-        self.max_snapshots = DEFAULT_MAX_SNAPSHOTS  # per session (session.py); a plan sets its own
+        self.max_context = max_context  # the planned context: caches grow in steps up to it (kv_cache.py)
+        self.max_snapshots = max_snapshots  # per session (session.py); a plan sets its own
         self.observer: RoutingObserver | None = None
-        self.hc_mix: Callable | None = None  # the plan's mHC mixing kernel (kernels/hc_mix.py); None: reference
-        self.dense_ops = None  # the plan's norm and rope kernels (kernels/dense_ops.py), active in its forwards
+        self.hc_mix = hc_mix  # the plan's mHC mixing kernel (kernels/hc_mix.py); None: reference
+        self.dense_ops = dense_ops  # the plan's norm and rope kernels (kernels/dense_ops.py), active in its forwards
         tables = rope_tables(config)
         self.ropes = {d: {k: r.to(d) for k, r in tables.items()} for d in set(self.layer_devices)}
 
@@ -151,14 +152,15 @@ def decoder_block(lw: LayerWeights, streams: torch.Tensor, hc: tuple, attn: Call
 def load_model(ckpt_dir: str | Path, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
                executor: ExpertExecutor | None = None, prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
                layer_devices: list | None = None, on_layer: Callable[[int], None] | None = None,
-               fp8: bool = False, mtp: bool = False) -> Model:
+               fp8: bool = False, mtp: bool = False, **planned) -> Model:
     """The model of an official-format checkpoint. Without `executor`, every routed expert is
     dequantized into a DenseExpertExecutor; with one, routed experts are left to it.
     `layer_devices` places each layer's dense weights and cache on its device (a plan's pipeline);
     the embedding stays on `device`, the head goes with the last layer. `on_layer(i)` is called as each
     layer's weights are loaded (progress). `fp8`: FP8 matmul weights stay as stored (fp8_matrix.py).
     `mtp`: the checkpoint's MTP block too (mtp.py; with the dense executor, its experts too), for
-    speculative decoding (speculative.py); an error when the checkpoint has none."""
+    speculative decoding (speculative.py); an error when the checkpoint has none. `planned`: what a plan
+    adds (Model's max_context, max_snapshots, hc_mix, dense_ops), given here: nothing edits a built model."""
     with Checkpoint.open(ckpt_dir) as ckpt:
         if mtp and not ckpt.has_mtp:
             why = ("its mtp.* tensors are the 0731 release's DSpark drafter, which Ostinato does not run"
@@ -173,4 +175,4 @@ def load_model(ckpt_dir: str | Path, dtype: torch.dtype = torch.float32, device:
             claims.check()
         else:
             claims.check(skip_roles=("routed_expert",))
-        return Model(ckpt.config, weights, executor, dtype, device, prefill_chunk, layer_devices)
+        return Model(ckpt.config, weights, executor, dtype, device, prefill_chunk, layer_devices, **planned)
