@@ -19,15 +19,31 @@ import json
 
 from ostinato.plans import plans_dir
 
+# The presets' positions: the context a plan reserves by default (ostinato-compile --context, an agent's: 262,144
+# tokens), so the committed tiny plan and a ~100k-token conversation fit the model. Only max_position_embeddings
+# grows; YaRN's factor (16, V4-Flash's) and original window (256 / 512) stay. Why: the rotation frequencies
+# (runtime/model/rope.py, and transformers' reference) are a function of factor and original window alone, never
+# of max_position_embeddings, so every position computes exactly what it did (the routing profiles recorded on
+# the tiny model reproduce bit for bit), while making the window consistent (original x factor = max, as
+# V4-Flash's 65,536 x 16 = 1,048,576) would change the CSA/HCA rotations at every position. The positions are
+# still covered: the slowest compressed-layer channel turns once every ~11.1M positions (base 160,000
+# interpolated by 16, the same channel as V4-Flash's), so at 262,144 it has turned 0.15 rad (V4-Flash at
+# 1,048,576: 0.60) and no two positions share a rotation. transformers logs that the factor differs from
+# max / original (a warning only; it uses the given factor, as rope.py does).
+AGENT_POSITIONS = 262144
+
 # Keys that differ from the official V4-Flash config; everything else is copied from it.
 PRESETS: dict[str, dict] = {
     # Runs in seconds on 2 cores. Covers sliding, CSA and HCA layers and hash + score routing.
     # index_topk 128 keeps every visible compressed entry up to 512 tokens (exact-test safe).
+    # Positions: an agent's context (AGENT_POSITIONS, the plans' default), with V4-Flash's YaRN factor 16 on a
+    # short original window (see AGENT_POSITIONS for why the window stays 256).
     "tiny": dict(
         vocab_size=1024, hidden_size=256, num_hidden_layers=4, num_attention_heads=4, head_dim=128,
         qk_rope_head_dim=64, q_lora_rank=128, o_groups=2, o_lora_rank=128, n_routed_experts=16,
         num_experts_per_tok=4, moe_intermediate_size=128, compress_ratios=[0, 4, 128, 4, 0], num_hash_layers=1,
-        index_n_heads=4, index_head_dim=128, index_topk=128, sliding_window=16, max_position_embeddings=4096,
+        index_n_heads=4, index_head_dim=128, index_topk=128, sliding_window=16,
+        max_position_embeddings=AGENT_POSITIONS,
         rope_scaling={"beta_fast": 32, "beta_slow": 1, "factor": 16, "original_max_position_embeddings": 256,
                       "type": "yarn"},
     ),
@@ -38,7 +54,7 @@ PRESETS: dict[str, dict] = {
         qk_rope_head_dim=64, q_lora_rank=256, o_groups=4, o_lora_rank=128, n_routed_experts=32,
         num_experts_per_tok=6, moe_intermediate_size=256, compress_ratios=[0, 128, 4, 128, 4, 4, 0],
         num_hash_layers=2, index_n_heads=8, index_head_dim=128, index_topk=64, sliding_window=32,
-        max_position_embeddings=8192,
+        max_position_embeddings=AGENT_POSITIONS,
         rope_scaling={"beta_fast": 32, "beta_slow": 1, "factor": 16, "original_max_position_embeddings": 512,
                       "type": "yarn"},
     ),

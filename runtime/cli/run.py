@@ -14,9 +14,7 @@ from ostinato.cli.common import refuse
 from ostinato.plan import PlanError
 from ostinato.workload import WorkloadError
 
-from ..engine.greedy import greedy_tokens
-from ..engine.session import ContextFull
-from ..kernels.argmax import argmax
+from ..engine import ContextFull, generate
 from .engine_args import add_engine_args, load_engine_from_args
 
 SERVE_ALIAS_NOTE = ("ostinato-run: note: `ostinato-run PLAN --serve` is now `ostinato-serve PLAN` (same options); "
@@ -35,6 +33,12 @@ def parse_args(argv):
     what.add_argument("--prompt", help="generate a reply to this text (greedy)")
     p.add_argument("--session-index", type=int, help="which session of the CSV, from 0 (0)")
     p.add_argument("--limit-turns", type=int, help="replay at most this many turns")
+    p.add_argument("--from-turn", type=int, default=0,
+                   help="start at this call of the session, the calls before it prefilled once as a cached prefix "
+                        "(an agent-scale session's 100k+ tokens), not measured (0)")
+    p.add_argument("--idle-scale", type=float, default=1.0,
+                   help="sleep each call's recorded idle_before_s (tool latency, human wait) x this before it: the "
+                        "re-placement between turns uploads meanwhile; 0: no waits, 0.01: compressed 100x (1.0)")
     p.add_argument("--max-generated", type=int, help="decode at most this many tokens per turn")
     p.add_argument("--scale", type=float, default=1.0, help="multiply appended tokens by this factor (1.0)")
     p.add_argument("--max-new", type=int, default=32, help="tokens to generate for --prompt (32)")
@@ -42,6 +46,8 @@ def parse_args(argv):
     a = p.parse_args(argv)
     if a.scale <= 0:
         p.error(f"--scale must be positive, got {a.scale}")
+    if a.idle_scale < 0 or a.from_turn < 0:
+        p.error(f"--idle-scale and --from-turn must be >= 0, got {a.idle_scale} and {a.from_turn}")
     for name in ("max_new", "limit_turns"):
         v = getattr(a, name)
         if v is not None and v <= 0:
@@ -70,7 +76,7 @@ def session_shape(a: argparse.Namespace):
     if index >= len(sessions):
         raise WorkloadError(f"{a.session}: --session-index {index} out of range (the file has {len(sessions)} "
                             f"sessions: 0..{len(sessions) - 1})")
-    return shrink_sessions([sessions[index]], a.scale, a.limit_turns, a.max_generated)[0]
+    return shrink_sessions([sessions[index].starting_at(a.from_turn)], a.scale, a.limit_turns, a.max_generated)[0]
 
 
 def serve_alias(argv: list[str]) -> None:
@@ -95,10 +101,16 @@ def main(argv: list[str] | None = None) -> int:
         model_dir = engine.model_dir
         if shape is not None:
             print(f"session {shape.name}: {len(shape.turns)} turns\n{HEADER}")
-            start = time.perf_counter()
+            start, prefix_s = time.perf_counter(), [0.0]
+
+            def on_prefix(n: int, seconds: float) -> None:  # before the first turn: not the session's time
+                prefix_s[0] = seconds
+                print(f"cached prefix: {n:,d} tokens prefilled in {seconds:.1f} s (not a turn)", flush=True)
+
             results = replay(engine, shape, TokenSource(model_dir, engine.model.config.vocab_size, a.seed),
-                             on_turn=lambda r: print(format_turn(r), flush=True))
-            print(summary(results, engine.plan, time.perf_counter() - start))
+                             on_turn=lambda r: print(format_turn(r), flush=True), idle_scale=a.idle_scale,
+                             on_prefix=on_prefix)
+            print(summary(results, engine.plan, time.perf_counter() - start - prefix_s[0]))
         else:
             _prompt(engine, model_dir, a.prompt or "Hello", a.max_new)
     except (PlanError, CheckpointError, WorkloadError, ContextFull) as e:  # ContextFull: past the plan's context
@@ -112,9 +124,8 @@ def _prompt(engine, model_dir: Path, text: str, max_new: int) -> None:
     tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
     ids = [engine.model.config.bos_token_id] + tok.encode(text).ids
     session = engine.new_session()
-    first = argmax(session.prefill(ids, last_only=True)[-1])
-    out = greedy_tokens(session, first, max_new, engine.model.config.eos_token_id)
-    print(tok.decode(out))
+    reply = generate(session, session.prefill(ids, last_only=True)[-1], max_new, engine.model.config.eos_token_id)
+    print(tok.decode(list(reply.tokens)))
 
 
 if __name__ == "__main__":

@@ -24,6 +24,12 @@ from .rope import apply_rope
 
 # Bound on the float32 score elements (T x HI x n) materialized at once: long contexts score in query blocks.
 SCORE_BLOCK_ELEMENTS = 1 << 24
+# ...and on the CPU, where the scores' intermediates (the matmul's [Tb, HI, n] float32, its relu, scaled and
+# head-weighted copies, then [Tb, n]) are each a fresh tensor: at 64 MiB a block the allocator maps new pages for
+# every one of them and the kernel zeroes them on first touch, so a pass ran at 2 GB/s; at 4 MiB (1 << 20
+# elements) they stay in the cache and the allocator's heap. Measured by bench/indexer_cost.py: a tiny-dims
+# select of 800 queries over 7,500 rows 0.42 -> 0.24 s (1 thread). Blocking over queries changes no score.
+CPU_SCORE_BLOCK_ELEMENTS = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -57,6 +63,30 @@ def top_k_earliest(scores: torch.Tensor, k: int) -> torch.Tensor:
     return scores.sort(dim=-1, descending=True, stable=True).indices[..., :k]
 
 
+def top_k_earliest_by_topk(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """top_k_earliest's answer, the same indices in the same order, without sorting every score: a prefill's
+    queries each rank every compressed entry, and at 100k tokens the full sorts took most of a CSA layer's
+    time (n log n; this is topk's n log k and two passes). torch.topk finds the k-th largest score; a row
+    with exactly k scores at or above it keeps those, and only they are sorted (stable: equal scores keep
+    the lower index first). Rows where more scores tie at the k-th place (early queries, whose masked -inf
+    entries tie) take the full sort, which decides which of the tied ones are kept."""
+    lead, n = scores.shape[:-1], scores.shape[-1]
+    flat = scores.reshape(-1, n)  # [R, n]
+    kth = flat.topk(k, dim=-1).values[:, -1:]  # [R, 1]
+    kept = flat >= kth  # [R, n], at least k per row (-0.0 >= 0.0: the sort ranks them equal too)
+    at = kept.nonzero()  # [m, 2] row-major: each row's indices ascending
+    rows = at[:, 0].bincount(minlength=flat.shape[0])  # [R] kept per row
+    if bool((rows == k).all()):
+        idx = at[:, 1].view(-1, k)  # [R, k]
+    else:
+        idx = torch.empty(flat.shape[0], k, dtype=torch.long, device=flat.device)
+        exact = rows == k
+        idx[exact] = at[exact[at[:, 0]], 1].view(-1, k)
+        idx[~exact] = top_k_earliest(flat[~exact], k)
+    order = flat.gather(1, idx).sort(dim=-1, descending=True, stable=True).indices  # [R, k]
+    return idx.gather(1, order).view(*lead, k)
+
+
 def select(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor, positions: torch.Tensor, ratio: int,
            topk: int) -> torch.Tensor:
     """Top-k visible entries per query -> indices [T, k] int64, -1 where the pick is not visible."""
@@ -64,11 +94,12 @@ def select(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor, positions
     n = keys.shape[0]
     k = min(topk, n)
     visible = (positions + 1) // ratio  # [T] number of complete windows at t
-    block = max(1, SCORE_BLOCK_ELEMENTS // max(1, h * n))
+    limit = CPU_SCORE_BLOCK_ELEMENTS if keys.device.type == "cpu" else SCORE_BLOCK_ELEMENTS
+    block = max(1, limit // max(1, h * n))
     picks = []
     for s in range(0, t, block):
         scores = index_scores(q[s:s + block], weights[s:s + block], keys)  # [Tb, n]
         future = torch.arange(n, device=keys.device) >= visible[s:s + block, None]  # [Tb, n]
-        idx = top_k_earliest(scores.masked_fill(future, float("-inf")), k)  # [Tb, k]
+        idx = top_k_earliest_by_topk(scores.masked_fill(future, float("-inf")), k)  # [Tb, k]
         picks.append(torch.where(idx >= visible[s:s + block, None], -1, idx))
     return torch.cat(picks)  # [T, k]
