@@ -63,6 +63,7 @@ class Server:
     """A server process on loopback and the one request shape both answer: token ids in, a stream of
     generated token ids out. Subclasses say how each server spells it."""
     name = ""
+    last: dict = {}  # the last streamed chunk of the last request (llama.cpp's timings, Ostinato's usage)
 
     def __init__(self, cmd: list[str], port: int, log: Path, env: dict | None = None):
         self.port, self.log = port, log
@@ -112,6 +113,7 @@ class Server:
                 data = json.loads(line[6:])
                 if "error" in data:
                     raise SystemExit(f"{self.name} failed mid-stream: {data['error']}")
+                self.last = data
                 got = self.chunk_ids(data)
                 if got and t_first is None:
                     t_first = time.perf_counter() - t0
@@ -265,15 +267,23 @@ def table(res: dict, info: dict) -> str:
     return "\n".join(rows)
 
 
-def doc_with(doc: str, text: str, label: str) -> str:
-    """The document with `label`'s measured block replaced by `text`."""
-    begin, end_line = DOC_BEGIN.format(label), DOC_END.format(label)
+def doc_with(doc: str, text: str, label: str, begin_marker: str = DOC_BEGIN, end_marker: str = DOC_END) -> str:
+    """The document with `label`'s measured block (between the markers, formatted with it) replaced by `text`."""
+    begin, end_line = begin_marker.format(label), end_marker.format(label)
     start, end = doc.find(begin), doc.find(end_line)
     if start < 0 or end < start:
         raise SystemExit(f"the document has no '{begin}' ... '{end_line}' block: add one for this checkpoint")
     return doc[:start + len(begin)] + "\n\n" + text + "\n\n" + doc[end:]
 
 
+
+
+def add_llama_cpp_arguments(p: argparse.ArgumentParser) -> None:
+    """The options that say which llama.cpp runs and how its GGUF is made (bench/llama_cpp_build.py)."""
+    p.add_argument("--outtype", help="llama.cpp converter's --outtype (default: its own choice)")
+    p.add_argument("--cache", type=Path, default=llama_cpp_build.default_cache())
+    p.add_argument("--llama-cpp-src", type=Path, help="a llama.cpp source tree (default: the pinned sdist)")
+    p.add_argument("--llama-server", type=Path, help="a llama-server binary (default: installed or built)")
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -298,10 +308,7 @@ def main(argv=None) -> None:
     p.add_argument("--dense-format", choices=("fp8", "bf16", "float32"),
                    help="how Ostinato's plan holds the dense matrices (default: the dtype's own, bf16 or float32; "
                         "fp8: as the checkpoint stores them, read by the plan's FP8 kernel at decode)")
-    p.add_argument("--outtype", help="llama.cpp converter's --outtype (default: its own choice)")
-    p.add_argument("--cache", type=Path, default=llama_cpp_build.default_cache())
-    p.add_argument("--llama-cpp-src", type=Path, help="a llama.cpp source tree (default: the pinned sdist)")
-    p.add_argument("--llama-server", type=Path, help="a llama-server binary (default: installed or built)")
+    add_llama_cpp_arguments(p)
     p.add_argument("--out", type=Path, default=Path("build/llama_cpp"))
     p.add_argument("--doc", type=Path, nargs="?", const=DOC, metavar="FILE",
                    help=f"write the table into FILE (default {DOC}) between this checkpoint's markers")
@@ -336,10 +343,8 @@ def main(argv=None) -> None:
     vocab, eos = config["vocab_size"], config["eos_token_id"]
     probe = TokenSource(ckpt, vocab, 30_000).take(a.probe_tokens).tolist()
     env = dict(os.environ, OMP_NUM_THREADS=str(a.threads))
-    llama_cmd = [str(binary), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(a.port), "-t", str(a.threads),
-                 "-tb", str(a.threads), "-c", str(a.context), "-np", "1", "-ngl", "0", "--no-webui"]
-    ours_cmd = [sys.executable, "-m", "ostinato.server", str(plan), "--device", "cpu",
-                "--dtype", a.dtype, "--port", str(a.port + 1), "--model", str(ckpt)]
+    llama_cmd = llama_command(binary, gguf, a.port, a.threads, a.context)
+    ours_cmd = ostinato_command(plan, ckpt, a.port + 1, a.dtype)
     OstinatoServer.model = ckpt.name
     systems = ((LLAMA, LlamaServer, llama_cmd, a.port, env), (OURS, OstinatoServer, ours_cmd, a.port + 1, env)) + (
         () if a.no_eager else ((EAGER, OstinatoServer, ours_cmd, a.port + 1, dict(env, OSTINATO_CPU_STEP="eager")),))
@@ -372,6 +377,18 @@ def main(argv=None) -> None:
         a.doc.write_text(doc_with(a.doc.read_text(), text, ckpt.name))
 
 
+def llama_command(binary: Path, gguf: Path, port: int, threads: int, context: int) -> list[str]:
+    """llama-server on loopback: CPU only, one slot (one cached conversation), `context` tokens."""
+    return [str(binary), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port), "-t", str(threads),
+            "-tb", str(threads), "-c", str(context), "-np", "1", "-ngl", "0", "--no-webui"]
+
+
+def ostinato_command(plan: Path, ckpt: Path, port: int, dtype: str) -> list[str]:
+    """ostinato-serve on loopback, the plan on the CPU, serving `ckpt` under its directory's name."""
+    return [sys.executable, "-m", "ostinato.server", str(plan), "--device", "cpu",
+            "--dtype", dtype, "--port", str(port), "--model", str(ckpt)]
+
+
 REPACK_BUG = "GGML_ASSERT(*cur_backend_id != -1)"
 
 
@@ -382,7 +399,7 @@ def start(cls, cmd: list[str], port: int, log: Path, env: dict) -> Server:
     try:
         return cls(cmd, port, log, env)
     except SystemExit:
-        if cls is not LlamaServer or REPACK_BUG not in log.read_text():
+        if not issubclass(cls, LlamaServer) or REPACK_BUG not in log.read_text():
             raise
         print(f"llama.cpp died at load ({REPACK_BUG}): starting it again with --no-repack", flush=True)
         cmd.append("--no-repack")

@@ -4,6 +4,9 @@ A row names its source (a paper, a repository's doc, issue or PR) and the figure
 measured on (a preset in plans/hardware/ or a spec in plans/published/boxes/), the model's config changes
 (e.g. top-4 routing), the system and its flags as published, the metric and the published value: a number,
 a range [low, high], or a bound (below: x). bench/validate.py prints the model's figure beside each.
+
+A row a constant of the model was set from (`calibration`: which constant) cannot check the model: the table
+shows it apart and leaves it out of the count.
 """
 
 from __future__ import annotations
@@ -34,8 +37,13 @@ class SystemSpec(Record):
     gpu_experts: int | None = None    # KTransformers: --kt-num-gpu-experts
     strategy: Literal["uniform", "frequency"] = "frequency"   # KTransformers' GPU expert placement
     workers: int | None = None        # KTransformers: --kt-cpuinfer
+    # KTransformers: --kt-threadpool-count, one pool per NUMA node with its share of every expert in that node's
+    # memory; None: the box's sockets, as kt-kernel's docs say to set it (bench/validate.py numa_host)
+    pools: int | None = Field(default=None, ge=1)
     threshold: int | None = None      # KTransformers: --kt-gpu-prefill-token-threshold
-    reuses_prefix: bool = True        # False: --disable-radix-cache
+    # True: prefix reuse across turns (a radix cache), which KTransformers' DeepSeek-V4 recipe turns off
+    # (--disable-radix-cache; SGLang's DSV4 radix cache is in open pull requests): off unless a row says so
+    reuses_prefix: bool = False
 
 
 class Row(Record):
@@ -43,12 +51,14 @@ class Row(Record):
     context: Name                     # what the figure is and how it was taken
     kind: Literal["measured", "documented"]
     box: Name                         # preset name, or boxes/NAME
+    sockets: int = Field(default=1, ge=1)   # the box's CPU sockets (NUMA nodes), as published
     model: dict[str, Any] = Field(default_factory=dict)   # config.json changes
     system: SystemSpec
     metric: Literal[METRICS]  # type: ignore[valid-type]
     params: dict[str, Any] = Field(default_factory=dict)  # the metric's own (tokens, other system, ...)
     value: float | list[float] | Bound
     why_off: str = ""                 # where the model is known to miss it, and why (shown in the table)
+    calibration: str = ""             # the model's constant set from this row (so it checks nothing); "" for a check
 
 
 class RowError(SchemaError):

@@ -1,7 +1,7 @@
 """ostinato-compile as one visible, ordered list of named passes: (model, profile, hardware) -> plan.
 
-  read_model -> read_profile -> read_hardware -> memory -> placement -> cost_model -> buckets -> replan
-  -> speculation -> policy -> kernels -> plan
+  read_model -> read_profile -> read_hardware -> read_workloads -> memory -> placement -> cost_model -> buckets
+  -> replan -> speculation -> policy -> kernels -> plan
 
 Each pass reads what earlier passes put in the `Build` and adds its own result; each is logged.
 Planning reads only config.json, the index and safetensors headers, never weights.
@@ -11,6 +11,22 @@ passes place it beside the head (its dense part, cache and hot experts on the la
 profile's MTP row like any layer's; its cold experts on the host), so the cost model prices its draft as
 placed. The speculation pass then keeps it where the cost model says speculation pays (auto) or where it
 is forced (mtp); where it does not pay it plans again without it, the memory going back to the layers.
+
+Workloads (`--workload`, by default both shipped ones: plans/workloads/agent_turns.csv, benchmark agents on
+20k-token contexts, and agent_scale.csv, coding agents at TraceLab's scale, 120k-token contexts with recorded
+tool and human waits). The compiler prices three choices on them, each workload weighing the same whatever
+its number of calls (a workload's mean over its calls after each session's first, summed over workloads):
+- the split-route/upload-once threshold: the cost model's crossover, priced at each workload's median cached
+  prefix (its calls' attention reads that many positions); where those differ, the one of least predicted
+  prefill time over both workloads' appends;
+- the prefill buckets: the cost model's choice (CostModel.choose_buckets) at each workload's median cached
+  prefix, the same way;
+- the re-placement budget (policy.adapt.max_bytes): the link's bytes in the median idle period the workloads
+  record (ostinato/adaptation.py idle_budget_s; agent_turns.csv records none, so agent_scale.csv's).
+Ties go to the workload given first, so a plan is a function of its inputs. The plan names each workload with
+the sha256 of its file (provenance.workloads) and says in its notes which choice came from which workload
+and what each workload's typical call is predicted to wait. `--workload none`: the choices at the plan's
+context alone, the budget at adaptation.IDLE_S.
 """
 
 from __future__ import annotations
@@ -22,7 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from ostinato import __version__
-from ostinato.adaptation import AdaptPolicy, default_policy
+from ostinato.adaptation import AdaptPolicy, default_policy, idle_budget_s
 from ostinato.buckets import largest_bucket_for
 from ostinato.chat_encodings import ENCODINGS, choose_encoding
 from ostinato.checkpoint import model_sizes
@@ -45,7 +61,9 @@ from ostinato.plan import (
     SpeculativePrediction,
     relative_to_plan,
 )
+from ostinato.plans import plans_dir
 from ostinato.validation import SchemaError, validate
+from ostinato.workload import WorkloadSummary, summarize_workload
 
 from .codegen.plan_kernels import build_plan_kernels
 from .cost_model import MAX_BUCKET, MTP_ACCEPTANCE, CostModel, LayerCostInputs, MtpCostInputs
@@ -81,6 +99,9 @@ class CompileError(ValueError):
 # Tokens a session may hold by default: coding agents' sessions run past 100k tokens (TraceLab's median cached
 # prefix is 118,656, shared/PUBLISHED.md), so a plan reserves agent scale unless told less (--context).
 DEFAULT_CONTEXT = 262_144
+# The workloads a plan's choices are priced on unless told otherwise (--workload): the shipped ones (module
+# docstring), in this order (the order breaks ties).
+DEFAULT_WORKLOADS = tuple(plans_dir() / "workloads" / name for name in ("agent_turns.csv", "agent_scale.csv"))
 
 
 @dataclass(frozen=True)
@@ -106,6 +127,8 @@ class CompileOptions:
                                              # files (ostinato/chat_encodings.py choose_encoding)
     build_kernels: bool = True
     kernel_dir: Path | None = None           # content-addressed build folder (default: build/kernels here)
+    workloads: tuple[Path, ...] = DEFAULT_WORKLOADS  # workload CSVs the choices are priced on (module docstring);
+                                                     # (): none, the choices at the plan's context alone
 
 
 @dataclass
@@ -128,6 +151,11 @@ class Build:
     placement: Placement | None = None
     cost: CostModel | None = None
     threshold: int | None = None
+    workloads: list[WorkloadSummary] = field(default_factory=list)  # read_workloads: the options' workloads
+    threshold_from: str = ""    # which workloads' crossover the threshold is (cost_model pass; said in the notes)
+    buckets_from: str = ""      # which workloads' choice the buckets are (buckets pass)
+    idle_s: float = 0.0         # the idle period the re-placement budget is sized for (read_workloads)
+    idle_from: str = ""         # ...and where it comes from
     bucket_reserve: int | None = None  # the largest bucket whose graph pool the memory pass reserves
     buckets: list[int] = field(default_factory=list)       # the plan's prefill buckets, ascending
     execution: Policy | None = None                        # the plan's policy (validated by the schema)
@@ -153,6 +181,10 @@ def read_model(b: Build) -> None:
     if drafter:
         b.notes.append(dspark_note(b.config, drafter))
     o = b.options
+    if o.context > b.config.max_position_embeddings:  # the model was trained (its rope scaled) for no more
+        raise CompileError(f"--context {o.context:,d} is past the model's max_position_embeddings "
+                           f"{b.config.max_position_embeddings:,d} ({root / 'config.json'}): plan at most "
+                           f"--context {b.config.max_position_embeddings}")
     if o.chat_encoding not in CHAT_ENCODINGS:
         raise CompileError(f"--chat-encoding is {o.chat_encoding!r}: one of {', '.join(CHAT_ENCODINGS)}")
     if o.chat_encoding == "auto":
@@ -213,6 +245,20 @@ def read_hardware(b: Build) -> None:
                if host.expert_kernel is not None else "its host bandwidth and matmul_flops")
         b.notes.append(f"the hardware spec's CPU expert rates are not calibrated: the cost model uses {how} "
                        f"(measure them on the host with ostinato-calibrate)")
+
+
+def read_workloads(b: Build) -> None:
+    """The workloads the choices are priced on (module docstring), and the idle period of the re-placement
+    budget from the idle times they record."""
+    names: dict[str, Path] = {}
+    for path in b.options.workloads:
+        w = summarize_workload(path)
+        if w.name in names:  # the plan names workloads by file name (machine-independent)
+            raise CompileError(f"--workload {path}: another workload has the same file name ({names[w.name]}); the "
+                               f"plan names each by its file name, so give them different ones")
+        names[w.name] = Path(path)
+        b.workloads.append(w)
+    b.idle_s, b.idle_from = idle_budget_s({w.name: w.idle_s for w in b.workloads})
 
 
 def dense_format(o: CompileOptions, hw: HardwareSpec) -> str:
@@ -386,6 +432,8 @@ def _matmul_params(dense) -> int:
 
 
 def cost_model(b: Build) -> None:
+    """The cost model of the placement, and the threshold (module docstring: the crossover at each workload's
+    median cached prefix)."""
     cfg, pl = b.config, b.placement
     counts = b.profile.phase_counts(b.options.objective_phases).double().numpy()
     layers = []
@@ -408,17 +456,65 @@ def cost_model(b: Build) -> None:
                             _matmul_params(dense), hot, row / row.sum())
     b.cost = CostModel(cfg, b.hardware, layers, model_sizes(cfg).expert_bytes, head, b.options.context,
                        b.options.prefill_chunk, mtp, _cpu_step(b.options))
-    b.threshold = b.cost.crossover()
+    c = b.cost
+    b.threshold, b.threshold_from = _least_wait(
+        b, [(w.name, c.crossover(position=w.median_cached)) for w in b.workloads],
+        lambda w, t, n: c.eager_prefill(n, t, w.median_cached), lambda t, n: t is None or n > t, c.crossover)
+
+
+PRICED_GROUPS = 8  # _least_wait prices a workload's appends in this many groups of equal count
+
+
+def _least_wait(b: Build, candidates: list[tuple[str, object]], prefill, differs, alone):
+    """One choice priced on the workloads -> (value, which workloads it comes from). `candidates`: (workload
+    name, the value the cost model chooses at its median cached prefix); where they differ, the value of least
+    predicted prefill time `prefill(workload, value, n)` summed over the workloads, each a mean over its calls'
+    appends n (at its median cached prefix). Only the n that some value runs differently from another
+    (`differs(value, n)`: upload-once, or as bucket steps) are priced, the others adding the same to every value;
+    in PRICED_GROUPS groups of equal count, each priced at its middle append (a prefill's price is smooth in n:
+    a few points rank the values, where every distinct n would cost a compile seconds). Ties: the earlier
+    candidate. No workload: `alone()`, at the plan's context."""
+    if not candidates:
+        return alone(), "the plan's context (no workload)"
+    values = []
+    for _, v in candidates:
+        if v not in values:
+            values.append(v)
+    if len(values) == 1:
+        return values[0], " and ".join(name for name, _ in candidates)
+    score = {i: 0.0 for i in range(len(values))}
+    for w in b.workloads:
+        sizes = [n for n in np.sort(w.appended).tolist() if n and any(differs(v, n) != differs(values[0], n)
+                                                                      for v in values[1:])]
+        for group in np.array_split(np.array(sizes, dtype=np.int64), min(PRICED_GROUPS, len(sizes))) if sizes else []:
+            n = int(group[(len(group) - 1) // 2])
+            for i, v in enumerate(values):
+                score[i] += len(group) * prefill(w, v, n) / len(w.appended)
+    best = min(score, key=lambda i: (score[i], i))
+    return values[best], " and ".join(name for name, v in candidates if v == values[best]) + \
+        f" (least predicted prefill of {', '.join(f'{name} {_said(v)}' for name, v in candidates)})"
+
+
+def _said(value) -> str:
+    """A candidate as the notes write it: a threshold's tokens, buckets' sizes."""
+    return "split-route at any size" if value is None else f"{value:,d}" if isinstance(value, int) else \
+        f"buckets {list(value)}"
 
 
 def buckets(b: Build) -> None:
     """The prefill buckets: the given ones, else the cost model's choice within the memory reserve. The
     rule they follow is the plan schema's (checked by the policy pass)."""
     o = b.options
-    if o.prefill_buckets is None:
-        b.buckets = b.cost.choose_buckets(b.threshold, o.context, b.bucket_reserve)
-    else:
-        b.buckets = sorted(set(o.prefill_buckets))
+    if o.prefill_buckets is not None:
+        b.buckets, b.buckets_from = sorted(set(o.prefill_buckets)), "--prefill-buckets"
+        return
+    c = b.cost
+    choices = [(w.name, tuple(c.choose_buckets(b.threshold, o.context, b.bucket_reserve, position=w.median_cached)))
+               for w in b.workloads]
+    chosen, b.buckets_from = _least_wait(
+        b, choices, lambda w, v, n: c.prefill(n, b.threshold, list(v), w.median_cached),
+        lambda v, n: n <= max(v, default=0), lambda: c.choose_buckets(b.threshold, o.context, b.bucket_reserve))
+    b.buckets = list(chosen)
 
 
 def replan(b: Build) -> None:
@@ -478,8 +574,10 @@ def speculation(b: Build) -> None:
 
 
 def policy(b: Build) -> None:
-    """The plan's execution policy, validated by the plan schema before any kernel is built."""
+    """The plan's execution policy, validated by the plan schema before any kernel is built; the notes say
+    which workload each choice came from (module docstring) and what each workload's typical call waits."""
     cfg, hw, o = b.config, b.hardware, b.options
+    b.notes += _workload_notes(b)
     try:
         b.execution = validate(Policy, dict(
             context=o.context, sessions=o.sessions, prefill_threshold=b.threshold, prefill_chunk=o.prefill_chunk,
@@ -490,6 +588,27 @@ def policy(b: Build) -> None:
             "the plan's policy")
     except SchemaError as e:
         raise CompileError(str(e)) from None
+
+
+def _workload_notes(b: Build) -> list[str]:
+    t = b.threshold
+    split = "split-route at any size" if t is None else f"split-route up to {t:,d} tokens, upload-once above"
+    buckets = f"bucket steps up to {b.buckets[-1]}" if b.buckets else "no bucket steps"
+    notes = [f"prefill: {split} (priced on {b.threshold_from}); {buckets} (priced on {b.buckets_from})",
+             f"re-placement budget (policy.adapt.max_bytes): the link's bytes in {b.idle_from}",
+             f"predictions: priced at session position {predictions_position(b):,d}"
+             + (f" ({b.workloads[0].name}'s median cached prefix)" if b.workloads else "")]
+    for w in b.workloads:
+        n, at = int(np.sort(w.appended)[(len(w.appended) - 1) // 2]), w.median_cached
+        wait = (b.cost.prefill(n, t, b.buckets, at) + b.cost.decode_step(at + n)) * 1e3
+        top = b.buckets[-1] if b.buckets else 0
+        bucket = float(np.mean(w.appended <= top))
+        upload = 0.0 if t is None else float(np.mean(w.appended > max(t, top)))
+        notes.append(f"workload {w.name} ({w.sessions} sessions, {len(w.appended):,d} calls after a session's first): "
+                     f"median append {n:,d} tokens on a median cached prefix of {w.median_cached:,d}, predicted "
+                     f"wait {wait:,.0f} ms; {bucket:.0%} of its calls as bucket steps, {1 - bucket - upload:.0%} "
+                     f"split-route, {upload:.0%} upload-once")
+    return notes
 
 
 def _cpu_step(o: CompileOptions) -> str:
@@ -505,7 +624,7 @@ def _adapt(b: Build) -> AdaptPolicy:
     if mode not in ADAPT:
         raise CompileError(f"--adapt is {mode!r}: one of {', '.join(ADAPT)}")
     return default_policy(mode, sum(len(h) for h in pl.hot), model_sizes(b.config).expert_bytes,
-                          hw.link.h2d_bandwidth)
+                          hw.link.h2d_bandwidth, b.idle_s)
 
 
 def kernels(b: Build) -> None:
@@ -541,6 +660,7 @@ def plan(b: Build) -> None:
                               shard_sha256=dict(b.weights.shards) if b.weights else {},
                               profile_sha256=b.profile.sha256(),
                               profile_source=b.profile.source, hardware_sha256=hw.sha256,
+                              workloads={w.name: w.sha256 for w in b.workloads},
                               templates=dict(sorted(b.templates.items()))),
         model=ModelSummary(path=relative_to_plan(o.model, o.output), layers=cfg.n_layers,
                            routed_experts=cfg.n_routed_experts, top_k=cfg.num_experts_per_tok,
@@ -558,8 +678,8 @@ def plan(b: Build) -> None:
     ).located_at(Path(o.output).resolve().parent)
 
 
-PASSES = (read_model, read_profile, read_hardware, memory, placement, cost_model, buckets, replan, speculation,
-          policy, kernels, plan)
+PASSES = (read_model, read_profile, read_hardware, read_workloads, memory, placement, cost_model, buckets, replan,
+          speculation, policy, kernels, plan)
 
 
 def compile_plan(options: CompileOptions, on_pass=lambda name: None) -> Build:
@@ -605,17 +725,24 @@ def synthetic_alpha(spec: str) -> float:
     return alpha
 
 
+def predictions_position(b: Build) -> int:
+    """The session position the plan's headline predictions are priced at: the first workload's median cached
+    prefix (a tool output arrives on a conversation that long; the cost model prices attention there), 0 when the
+    plan is priced on no workload."""
+    return b.workloads[0].median_cached if b.workloads else 0
+
+
 def _predictions(b: Build) -> Predictions:
-    c, t = b.cost, b.threshold
-    decode = c.decode_step()
+    c, t, at = b.cost, b.threshold, predictions_position(b)
+    decode = c.decode_step(at)
     turns = []
     for n in PREDICTED_TURNS:
-        split, upload = c.split_prefill(n), c.upload_prefill(n)
-        bucket = c.bucket_prefill(n, b.buckets) if b.buckets and n <= b.buckets[-1] else None
+        split, upload = c.split_prefill(n, at), c.upload_prefill(n, at)
+        bucket = c.bucket_prefill(n, b.buckets, at) if b.buckets and n <= b.buckets[-1] else None
         mode = "bucket" if bucket is not None else "upload" if t is not None and n > t else "split"
         turns.append(PrefillPrediction(tokens=n, mode=mode, bucket_ms=None if bucket is None else _round(bucket * 1e3),
                                        split_ms=_round(split * 1e3), upload_ms=_round(upload * 1e3),
-                                       wait_ms=_round((c.prefill(n, t, b.buckets) + decode) * 1e3)))
+                                       wait_ms=_round((c.prefill(n, t, b.buckets, at) + c.decode_step(at + n)) * 1e3)))
     shares = {}
     for phase in PHASES:
         counts = b.profile.phase_counts((phase,))

@@ -10,13 +10,37 @@ The one model of the hardware in the project (the session simulator uses it too)
   per-core rate at the layer's tokens per expert times the host's cores, capped by the host's expert
   read bandwidth (the spec's host.expert_kernel; a calibrated host, or a spec without it, falls back
   to the same max() of bytes and FLOPs at the host's rates);
-- split-route prefill: GPU (dense part + hot routes) and CPU (cold routes, + activations over the
-  link both ways, + the per-layer task hand-off host.task_handoff_s) run concurrently; the layer takes
-  the longer of the two;
+- order of work in a layer (every system priced here): the dense part before the experts (attention with
+  its compressor and indexer, mHC, norms, the router) runs first, since the routes come out of the router;
+  then the GPU's hot experts with the shared expert and the host's cold experts (+ activations over the link
+  both ways, + the per-layer task hand-off host.task_handoff_s) run concurrently:
+      layer = attention + router + max(hot + shared expert, cold + hand-off)
+  (split_layer; on a cpu-only spec the two sides share the cores and add up);
+- split-route prefill: that layer with n tokens' expected routes;
 - upload-once prefill: the distinct cold experts cross the link once, double-buffered against the
   GPU's compute of the layer: the layer takes the longer of upload and compute;
-- decode (one token): the same split as prefill with n = 1, plus the attention's KV reads and one
-  graph launch per GPU; layers run one after another (a single sequence has no pipelining).
+- decode (one token): the same split as prefill with n = 1, plus one graph launch per GPU; layers run one
+  after another (a single sequence has no pipelining).
+
+Attention by position: a forward of n tokens after `position` tokens already in the session (its cached
+prefix) reads per layer, in elements of the KV rows' dtype (the dense format's, memory_model.DENSE_FORMATS):
+the sliding window (sliding_window rows of head_dim); an HCA layer's compressed rows (one per 128 tokens,
+every one scored by every query, masked past its own); a CSA layer's index keys (one per 4 tokens,
+index_head_dim wide: the indexer scores every one, index_n_heads x index_head_dim multiply-adds per row
+and query) and the rows it picks (index_topk per query, head_dim wide). Core attention is 4 x heads x
+head_dim FLOP per key and query (q.k and p.v). Which rows exist depends on how the forward runs:
+- a dynamic forward (eager prefill here; the baselines' paged attention, decode included) reads the rows
+  visible after position + n tokens (complete windows: (position + n) // ratio); the runtime's CSA layer
+  scores every row instead of gathering picks while rows x heads <= CSA_DENSE_MAX_RATIO x picks x head_dim
+  (runtime/model/attention.py's own rule; another system's kernels are priced at the picks alone,
+  with_csa_picks_only);
+- a fixed-shape step (the decode step, bucket and verify steps: runtime/model/static_decode) reads and
+  scores every row its buffers hold, ceil(context / ratio), masked past the position: on GPUs the one
+  captured step per size, sized to the plan's context whatever the position; on a cpu-only spec the decode
+  step of the smallest of buckets.decode_contexts that holds the position (step_context).
+`position` None (every method's default) is the end of the plan's context (context - n, at least 0): the
+most a forward of n tokens costs within the plan, the bound the plan's predictions state. The session
+simulator passes each turn's real position.
 Hidden states move between GPUs over the link once per GPU boundary. On a cpu-only spec the
 "GPU" and the host are the same cores, so their parts add up instead of overlapping.
 
@@ -57,11 +81,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ostinato.buckets import bucket_pieces, largest_bucket_for
+from ostinato.buckets import bucket_pieces, decode_contexts, largest_bucket_for
 from ostinato.checkpoint.config import ModelConfig
+from ostinato.checkpoint.tensor_specs import layer_specs
 from ostinato.hardware import HardwareSpec
 
 from .host_kernel import KernelRates, kernel_time, rates_of_spec
+from .memory_model import DENSE_FORMATS, held_bytes, layer_dense_bytes
 
 EXPERT_FLOPS_PER_TOKEN_FACTOR = 2 * 3   # 3 matmuls (gate, up, down), 2 FLOP per multiply-add
 # aten ops the runtime dispatches per layer-forward (attention with compressor and indexer, mHC,
@@ -90,6 +116,36 @@ MTP_ACCEPTANCE = 0.9  # draft acceptance until real weights say otherwise: KTran
                       # recorded profile measured the block's own (compile.py, MIN_MEASURED_DRAFTS); the
                       # simulator always
 MAX_BUCKET = 256  # the largest prefill bucket the compiler considers (its graph pool: 172 MB on V4-Flash)
+# A dynamic forward's CSA layer scores every compressed row and masks the unpicked ones while rows x heads <=
+# this x picks x head_dim, else gathers each query's picks: runtime/model/attention.py's CSA_DENSE_MAX_RATIO
+# (the compiler may not import the runtime; tests/test_cost_model_position.py checks the two agree).
+CSA_DENSE_MAX_RATIO = 1.0
+KV_ELEMENT_BYTES = 2  # a KV row's element when the dense format is not known: bf16 (memory_model.DENSE_FORMATS)
+# The CSA indexer's selection (runtime/model/indexer.py `select`, and static_decode/indexer.py `select_fixed`)
+# materializes its scores, float32 (4 bytes), as whole tensors one op after another, so besides its matmul's
+# FLOPs it moves, per (query, compressed row, index head): the matmul's [T, HI, n] output written (4), relu
+# read and written (8), the 1/sqrt(dI) scaling read and written (8), the head weighting read and written (8),
+# the sum over heads read (4): 32 bytes;
+INDEXER_BYTES_PER_QUERY_ROW_HEAD = 8 * 4
+# ...and per (query, row): the [T, n] sum written (4), the future mask written (1 byte, bool), masked_fill
+# reading both and writing (4 + 1 + 4), the top-k over rows reading the scores (4), its kept-mask read and
+# written (4 + 1) and scanned by nonzero (count and write passes: 2 x 1): 25 bytes (the fixed-shape step's
+# stable sort reads its 4 and writes value and index, 4 + 8, in place of the last three: priced alike).
+INDEXER_BYTES_PER_QUERY_ROW = 4 + 1 + 9 + 4 + 5 + 2
+
+
+def indexer_bytes(heads: int, n, rows):
+    """Bytes the CSA indexer's intermediates move when n queries score `rows` index keys with `heads` heads (the
+    counts above; the keys and queries themselves are the KV read, attention_work). Elementwise over arrays."""
+    return n * rows * (heads * INDEXER_BYTES_PER_QUERY_ROW_HEAD + INDEXER_BYTES_PER_QUERY_ROW)
+
+
+def indexer_time(heads: int, head_dim: int, n, rows, bandwidth: float, flops: float):
+    """Seconds of the indexer's selection alone at a device's rates: its matmul's FLOPs (2 x heads x head_dim per
+    query and row) plus its intermediates' bytes. Added, not max'ed: they are separate ops run one after
+    another, the matmul bound by FLOPs and the elementwise passes by bytes, so neither hides the other
+    (bench/indexer_cost.py measures index_scores' elementwise passes on top of its matmul)."""
+    return 2 * heads * head_dim * n * rows / flops + indexer_bytes(heads, n, rows) / bandwidth
 
 
 
@@ -153,19 +209,50 @@ def is_calibrated(host) -> bool:
     return host.expert_read_bandwidth is not None and host.expert_flops is not None
 
 
+def held_format(cfg: ModelConfig, layers: list[LayerCostInputs]) -> str | None:
+    """The dense format (memory_model.DENSE_FORMATS) whose held bytes are every layer's dense_bytes, or None
+    (inputs not made by the memory model: a test's hand-made layers, or a config that is no checkpoint's)."""
+    if not isinstance(cfg, ModelConfig):
+        return None
+    for fmt in DENSE_FORMATS:
+        if layers and all(layer_dense_bytes(cfg, i, fmt) == l.dense_bytes for i, l in enumerate(layers)):
+            return fmt
+    return None
+
+
+def shared_expert_part(cfg: ModelConfig, layer: int, dense_format: str) -> tuple[int, int]:
+    """(bytes held, multiply-adds per token) of `layer`'s shared expert in `dense_format`: the part of its
+    dense weights that runs after the router, beside the routed experts."""
+    shared = [s for s in layer_specs(cfg, layer, with_experts=False) if s.role == "shared_expert"]
+    params = sum(int(np.prod(s.shape)) for s in shared if len(s.shape) == 2 and not s.is_scale)
+    return sum(held_bytes(s, dense_format) for s in shared), params
+
+
 class CostModel:
     def __init__(self, cfg: ModelConfig, hw: HardwareSpec, layers: list[LayerCostInputs], expert_bytes: int,
                  head_bytes: int, context: int, prefill_chunk: int = 4096, mtp: MtpCostInputs | None = None,
-                 cpu_step: str = "compiled"):
+                 cpu_step: str = "compiled", dense_format: str | None = None):
         """`mtp`: the MTP block's dense part (None: priced as the last layer's dense part, see mtp_draft);
-        `cpu_step`: the plan's policy.cpu_step (how a cpu-only spec runs its decode step)."""
+        `cpu_step`: the plan's policy.cpu_step (how a cpu-only spec runs its decode step); `dense_format`: how the
+        plan holds dense weights and KV rows (None: the format whose held bytes are the layers' dense_bytes,
+        held_format; when none is, the shared expert is priced inside the dense part before the experts, and KV
+        rows at KV_ELEMENT_BYTES)."""
         self.cfg, self.hw, self.layers, self.mtp = cfg, hw, layers, mtp
         self.expert_bytes, self.head_bytes, self.context = expert_bytes, head_bytes, context
         self.prefill_chunk, self.cpu_step = prefill_chunk, cpu_step
+        if dense_format is not None and dense_format not in DENSE_FORMATS:
+            raise ValueError(f"dense_format {dense_format!r}: one of {list(DENSE_FORMATS)}")
+        self.dense_format = dense_format or held_format(cfg, layers)
+        self.kv_element_bytes = DENSE_FORMATS[self.dense_format] if self.dense_format else KV_ELEMENT_BYTES
+        # per layer (and the MTP block, an MTP index): the shared expert's (bytes, multiply-adds per token)
+        self._shared = ([shared_expert_part(cfg, i, self.dense_format) for i in range(len(layers) + 1)]
+                        if self.dense_format else [(0, 0)] * (len(layers) + 1))
         # the CPU expert kernel's per-core rates (host_kernel.py); None: the max() of bytes and FLOPs at the
         # host's rates (a calibrated host measured them itself; a spec without expert_kernel estimates them)
         self.host_kernel: KernelRates | None = None if is_calibrated(hw.host) else rates_of_spec(hw.host)
         self.eager_ops_per_layer = EAGER_OPS_PER_LAYER
+        self.csa_dense_max_ratio = CSA_DENSE_MAX_RATIO   # the runtime's rule (attention_work)
+        self.indexer_materializes = True   # the runtime's indexer writes its score tensors (indexer_bytes)
         k = cfg.num_experts_per_tok
         self.expert_flops = EXPERT_FLOPS_PER_TOKEN_FACTOR * cfg.hidden_size * cfg.moe_intermediate_size
         self._q = [np.minimum(1.0, k * l.share) for l in layers]
@@ -185,22 +272,100 @@ class CostModel:
     def _experts_time(self, distinct: float, routes: float, bandwidth: float, flops: float) -> float:
         return max(distinct * self.expert_bytes / bandwidth, routes * self.expert_flops / flops)
 
-    def attention_time(self, layer: int, n: int, on_host: bool = False) -> float:
-        """Dense matmuls + core attention + KV reads of n tokens on the layer's GPU (or on the host:
-        llama.cpp's layer placement runs whole layers there)."""
-        l = self.layers[layer]
-        return self._dense_time(layer, l.dense_bytes, l.dense_params, n, on_host)
+    # ----- the dense part of a layer, by position (module docstring) ------------------------------
+    def at(self, n: int, position: int | None) -> int:
+        """The position a forward of n tokens starts at: `position` (tokens already in the session), or for
+        None the end of the plan's context, context - n (at least 0)."""
+        if position is None:
+            return max(0, self.context - n)
+        if position < 0:
+            raise ValueError(f"position {position}: the tokens already in the session, >= 0")
+        return int(position)
 
-    def _dense_time(self, layer: int, dense_bytes: int, dense_params: int, n: int, on_host: bool = False) -> float:
-        """attention_time of a layer (`layer`: its index, for its attention kind) with these dense weights."""
+    def step_context(self, T: int, position: int | None = None) -> int:
+        """The context whose rows a fixed-shape step of T tokens at `position` reads (runtime/engine/step_runner.py):
+        on a cpu-only spec the decode step (T = 1) of the smallest of buckets.decode_contexts that holds the
+        token; every other step (GPUs capture one per size) the plan's context."""
+        if T == 1 and self.hw.cpu_only:
+            after = self.at(1, position) + 1
+            return next((c for c in decode_contexts(self.context) if after <= c), self.context)
+        return self.context
+
+    def attention_work(self, layer: int, n, rows_context, fixed_shape: bool = False):
+        """(FLOPs, KV bytes) of the core attention and the CSA indexer's scoring of n queries of `layer` (an
+        MTP index: its attention kind) when the rows of `rows_context` tokens exist (the module docstring):
+        a dynamic forward's visible rows (position + n) or, `fixed_shape`, a step's buffers (step_context).
+        Projections are not in it (dense_params). Elementwise over arrays of rows_context."""
         cfg = self.cfg
-        g = self.hw.host if on_host else self.hw.gpus
+        H, hd, W = cfg.num_attention_heads, cfg.head_dim, cfg.sliding_window
         ratio = cfg.compress_ratio(layer)
-        compressed = self.context // ratio if ratio else 0
-        keys = cfg.sliding_window + (min(cfg.index_topk, compressed) if ratio == 4 else compressed)
-        flops = 2 * n * dense_params + 4 * n * cfg.num_attention_heads * cfg.head_dim * keys
-        kv_bytes = (cfg.sliding_window + compressed) * cfg.head_dim * 2
-        return max((dense_bytes + kv_bytes) / g.bandwidth, flops / g.matmul_flops)
+        ctx = np.asarray(rows_context)
+        rows = ((-(-ctx // ratio)) if fixed_shape else ctx // ratio) if ratio else np.zeros_like(ctx)
+        keys, read, score = W + 0 * rows, W * hd + 0 * rows, 0 * rows   # per query; elements read; indexer FLOPs
+        if ratio == 4:      # CSA: the indexer scores every row's index key, attention takes its picks
+            picks = np.minimum(cfg.index_topk, rows)
+            dense = (rows * H <= self.csa_dense_max_ratio * picks * hd) if not fixed_shape \
+                else np.zeros_like(rows, bool)
+            keys = keys + np.where(dense, rows, picks)
+            read = read + np.where(dense, rows, np.minimum(rows, n * picks)) * hd + rows * cfg.index_head_dim
+            score = 2 * cfg.index_n_heads * cfg.index_head_dim * rows
+        elif ratio:         # HCA: every row, masked per query
+            keys, read = keys + rows, read + rows * hd
+        flops = n * (4 * H * hd * keys + score)
+        out = (flops, read * self.kv_element_bytes)
+        return out if ctx.ndim else (float(out[0]), float(out[1]))
+
+    def _rows_context(self, n: int, position, step_context: int | None):
+        """What attention_work reads: a step's context, else the visible rows after position + n."""
+        if step_context is not None:
+            return step_context
+        return (self.at(n, None) if position is None else np.asarray(position)) + n
+
+    def before_experts_time(self, layer: int, n: int, position=None, on_host: bool = False,
+                            step_context: int | None = None):
+        """Seconds of the layer's dense part that runs before its experts (attention with its compressor and
+        indexer, mHC, norms, the router: every dense weight but the shared expert's) for n tokens after
+        `position` on the layer's GPU (or on the host). `step_context`: a fixed-shape step's (step_context()),
+        which reads its buffers' rows whatever the position; None: a dynamic forward's. `position` may be an
+        array of positions (one step each): the seconds come back as an array."""
+        l = self.layers[layer]
+        shared_bytes, shared_params = self._shared[layer]
+        return self._dense_time(layer, l.dense_bytes - shared_bytes, l.dense_params - shared_params, n,
+                                self._rows_context(n, position, step_context), step_context is not None, on_host)
+
+    def shared_expert_time(self, layer: int, n: int, on_host: bool = False) -> float:
+        """Seconds of the layer's shared expert for n tokens: it needs the router's input only, so it runs beside
+        the routed experts (0 when the dense format is not known: then it is in before_experts_time)."""
+        g = self.hw.host if on_host else self.hw.gpus
+        shared_bytes, shared_params = self._shared[layer]
+        return max(shared_bytes / g.bandwidth, 2 * n * shared_params / g.matmul_flops)
+
+    def attention_time(self, layer: int, n: int, position=None, on_host: bool = False,
+                       step_context: int | None = None):
+        """The layer's whole dense part, before_experts_time + shared_expert_time: what a system that runs a
+        layer's dense part as one block prices (llama.cpp's layer placement runs whole layers on the host)."""
+        return (self.before_experts_time(layer, n, position, on_host, step_context)
+                + self.shared_expert_time(layer, n, on_host))
+
+    def _dense_time(self, layer: int, dense_bytes: int, dense_params: int, n: int, rows_context,
+                    fixed_shape: bool, on_host: bool = False):
+        """Dense weights (`dense_params` multiply-adds per token) and `layer`'s attention work (its index: its
+        attention kind) over rows_context's rows: the longer of reading and computing."""
+        g = self.hw.host if on_host else self.hw.gpus
+        att_flops, kv_bytes = self.attention_work(layer, n, rows_context, fixed_shape)
+        flops = 2 * n * dense_params + att_flops
+        # the indexer's intermediates are passes of their own after its matmul: added (indexer_time)
+        scratch = self.indexer_scratch_bytes(layer, n, rows_context, fixed_shape)
+        return np.maximum((dense_bytes + kv_bytes) / g.bandwidth, flops / g.matmul_flops) + scratch / g.bandwidth
+
+    def indexer_scratch_bytes(self, layer: int, n, rows_context, fixed_shape: bool = False):
+        """Bytes of the CSA indexer's intermediates (indexer_bytes) for n queries of `layer` over the rows
+        attention_work scores (0 on a layer without an indexer). Elementwise over arrays of rows_context."""
+        ctx = np.asarray(rows_context)
+        if self.cfg.compress_ratio(layer) != 4 or not self.indexer_materializes:
+            return 0 * ctx
+        rows = -(-ctx // 4) if fixed_shape else ctx // 4
+        return indexer_bytes(self.cfg.index_n_heads, n, rows)
 
     def _hops(self, n: int) -> float:
         """Hidden state crossing each GPU boundary (hc streams of hidden_size, fp32)."""
@@ -269,6 +434,16 @@ class CostModel:
         other.host_kernel = rates
         return other
 
+    def with_csa_picks_only(self) -> CostModel:
+        """The same model for a system whose CSA attention takes each query's index_topk picks whatever the rows
+        and whose indexer keeps its scores out of memory (a baseline's own kernels, not measured here: priced at
+        the model's work, its FLOPs and the rows it reads), not the runtime's dense scoring of few rows
+        (CSA_DENSE_MAX_RATIO) nor its materialized score tensors (indexer_bytes)."""
+        other = copy.copy(self)
+        other.csa_dense_max_ratio = 0.0
+        other.indexer_materializes = False
+        return other
+
     def with_eager_ops(self, ops_per_layer: int) -> CostModel:
         """The same model for a system that dispatches `ops_per_layer` ops per layer-forward."""
         other = copy.copy(self)
@@ -289,33 +464,43 @@ class CostModel:
         return self.hw.cpu_only
 
     # ----- per layer ----------------------------------------------------------------------------
-    def split_layer(self, layer: int, n: int) -> tuple[float, float]:
-        """(GPU seconds, CPU seconds) of split-route for n tokens; the layer takes the max."""
-        gpu = self.attention_time(layer, n) + self.gpu_experts_time(self.distinct(layer, n, True),
-                                                                    self.routes(layer, n, True))
-        return gpu, self.cpu_experts_time(n, self.distinct(layer, n, False), self.routes(layer, n, False))
+    def layer_seconds(self, first, gpu, cpu):
+        """A layer from its parts in the order the runtime runs them: `first` (the dense part before the experts:
+        the routes come out of its router), then the GPU side (hot experts and the shared expert) and the host
+        side (cold experts with their hand-off) concurrently, unless they share the same cores (cpu-only)."""
+        return first + self.overlap(gpu, cpu)
 
-    def upload_layer(self, layer: int, n: int) -> tuple[float, float]:
-        """(upload seconds, GPU compute seconds) of upload-once for n tokens."""
+    def split_layer(self, layer: int, n: int, position: int | None = None,
+                    step_context: int | None = None) -> tuple[float, float, float]:
+        """(seconds before the experts, GPU seconds, CPU seconds) of split-route for n tokens after `position`:
+        the layer takes layer_seconds of them. `step_context`: a fixed-shape step's (before_experts_time)."""
+        gpu = self.shared_expert_time(layer, n) + self.gpu_experts_time(self.distinct(layer, n, True),
+                                                                        self.routes(layer, n, True))
+        return (float(self.before_experts_time(layer, n, position, step_context=step_context)), gpu,
+                self.cpu_experts_time(n, self.distinct(layer, n, False), self.routes(layer, n, False)))
+
+    def upload_layer(self, layer: int, n: int, position: int | None = None) -> tuple[float, float]:
+        """(upload seconds, GPU compute seconds) of upload-once for n tokens after `position`: every route runs on
+        the GPU, after its layer's dense part."""
         cold = self.distinct(layer, n, False)
         if self.hw.cpu_only:  # one CPU kernel either way: each part at its own tokens per expert, as split-route
             experts = (self.gpu_experts_time(self.distinct(layer, n, True), self.routes(layer, n, True))
                        + self.gpu_experts_time(cold, self.routes(layer, n, False)))
         else:
             experts = self.gpu_experts_time(self.distinct(layer, n, True) + cold, n * self.cfg.num_experts_per_tok)
-        return self.upload_time(cold), self.attention_time(layer, n) + experts
+        return self.upload_time(cold), float(self.attention_time(layer, n, position)) + experts
 
     # ----- whole forward ------------------------------------------------------------------------
     def overlap(self, a: float, b: float) -> float:
         """Two concurrent parts: the longer one, unless they share the same cores (cpu-only)."""
-        return a + b if self.hw.cpu_only else max(a, b)
+        return a + b if self.hw.cpu_only else np.maximum(a, b)
 
-    def split_prefill(self, n: int) -> float:
-        layers = sum(self.overlap(*self.split_layer(l, n)) for l in range(len(self.layers)))
+    def split_prefill(self, n: int, position: int | None = None) -> float:
+        layers = sum(self.layer_seconds(*self.split_layer(l, n, position)) for l in range(len(self.layers)))
         return float(self.forward_time(layers, n, decode=False, eager=True))
 
-    def upload_prefill(self, n: int) -> float:
-        per = [self.upload_layer(l, n) for l in range(len(self.layers))]
+    def upload_prefill(self, n: int, position: int | None = None) -> float:
+        per = [self.upload_layer(l, n, position) for l in range(len(self.layers))]
         return float(self.forward_time(self.pipelined(per), n, decode=False, eager=True))
 
     def step_ops_per_layer(self, T: int) -> int | None:
@@ -325,70 +510,86 @@ class CostModel:
             return COMPILED_STEP_OPS_PER_LAYER if self.cpu_step == "compiled" else None
         return EAGER_STEP_OPS_PER_LAYER
 
-    def decode_step(self) -> float:
-        layers = sum(self.overlap(*self.split_layer(l, 1)) for l in range(len(self.layers)))
+    def decode_step(self, position: int | None = None) -> float:
+        """One decode step after `position` tokens: the fixed-shape step of step_context(1, position), its
+        routes split."""
+        context = self.step_context(1, position)
+        layers = sum(self.layer_seconds(*self.split_layer(l, 1, position, context)) for l in range(len(self.layers)))
         return float(self.forward_time(layers, 1, decode=True, eager=self.decode_is_eager(),
                                        ops_per_layer=self.step_ops_per_layer(1)))
 
-    def eager_prefill(self, n: int, threshold: int | None) -> float:
+    def eager_prefill(self, n: int, threshold: int | None, position: int | None = None) -> float:
         """The dynamic model's forward: split-route up to the threshold, upload-once above it."""
-        return self.upload_prefill(n) if threshold is not None and n > threshold else self.split_prefill(n)
+        if threshold is not None and n > threshold:
+            return self.upload_prefill(n, position)
+        return self.split_prefill(n, position)
 
-    def prefill(self, n: int, threshold: int | None, buckets: list[int]) -> float:
+    def prefill(self, n: int, threshold: int | None, buckets: list[int], position: int | None = None) -> float:
         """The plan's choice: bucket steps up to the largest bucket (`buckets` ascending), then eager_prefill."""
         if buckets and 0 < n <= buckets[-1]:
-            return self.bucket_prefill(n, buckets)
-        return self.eager_prefill(n, threshold)
+            return self.bucket_prefill(n, buckets, position)
+        return self.eager_prefill(n, threshold, position)
 
     # ----- short prefills as bucket steps -------------------------------------------------------
-    def bucket_layer(self, layer: int, T: int) -> tuple[float, float]:
-        """(GPU seconds, CPU seconds) of a layer in a T-token step: hot routes each read their expert on
-        a GPU (the decode kernel's per-route programs; the CPU kernel groups them), cold ones split-route."""
+    def bucket_layer(self, layer: int, T: int, position: int | None = None) -> tuple[float, float, float]:
+        """(seconds before the experts, GPU seconds, CPU seconds) of a layer in a T-token step after `position`:
+        its attention reads the step's rows (step_context); hot routes each read their expert on a GPU (the
+        decode kernel's per-route programs; the CPU kernel groups them), cold ones split-route."""
         hot_routes = self.routes(layer, T, True)
         reads = self.distinct(layer, T, True) if self.hw.cpu_only else hot_routes
-        gpu = self.attention_time(layer, T) + self.gpu_experts_time(reads, hot_routes)
-        return gpu, self.cpu_experts_time(T, self.distinct(layer, T, False), self.routes(layer, T, False))
+        gpu = self.shared_expert_time(layer, T) + self.gpu_experts_time(reads, hot_routes)
+        first = self.before_experts_time(layer, T, position, step_context=self.step_context(T, position))
+        return float(first), gpu, self.cpu_experts_time(T, self.distinct(layer, T, False), self.routes(layer, T, False))
 
-    def bucket_step(self, T: int) -> float:
-        """One T-token step: replayed graphs on GPUs (on a cpu-only spec step_ops_per_layer(T): eager,
-        EAGER_STEP_OPS_PER_LAYER a layer, for T >= 2), the head once."""
-        layers = sum(self.overlap(*self.bucket_layer(l, T)) for l in range(len(self.layers)))
+    def bucket_step(self, T: int, position: int | None = None) -> float:
+        """One T-token step after `position`: replayed graphs on GPUs (on a cpu-only spec step_ops_per_layer(T):
+        eager, EAGER_STEP_OPS_PER_LAYER a layer, for T >= 2), the head once."""
+        layers = sum(self.layer_seconds(*self.bucket_layer(l, T, position)) for l in range(len(self.layers)))
         return float(self.forward_time(layers, T, decode=True, eager=self.decode_is_eager(),
                                        ops_per_layer=self.step_ops_per_layer(T)))
 
-    def bucket_prefill(self, n: int, buckets: list[int]) -> float:
-        """n tokens as the steps bucket_pieces picks from `buckets`."""
-        return sum(self.bucket_step(T) for T in bucket_pieces(n, buckets))
+    def bucket_prefill(self, n: int, buckets: list[int], position: int | None = None) -> float:
+        """n tokens after `position` as the steps bucket_pieces picks from `buckets`, one after another."""
+        at, total = self.at(n, position), 0.0
+        for T in bucket_pieces(n, buckets):
+            total += self.bucket_step(T, at)
+            at += T
+        return total
 
-    def crossover(self, limit: int = 1 << 20) -> int | None:
-        """Largest n for which split-route is still at least as fast as upload-once (None: always). On a
-        cpu-only spec always: its "upload" is a copy within host memory before the same CPU kernel runs."""
+    def crossover(self, limit: int = 1 << 20, position: int | None = None) -> int | None:
+        """Largest n for which split-route is still at least as fast as upload-once (None: always), both after
+        `position`. On a cpu-only spec always: its "upload" is a copy within host memory before the same CPU
+        kernel runs."""
         if self.hw.cpu_only:
             return None
-        if self.upload_prefill(limit) >= self.split_prefill(limit):
+        split = lambda n: self.split_prefill(n, position)    # noqa: E731
+        upload = lambda n: self.upload_prefill(n, position)  # noqa: E731
+        if upload(limit) >= split(limit):
             return None
         lo, hi = 0, limit  # invariant: split wins at lo (or lo = 0), upload wins at hi
-        if self.upload_prefill(1) < self.split_prefill(1):
+        if upload(1) < split(1):
             return 0
         lo = 1
         while hi - lo > 1:
             mid = (lo + hi) // 2
-            if self.upload_prefill(mid) < self.split_prefill(mid):
+            if upload(mid) < split(mid):
                 hi = mid
             else:
                 lo = mid
         return lo
 
-    def choose_buckets(self, threshold: int | None, context: int, largest: int = MAX_BUCKET) -> list[int]:
-        """Powers of two 2..B for the largest B such that every prompt of n <= B tokens is predicted strictly
-        faster as bucket steps than eagerly (none on a cpu-only spec, where both run eagerly), B at most
-        `largest`, the threshold (past it upload-once wins) and context / 3 (a step's warm-up and capture
-        runs take 3 of them from position 0)."""
+    def choose_buckets(self, threshold: int | None, context: int, largest: int = MAX_BUCKET,
+                       position: int | None = None) -> list[int]:
+        """Powers of two 2..B for the largest B such that every prompt of n <= B tokens after `position` is
+        predicted strictly faster as bucket steps than eagerly (none on a cpu-only spec, where both run eagerly),
+        B at most `largest`, the threshold (past it upload-once wins) and context / 3 (a step's warm-up and
+        capture runs take 3 of them from position 0)."""
         limit = min(largest, largest_bucket_for(context), threshold if threshold is not None else largest)
         best, sizes, T = [], [], 2
         while T <= limit:
             sizes = sizes + [T]
-            if any(self.bucket_prefill(n, sizes) >= self.eager_prefill(n, threshold) for n in range(1, T + 1)):
+            if any(self.bucket_prefill(n, sizes, position) >= self.eager_prefill(n, threshold, position)
+                   for n in range(1, T + 1)):
                 break
             best, T = list(sizes), 2 * T
         return best
@@ -396,13 +597,19 @@ class CostModel:
     # ----- speculative decoding with the MTP block ----------------------------------------------
     def mtp_draft(self) -> float:
         """One draft: the MTP block's forward of one token. Its decoder layer is priced like a layer (index
-        num_hidden_layers: its attention kind), dense part `self.mtp` (else the last layer's) on the GPU
-        holding the head, so no hop; its routed experts as placed (`self.mtp.hot`, its own shares: the hot ones
-        on that GPU, the cold ones through the host task), else hot or cold in an average layer's proportion
-        (the mean over the layers of their one-token split); then the main model's head, and one graph
-        launch (op by op on a cpu-only spec, as its decode step)."""
+        num_hidden_layers: its attention kind, sliding-only for V4, so its position does not matter), dense part
+        `self.mtp` (else the last layer's) on the GPU holding the head, so no hop, in the layer's order (its
+        dense part but the shared expert, then the shared and hot experts beside the cold ones); its routed
+        experts as placed (`self.mtp.hot`, its own shares: the hot ones on that GPU, the cold ones through the
+        host task), else hot or cold in an average layer's proportion (the mean over the layers of their
+        one-token split); then the main model's head, and one graph launch (op by op on a cpu-only spec, as its
+        decode step)."""
         m = self.mtp or MtpCostInputs(self.layers[-1].gpu, self.layers[-1].dense_bytes, self.layers[-1].dense_params)
-        dense = self._dense_time(len(self.layers), m.dense_bytes, m.dense_params, 1)
+        index = len(self.layers)
+        shared_bytes, shared_params = self._shared[index]
+        first = float(self._dense_time(index, m.dense_bytes - shared_bytes, m.dense_params - shared_params, 1,
+                                       self.step_context(1), True))
+        shared = self.shared_expert_time(index, 1)
         if m.hot is not None:
             q, k = np.minimum(1.0, self.cfg.num_experts_per_tok * m.share), self.cfg.num_experts_per_tok
             split = [(float(q[mask].sum()), float(k * m.share[mask].sum())) for mask in (m.hot, ~m.hot)]
@@ -411,28 +618,29 @@ class CostModel:
             experts = [(self.gpu_experts_time(self.distinct(l, 1, True), self.routes(l, 1, True)),
                         self.cpu_experts_time(1, self.distinct(l, 1, False), self.routes(l, 1, False)))
                        for l in range(len(self.layers))]
-        layer = float(np.mean([self.overlap(dense + g, c) for g, c in experts]))
+        layer = float(np.mean([self.layer_seconds(first, shared + g, c) for g, c in experts]))
         busy = layer + self._head_time(1)
         if self.decode_is_eager():
             return busy + self.eager_ops_per_layer * self.hw.host.op_dispatch_s
         return busy + self.hw.gpus.launch_overhead_s
 
-    def verify_step(self, T: int) -> float:
+    def verify_step(self, T: int, position: int | None = None) -> float:
         """The verify forward of T tokens: a fixed-shape step of T tokens, which the engine makes whether or not
         T is a prefill bucket (runtime/engine/step_runner.py), captured on GPUs."""
-        return self.bucket_step(T)
+        return self.bucket_step(T, position)
 
-    def graph_verify_step(self, T: int) -> float:
-        """A verify forward of T tokens captured as a graph with split routes (an EAGLE-style server's
-        decode graph: GPU experts read once per distinct expert, the rest on the host)."""
-        layers = sum(self.overlap(*self.split_layer(l, T)) for l in range(len(self.layers)))
+    def graph_verify_step(self, T: int, position: int | None = None) -> float:
+        """A verify forward of T tokens after `position` captured as a graph with split routes (an EAGLE-style
+        server's decode graph: GPU experts read once per distinct expert, the rest on the host; its paged
+        attention reads the rows visible, a dynamic forward's)."""
+        layers = sum(self.layer_seconds(*self.split_layer(l, T, position)) for l in range(len(self.layers)))
         return float(self.forward_time(layers, T, decode=True, eager=self.decode_is_eager()))
 
-    def speculative_decode(self, acceptance: float) -> tuple[float, SpeculativeStep]:
+    def speculative_decode(self, acceptance: float, position: int | None = None) -> tuple[float, SpeculativeStep]:
         """Expected decode tokens/s (without MTP, and the speculative step with it) of the runtime's depth-1
-        speculative decoding: draft + verify(T=2) + (1 - a) x decode, 1 + a tokens."""
-        decode = self.decode_step()
-        step = speculative_step(acceptance, self.mtp_draft(), self.verify_step(2), decode)
+        speculative decoding after `position`: draft + verify(T=2) + (1 - a) x decode, 1 + a tokens."""
+        decode = self.decode_step(position)
+        step = speculative_step(acceptance, self.mtp_draft(), self.verify_step(2, position), decode)
         return 1.0 / decode, step
 
     def hot_share(self) -> float:

@@ -14,7 +14,8 @@ def explain(plan: Plan) -> str:
                if hw.cpu_only else f"{hw.gpus.count}x {hw.gpus.name}")
     out = [f"plan for {m.path}: {m.layers} layers x {m.routed_experts} experts (top-{m.top_k}), "
            f"{runs_on} ({hw.name})",
-           f"routing profile: {plan.provenance.profile_source}", ""]
+           f"routing profile: {plan.provenance.profile_source}",
+           _workloads_line(plan), ""]
     kinds = []  # every GPU component any device has, in the plan's order
     for dev in plan.memory:
         kinds += [k for k in dev.components if dev.device != "host" and k not in kinds]
@@ -51,7 +52,7 @@ def explain(plan: Plan) -> str:
             f"predicted wait after a 120-token tool output: {p.wait_after_tool_output_120_tokens_ms:.1f} ms",
             f"predicted decode: {p.decode_ms_per_token:.2f} ms/token = {p.decode_tokens_per_s:.1f} tokens/s",
             f"MTP speculative decoding ({plan.policy.speculative}): {p.speculative.reason}",
-            _adapt_line(plan.policy.adapt),
+            _adapt_line(plan.policy.adapt, hw.link.h2d_bandwidth),
             f"decode step on the CPU: {plan.policy.cpu_step}"
             + (" (one compiled call per token, built at the first load)" if plan.policy.cpu_step == "compiled"
                else " (op by op)")]
@@ -70,9 +71,18 @@ def _context_line(plan: Plan) -> str:
             f", the room of {experts:,d} hot experts (--context trades them)")
 
 
-def _adapt_line(a) -> str:
+def _workloads_line(plan: Plan) -> str:
+    names = list(plan.provenance.workloads)
+    if not names:
+        return "workloads: none (threshold and buckets priced at the plan's context; an assumed idle period)"
+    return (f"workloads: {', '.join(names)} (threshold, buckets and re-placement budget priced on them: the notes "
+            f"say which came from which)")
+
+
+def _adapt_line(a, h2d_bandwidth: float) -> str:
     if a.mode == "off":
         return "re-placement between turns: off (--adapt idle turns it on)"
     return (f"re-placement between turns (idle): up to {a.max_experts} experts and {a.max_bytes / 1e9:.1f} GB per "
-            f"idle period, session routes decayed x{a.decay:g} a turn, blended {1 - a.prior:g}/{a.prior:g} with "
+            f"idle period (the link's {a.max_bytes / h2d_bandwidth:.3g} s), session routes decayed x{a.decay:g} a "
+            f"turn, blended {1 - a.prior:g}/{a.prior:g} with "
             f"the plan's hot set, swaps gaining at least {a.min_gain:.1%} of a layer's routes")

@@ -5,7 +5,9 @@ turns, and its routing may drift from the profile's. After each turn the engine 
 own routes (decayed: `decay` per turn) with the plan's choice and swaps, per layer, cold experts for hot
 ones where the blend says the swap raises the layer's share of routes on hot experts by at least
 `min_gain`, most gain first, within `max_experts` uploads (and `max_bytes`) per idle period. A swap is
-one for one in the layer's hot pool: no new memory.
+one for one in the layer's hot pool: no new memory. The compiler sizes `max_bytes` for the idle periods
+the plan's workloads record (idle_budget_s: agent_scale.csv's tool latencies and human waits), else for
+an assumed IDLE_S.
 
 Blend, per layer (shares of the layer's routes, [E]):
     b = (1 - prior) * session / session.sum() + prior * planned / planned.sum()
@@ -35,8 +37,13 @@ class AdaptPolicy(Record):
 
 
 # The compiler's defaults (ostinato-compile --adapt): design choices, stated here, not fitted to a result.
-IDLE_S = 1.0          # tool time assumed between two turns: the workloads record none; an agent's tool call (a
-                      # test run, a search, an API call) takes seconds, so one second of the link is a floor
+IDLE_S = 1.0          # tool time assumed between two turns where no workload the plan is priced on records one
+                      # (agent_turns.csv records none; agent_scale.csv does: idle_budget_s); an agent's tool call
+                      # (a test run, a search, an API call) takes seconds, so one second of the link is a floor
+IDLE_QUANTILE = 0.5   # with recorded idle periods, the budget is the link's bytes in their median: half the idle
+                      # periods end after the swaps' uploads have landed. An upload still running when the next call
+                      # comes costs little (its evicted expert is computed cold until it lands) but starts no new
+                      # swap, so a budget fitted to the longest periods would leave most of them half used
 BUDGET_SHARE = 0.25   # at most a quarter of the plan's hot experts change in one idle period
 DECAY = 0.5           # a turn's routes weigh half as much at the next turn's end
 PRIOR = 0.5           # the plan's choice and the session's own routes weigh alike
@@ -50,6 +57,26 @@ def default_policy(mode: str, hot_experts: int, expert_bytes: int, h2d_bandwidth
     return AdaptPolicy(mode=mode, max_experts=max(1, int(hot_experts * BUDGET_SHARE)),
                        max_bytes=max(expert_bytes, int(h2d_bandwidth * idle_s)), decay=DECAY, prior=PRIOR,
                        min_gain=MIN_GAIN)
+
+
+def idle_budget_s(recorded: dict[str, np.ndarray]) -> tuple[float, str]:
+    """The idle seconds a plan's re-placement budget is sized for, and where they come from: the IDLE_QUANTILE
+    of the idle periods the workloads record ({workload name: [I] seconds}; every workload weighs the same,
+    whatever its number of periods: each period weighs 1 / its workload's count), else IDLE_S. The lower
+    value where the quantile falls between two: deterministic, and one of the recorded periods."""
+    recorded = {name: np.asarray(v, dtype=np.float64) for name, v in recorded.items() if len(v)}
+    if not recorded:
+        return IDLE_S, f"{IDLE_S:g} s assumed (no workload records its idle times)"
+    values = np.concatenate(list(recorded.values()))
+    weights = np.concatenate([np.full(len(v), 1.0 / len(v)) for v in recorded.values()])
+    order = np.argsort(values, kind="stable")
+    cumulative = np.cumsum(weights[order])
+    at = int(np.searchsorted(cumulative, IDLE_QUANTILE * cumulative[-1] - 1e-12))
+    idle = float(values[order][at])
+    listed = list(recorded)
+    names = listed[0] if len(listed) == 1 else ", ".join(listed[:-1]) + " and " + listed[-1]
+    return idle, (f"{idle:.3g} s: the median of the {len(values):,d} idle periods {names} "
+                  f"record{'s' if len(recorded) == 1 else ''}")
 
 
 class Swap(NamedTuple):

@@ -1,7 +1,9 @@
 """Agent-session workloads (plans/workloads/README.md) and the token ids a replay feeds.
 
 A workload CSV has one row per model call: the tokens appended on top of the cached context and
-the tokens generated. Replays (profiling, ostinato-run --session, benchmarks) need token ids of
+the tokens generated (and, where recorded, the seconds the engine sat idle before the call). The
+compiler prices its choices on a workload's summary (WorkloadSummary: appends, cached prefixes, idle
+periods). Replays (profiling, ostinato-run --session, benchmarks) need token ids of
 those lengths: real text through the model's tokenizer when the checkpoint has one (hash-routed
 layers route by token id, so real ids matter), cut from a seeded offset; else seeded random ids.
 """
@@ -9,9 +11,11 @@ layers route by token id, so real ids matter), cut from a seeded offset; else se
 from __future__ import annotations
 
 import csv
+import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from ostinato.plans import plans_dir
@@ -34,6 +38,21 @@ class Turn:
 class SessionShape:
     name: str        # "source/session"
     turns: tuple[Turn, ...]
+    prefix: int = 0  # tokens cached before the first of `turns` (a session replayed from a later call: starting_at)
+    first: int = 0   # the index of the first of `turns` among the recorded session's calls
+
+    def cached_before(self, turn: int) -> int:
+        """Tokens in the session's cache when call `turn` starts: the prefix and every earlier call's appended and
+        generated tokens. Computed, not read: agent_turns.csv's context_before column counts the call's own
+        appended tokens too (the provider's prompt count), agent_scale.csv's does not (plans/workloads/README.md)."""
+        return self.prefix + sum(t.appended + t.generated for t in self.turns[:turn])
+
+    def starting_at(self, turn: int) -> SessionShape:
+        """The session from call `turn` on, the calls before it a cached prefix of as many tokens: a replay
+        reaches an agent's position (100k+ tokens) in one prefill instead of every call before it."""
+        if not 0 <= turn < len(self.turns):
+            raise WorkloadError(f"session {self.name} has calls 0..{len(self.turns) - 1}: no call {turn} to start at")
+        return SessionShape(self.name, self.turns[turn:], self.cached_before(turn), self.first + turn)
 
 
 def read_sessions(path: str | Path) -> list[SessionShape]:
@@ -69,16 +88,53 @@ def read_sessions(path: str | Path) -> list[SessionShape]:
 
 def shrink_sessions(sessions: list[SessionShape], scale: float = 1.0, max_turns: int | None = None,
                     max_generated: int | None = None) -> list[SessionShape]:
-    """Smaller replays of the same shapes, for small machines: appended tokens x scale (at least 1),
-    the first max_turns turns, at most max_generated generated tokens per turn."""
+    """Smaller replays of the same shapes, for small machines: appended tokens and the cached prefix x scale
+    (at least 1), the first max_turns turns, at most max_generated generated tokens per turn."""
     out = []
     for s in sessions:
         turns = s.turns[:max_turns] if max_turns else s.turns
         out.append(SessionShape(s.name, tuple(
             Turn(max(1, round(t.appended * scale)) if t.appended else 0,
                  t.generated if max_generated is None else min(t.generated, max_generated), t.idle_before_s)
-            for t in turns)))
+            for t in turns), max(1, round(s.prefix * scale)) if s.prefix else 0, s.first))
     return out
+
+
+def file_sha256(path: str | Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+@dataclass(frozen=True)
+class WorkloadSummary:
+    """What the compiler prices its choices on (compiler/compile.py): a workload's calls after each session's
+    first (a tool output or a user message on a cached context; the first call is the session's start, not a
+    wait after a tool) and the idle periods it records. Legend: C such calls, I recorded idle periods."""
+    name: str                 # the file's name: how the plan names it (provenance.workloads, notes)
+    sha256: str               # of the file's bytes: the plan's fingerprint covers its inputs
+    sessions: int
+    appended: np.ndarray      # [C] int64 tokens each call prefills
+    cached: np.ndarray        # [C] int64 tokens in the cache when it starts (SessionShape.cached_before)
+    idle_s: np.ndarray        # [I] float64 seconds idle before a call (its tool, or its human); empty: none recorded
+
+    @property
+    def median_cached(self) -> int:
+        """The position a typical call's prefill starts at (the lower middle value: a token count)."""
+        return int(np.sort(self.cached)[(len(self.cached) - 1) // 2]) if len(self.cached) else 0
+
+
+def summarize_workload(path: str | Path) -> WorkloadSummary:
+    """The WorkloadSummary of a workload CSV; WorkloadError naming the file when it has no call after a
+    session's first."""
+    path = Path(path)
+    sessions = read_sessions(path)
+    calls = [(t.appended, s.cached_before(i), t.idle_before_s) for s in sessions for i, t in enumerate(s.turns) if i]
+    if not calls:
+        raise WorkloadError(f"{path}: no session has a call after its first: nothing to price a turn on")
+    return WorkloadSummary(
+        name=path.name, sha256=file_sha256(path), sessions=len(sessions),
+        appended=np.array([c[0] for c in calls], dtype=np.int64),
+        cached=np.array([c[1] for c in calls], dtype=np.int64),
+        idle_s=np.array([c[2] for c in calls if c[2] is not None], dtype=np.float64))
 
 
 class TokenSource:

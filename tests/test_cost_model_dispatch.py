@@ -83,8 +83,8 @@ def test_the_simulator_prices_a_cpu_only_step_as_the_cost_model_does(tiny_ckpt, 
     # of the dynamic forward's ops instead of the step's would be off by 1.5x (compiled) or 10% (eager)
     every_hot = np.ones((L, E), dtype=bool)
     ids = np.tile(np.arange(k), (3, L, 1))  # [T=3 decode tokens, L, k]
-    steps, _ = static_decode(cost, every_hot, ids)
-    assert steps == pytest.approx([cost.decode_step()] * 3, rel=0.01)
+    steps, _ = static_decode(cost, every_hot, ids, fixed_shape=True)   # the plan's own step, from position 0
+    assert steps == pytest.approx([cost.decode_step(p) for p in range(3)], rel=0.01)
     counts = np.zeros((L, E))
     counts[:, :k] = 2  # 2 tokens' routes, the first k experts
     assert bucket_pass(cost, counts, 2, every_hot, [2]).seconds == pytest.approx(cost.bucket_step(2), rel=0.01)

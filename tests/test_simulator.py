@@ -306,8 +306,8 @@ def test_a_server_without_prefix_cache_prefills_the_whole_context_every_turn():
     """Turn 1 of a prefix-less system prefills turn 0's 2 + 1 tokens again with its 1 new one: 4 tokens
     (routed by the forked sampler), where a prefix-caching system prefills 1."""
     c = cost()
-    cached = KTransformers(c, threshold=100)
-    again = KTransformers(c, threshold=100, reuses_prefix=False, name="no radix")
+    cached = KTransformers(c, threshold=100, reuses_prefix=True)   # a prefix cache its DSV4 recipe lacks
+    again = KTransformers(c, threshold=100, name="no radix")         # as its recipe runs: --disable-radix-cache
     sampler = Fixed({2: routing(1, 4, [{2: 2}]), 1: routing(1, 4, [{2: 1}]), 4: routing(1, 4, [{2: 4}])},
                     np.array([[[0]]] * 4))
     runs = simulate([SessionShape("s", (Turn(2, 1), Turn(1, 1)))], [cached, again], sampler)

@@ -42,11 +42,15 @@ def test_a_malformed_row_is_refused_by_file_and_field(tmp_path):
     (2.0, (2.0, 2.0), 1.0, True),
     (2.0, (2.9, 2.9), 1.45, True),
     (2.0, (3.1, 3.1), 1.55, False),
-    ([2.1, 2.8], (1.7, 2.5), 1.0, True),        # the ranges meet
-    ([2.1, 2.8], (0.5, 1.0), 1.0 / 2.1, False),  # below: the model's high end over the published low end
-    ([0.45, 0.78], (1.0, 1.2), 1.0 / 0.78, True),
+    ([2.1, 2.8], (2.2, 2.5), 1.0, True),         # inside: the only way to score 1.00
+    ([2.1, 2.8], (1.7, 2.5), 1.7 / 2.1, True),   # meeting the band is not a match: its low end is 0.81x below
+    ([2.1, 2.8], (0.5, 1.0), 0.5 / 2.1, False),  # below: the model's farthest point over the published low end
+    ([0.45, 0.78], (1.0, 1.2), 1.2 / 0.78, False),
+    ([1.4, 2.5], (2.35, 33.6), 33.6 / 2.5, False),   # paper-ostinato-sessions' shape: overlap once scored 1.00
+    ([1.0, 2.0], (0.9, 2.5), 2.5 / 2.0, True),   # past both ends: the end it overshoots more (1.25x above, 1.11x below)
+    ([1.0, 2.0], (0.5, 2.2), 0.5, False),        # 2x below outweighs 1.1x above
 ])
-def test_the_verdict_compares_values_and_ranges(published, model, ratio, within):
+def test_the_score_is_the_distance_between_the_bands(published, model, ratio, within):
     v = validate.verdict(published, model)
     assert v.ratio == pytest.approx(ratio) and v.within is within
 
@@ -67,7 +71,7 @@ def test_routing_rows_come_from_the_profile_and_the_kernel_rows_from_the_rule():
     one, four = (validate.model_figure(rows[r], boxes)[0] for r in ("kt-pr2175-kernel-1token",
                                                                      "kt-pr2175-kernel-4tokens"))
     expert = 13_369_344
-    assert one >= 6 * expert / (0.8 * 226e9) * 1e6 * (1 - 1e-9)    # never faster than the box's expert read
+    assert one >= 6 * expert / 182.3e9 * 1e6 * (1 - 1e-9)    # never faster than the box's published expert read
     assert four >= one                                              # more tokens per expert cost more
 
 
@@ -86,3 +90,62 @@ def test_the_documented_validation_table_is_the_tools_output():
     block = doc[doc.index(validate.DOC_BEGIN) + len(validate.DOC_BEGIN):doc.index(validate.DOC_END)]
     table = validate.Validation(load_rows()).table()
     assert block.strip() == table, f"{validate.DOC}'s table is stale: run python -m ostinato.bench.validate --doc"
+
+
+def row_file(folder: Path, name: str, **changes) -> None:
+    """A copy of a committed row with `changes` (top-level YAML fields, written as YAML)."""
+    import yaml
+    data = yaml.safe_load((PUBLISHED_DIR / f"{name}.yaml").read_text())
+    data.update(changes)
+    (folder / f"{name}.yaml").write_text(yaml.safe_dump(data))
+
+
+def test_calibration_rows_are_shown_apart_and_left_out_of_the_count(tmp_path):
+    row_file(tmp_path, "routing-top8", calibration="the profile's Zipf exponent")
+    row_file(tmp_path, "paper-hot-share")
+    rows = load_rows(tmp_path)
+    assert rows["routing-top8"].calibration and not rows["paper-hot-share"].calibration
+    v = validate.Validation(rows)
+    v.__dict__["verdicts"] = {"routing-top8": validate.verdict(0.356, (0.9, 0.9)),     # far off, but calibration
+                              "paper-hot-share": validate.verdict(0.84, (0.83, 0.83))}
+    table = v.table()
+    assert "1 of 1 rows within 1.5x" in table and "1 calibration rows" in table
+    assert "calibration (not counted): sets the profile's Zipf exponent" in table
+
+
+def test_the_committed_calibration_rows_are_the_ones_constants_come_from():
+    """The 0.8 read fraction and the epyc box's kernel read come from kt-kernel's 1-token row (PR #2175), the
+    routing profile's shape from the four routing rows: those rows are marked, the others are checks."""
+    rows = load_rows()
+    marked = {rid for rid, r in rows.items() if r.calibration}
+    assert marked == {"kt-pr2175-kernel-1token", "routing-top8", "routing-top16", "routing-top32", "routing-top64"}
+
+
+def test_the_epyc_box_reads_experts_at_its_published_kernel_rate():
+    """PR #2175 publishes kt-kernel's own read on that box (6 experts x 13.37 MB in 440 us): the box carries it,
+    so its 1-token row is priced at exactly that, not at 0.8 x STREAM."""
+    host = load_hardware(box_spec("boxes/epyc7452x2")).host
+    assert host.expert_read_bandwidth == pytest.approx(6 * 13_369_344 / 440e-6, rel=1e-3)
+    rows = load_rows()
+    one = validate.model_figure(rows["kt-pr2175-kernel-1token"], validate.Boxes(KERNELS_FILE))[0]
+    assert one == pytest.approx(440.0, rel=1e-3)
+
+
+def test_the_numa_rule_reads_a_socket_per_pool():
+    host = load_hardware(box_spec("boxes/epyc7452x2")).host
+    assert validate.numa_host(host, 2, 2) == host and validate.numa_host(host, 1, 1) == host
+    half = validate.numa_host(host, 2, 1)      # one pool on a two-socket box: half the box's read
+    assert half.bandwidth == host.bandwidth / 2 and half.expert_read_bandwidth == host.expert_read_bandwidth / 2
+    assert validate.numa_host(host, 2, 4) == host   # pools past the sockets add nothing
+    with pytest.raises(ValueError, match="sockets 0"):
+        validate.numa_host(host, 0, 1)
+
+
+def test_a_row_with_one_pool_on_two_sockets_is_priced_at_half_the_read(tmp_path):
+    """kt-kernel's 1-token row is bound by the read: one pool instead of one per socket doubles its time."""
+    row_file(tmp_path, "kt-pr2175-kernel-1token")
+    two = load_rows(tmp_path)["kt-pr2175-kernel-1token"]
+    assert two.sockets == 2 and two.system.pools == 2
+    one = two.model_copy(update={"system": two.system.model_copy(update={"pools": 1})})
+    boxes = validate.Boxes(KERNELS_FILE)
+    assert validate.model_figure(one, boxes)[0] == pytest.approx(2 * validate.model_figure(two, boxes)[0])

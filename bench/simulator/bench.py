@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ostinato.workload import SessionShape
 
+from .ktransformers import is_hypothetical
 from .ostinato_policy import is_ostinato
 from .replacement import IDLE_S, replacement_policies, study
 from .replacement import tables as replacement_text
@@ -36,18 +37,28 @@ DOC_SESSIONS = 6  # sessions per workload the doc's tables replay (the default o
 PAPER_COVERAGE = 0.84
 
 
-def table(title: str, runs: dict) -> str:
+def table(title: str, runs: dict, weights: dict[str, str] | None = None) -> str:
+    """One system per row; `weights`: the weight format each system is priced with, as a last column."""
     base = summarize(next(iter(runs.values())))  # the first system: Ostinato
+    w_head, w_rule = (" weights priced |", "---|") if weights else ("", "")
     rows = [f"#### {title} (modeled)", "",
             "| system | median wait s | p90 wait s | decode tok/s | median session s | wait / Ostinato | "
-            "session / Ostinato | decode / Ostinato |", "|---|---|---|---|---|---|---|---|"]
+            f"session / Ostinato | decode / Ostinato |{w_head}", f"|---|---|---|---|---|---|---|---|{w_rule}"]
     for name, r in runs.items():
         s = summarize(r)
         rows.append(f"| {name} | {s.median_wait_s:.3f} | {s.p90_wait_s:.3f} | {s.decode_tokens_per_s:.1f} | "
                     f"{s.median_session_s:.1f} | {s.median_wait_s / base.median_wait_s:.2f}x | "
                     f"{s.median_session_s / base.median_session_s:.2f}x | "
-                    f"{s.decode_tokens_per_s / base.decode_tokens_per_s:.2f}x |")
+                    f"{s.decode_tokens_per_s / base.decode_tokens_per_s:.2f}x |"
+                    + (f" {weights[name]} |" if weights else ""))
     return "\n".join(rows)
+
+
+def weights_of(world: World, config: str) -> dict[str, str]:
+    """system -> the weight format it is priced with: a baseline's own (formats.py, its `weights`), else the
+    plan's (Ostinato and its variants)."""
+    plan = f"the plan's (dense {world.build.policy.dense_format}, experts MXFP4)"
+    return {p.name: getattr(p, "weights", None) or plan for p in world.policies(config)}
 
 
 def workload_of(session: SessionShape) -> str:
@@ -68,25 +79,33 @@ def by_workload(sessions: list[SessionShape], limit: int | None) -> dict[str, li
 CONFIG_TITLES = {"best": "baselines at their best", "documented": "baselines as documented"}
 
 
-def modeled_tables(world: World, sessions: list[SessionShape], limit: int | None, seed: int = 0
-                   ) -> tuple[str, str, tuple[str, dict]]:
+def modeled_tables(world: World, sessions: list[SessionShape], limit: int | None, seed: int = 0,
+                   equal: World | None = None) -> tuple[str, str, tuple[str, dict]]:
     """Per workload the systems' tables (baselines at their best, then as documented) and the ablation
-    table (markdown); the headline (Ostinato against the best baseline of each configuration); one
-    session's runs for the timeline plot. Deterministic from the seed: docs/benchmarks.md embeds this text
-    (doc_with)."""
+    table (markdown); the headline (Ostinato against the best baseline of each configuration: among the baselines
+    that exist, then with the hypothetical variants too; with `equal`, the same world with every system at the
+    cost model's own CPU kernel, the median waits at equal kernels beside); one session's runs for the timeline
+    plot. Deterministic from the seed: docs/benchmarks.md embeds this text (doc_with)."""
     text, ablated, lines, timeline = [], [], [], None
     for w, ss in by_workload(sessions, limit).items():
         configs, runs = workload_runs(world, ss, seed)
         ablated.append(table(f"ablation, {w}: {len(ss)} sessions, Ostinato with one mechanism removed", runs))
         for config, title in CONFIG_TITLES.items():
             runs = configs[config]
-            text.append(table(f"{w}: {len(ss)} sessions, {world.build.hardware.name}, {title}", runs))
-            lines.append(headline_row(w, title, runs))
+            text.append(table(f"{w}: {len(ss)} sessions, {world.build.hardware.name}, {title}", runs,
+                              weights_of(world, config)))
+            same = config_runs(equal, config, ss, seed) if equal is not None else None
+            lines.append(headline_row(w, title, runs, best_baseline(runs, hypothetical=False), same))
+            if any(is_hypothetical(n) for n in runs):
+                lines.append(headline_row(w, f"{title} {WITH_HYPOTHETICAL}", runs,
+                                          best_baseline(runs, hypothetical=True), same))
             timeline = timeline or (ss[0].name, runs)
     text += ablated   # the ablation tables after every workload's system tables
+    equal_head, equal_rule = ((" median wait s at equal kernels (`--kernels none`): Ostinato / it |", "---|")
+                              if equal is not None else ("", ""))
     head = ["| workload | baselines | best baseline (least median wait) | median wait s: Ostinato / it | "
-            "p90 wait s: Ostinato / it | decode tok/s: Ostinato / it | median session s: Ostinato / it |",
-            "|---|---|---|---|---|---|---|"] + lines
+            "p90 wait s: Ostinato / it | decode tok/s: Ostinato / it | median session s: Ostinato / it |" + equal_head,
+            "|---|---|---|---|---|---|---|" + equal_rule] + lines
     return "\n\n".join(text), "\n".join(head), timeline
 
 
@@ -136,21 +155,33 @@ def replacement_tables(world: World, sessions: list[SessionShape], limit: int | 
     return replacement_text(study(world, groups, seed, known=known), world.build.hardware.name)
 
 
-def headline_row(workload: str, title: str, runs: dict) -> str:
-    """One headline line: Ostinato (the first system) against the baseline with the least median wait (its own
-    variants, Ostinato + MTP, are not baselines)."""
+WITH_HYPOTHETICAL = "+ hypothetical variants"   # the headline row whose best baseline may be a hypothetical one
+
+
+def best_baseline(runs: dict, hypothetical: bool) -> str:
+    """The baseline with the least median wait: Ostinato's own variants (Ostinato + MTP) are not baselines, and
+    variants with features their recipe lacks (is_hypothetical) count only when `hypothetical`."""
+    waits = {n: summarize(r).median_wait_s for n, r in runs.items()
+             if not is_ostinato(n) and (hypothetical or not is_hypothetical(n))}
+    return min(waits, key=waits.get)
+
+
+def headline_row(workload: str, title: str, runs: dict, best: str, equal_runs: dict | None = None) -> str:
+    """One headline line: Ostinato (the first system) against the baseline `best`; with `equal_runs` (the same
+    systems at equal CPU kernels) the two median waits there too."""
     sums = {n: summarize(r) for n, r in runs.items()}
-    ours, *others = sums
-    others = [n for n in others if not is_ostinato(n)]
-    best = min(others, key=lambda n: sums[n].median_wait_s)
-    o, b = sums[ours], sums[best]
+    o, b = sums[next(iter(sums))], sums[best]
 
     def pair(x: float, y: float, f: str) -> str:
         return f"{x:{f}} / {y:{f}} ({x / y:.2f}x)"
+    equal = ""
+    if equal_runs is not None:
+        eo, eb = summarize(next(iter(equal_runs.values()))), summarize(equal_runs[best])
+        equal = f" {pair(eo.median_wait_s, eb.median_wait_s, '.3f')} |"
     return (f"| {workload} | {title.removeprefix('baselines ')} | {best} | "
             f"{pair(o.median_wait_s, b.median_wait_s, '.3f')} | {pair(o.p90_wait_s, b.p90_wait_s, '.3f')} | "
             f"{pair(o.decode_tokens_per_s, b.decode_tokens_per_s, '.1f')} | "
-            f"{pair(o.median_session_s, b.median_session_s, '.0f')} |")
+            f"{pair(o.median_session_s, b.median_session_s, '.0f')} |" + equal)
 
 
 def edge_table(sweep: dict) -> str:
@@ -158,7 +189,7 @@ def edge_table(sweep: dict) -> str:
     rows = ["| hot-set coverage of routes | Ostinato median wait s | best baseline | its median wait s | "
             "edge (its wait / Ostinato's) |", "|---|---|---|---|---|"]
     names = [n for n in sweep if not n.startswith("_")]
-    ours, others = names[0], [n for n in names[1:] if not is_ostinato(n)]
+    ours, others = names[0], [n for n in names[1:] if not is_ostinato(n) and not is_hypothetical(n)]
     for i, cov in enumerate(sweep["_coverages"]):
         best = min(others, key=lambda n: sweep[n][i])
         rows.append(f"| {cov:.0%} | {sweep[ours][i]:.3f} | {best} | {sweep[best][i]:.3f} | "
@@ -175,9 +206,11 @@ def doc_with(doc: str, tables: str, begin: str = DOC_BEGIN, end: str = DOC_END) 
 
 
 def run_modeled(world: World, sessions: list[SessionShape], out: Path, limit: int | None, sweep_sessions: int,
-                coverages: tuple[float, ...], max_generated: int | None, seed: int = 0) -> str:
+                coverages: tuple[float, ...], max_generated: int | None, seed: int = 0,
+                equal: World | None = None) -> str:
+    """`equal`: the same world at equal CPU kernels, for the headline's column beside (modeled_tables)."""
     out.mkdir(parents=True, exist_ok=True)
-    report, head, timeline = modeled_tables(world, sessions, limit, seed)
+    report, head, timeline = modeled_tables(world, sessions, limit, seed, equal)
     replaced, replaced_lines = replacement_tables(world, sessions, limit, seed)
     (out / "replacement.md").write_text(replaced + "\n")
     (out / "replacement_readme.md").write_text(replaced_lines + "\n")

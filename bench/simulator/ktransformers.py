@@ -7,17 +7,21 @@ Decode: the CPU experts run inside the captured graph.
 Like Ostinato it runs PyTorch: prefill eagerly (op dispatch counted at an unfused PyTorch forward's
 UNFUSED_EAGER_OPS_PER_LAYER), decode as captured CUDA graphs.
 
-Two configurations (World.policies): as its DeepSeek-V4-Flash tutorial runs it (`--disable-radix-cache`,
-so every turn prefills the whole context again; GPU experts by the default `uniform` strategy; prefill
-threshold 4096) and at its best (prefix cache on, GPU experts by the `frequency` strategy from the same
-routing profile Ostinato plans with, the threshold where its layerwise prefill starts to win).
+Its configurations (World.policies), named below: as its DeepSeek-V4-Flash recipe runs it (DOCUMENTED:
+`--disable-radix-cache`, so every turn prefills the whole context again; GPU experts by the default `uniform`
+strategy; prefill threshold 4096); at its best-documented (BEST_DOCUMENTED: GPU experts by the `frequency`
+strategy from the same routing profile Ostinato plans with, the threshold where its layerwise prefill starts
+to win, and still no prefix reuse: the recipe turns the radix cache off and SGLang's DeepSeek-V4 radix cache is
+in open pull requests, sglang 31097 / 35837 / 39055); and, labeled hypothetical, the same with a prefix cache
+it does not have for this model (WITH_PREFIX_CACHE: every turn prefills only what it appends).
 With `mtp` (acceptance, depth): EAGLE speculative decoding with the MTP block as SGLang runs it
 (`--speculative-num-steps depth`, top-1 drafts): `depth` drafts, one verify forward of depth + 1 tokens in
 its decode graph (split routes over the distinct experts of those tokens), the accepted prefix and the
 verify's own next token kept, no re-run (cost_model.speculative_step with rerun False).
 KTransformersDynamic adds its dynamic expert update (`--kt-enable-dynamic-expert-update`, issue #31).
 Not modeled: expert deferral (an approximation Ostinato does not make) and tensor parallelism's per-layer
-all-reduce (which would only slow it)."""
+all-reduce (which would only slow it). Its weights are the checkpoint's as stored (formats.py CHECKPOINT), as its
+recipe loads them, not the plan's formats."""
 
 from __future__ import annotations
 
@@ -28,9 +32,19 @@ import numpy as np
 
 from ostinato.compiler.cost_model import UNFUSED_EAGER_OPS_PER_LAYER, CostModel
 
+from .formats import CHECKPOINT, with_weights
 from .policy import Forward, Policy, speculative_decode, split_pass, static_decode, upload_pass
 
 DOCUMENTED_THRESHOLD = 4096   # --kt-gpu-prefill-token-threshold in its DeepSeek-V4-Flash tutorial (PUBLISHED.md)
+DOCUMENTED = "KTransformers (its DSV4 recipe)"
+BEST_DOCUMENTED = "KTransformers + frequency GPU experts"
+HYPOTHETICAL = "(hypothetical)"   # the mark of a variant with a feature its DeepSeek-V4 recipe lacks
+WITH_PREFIX_CACHE = f"KTransformers + frequency GPU experts + prefix cache {HYPOTHETICAL}"
+
+
+def is_hypothetical(name: str) -> bool:
+    """Whether a table row is a variant with features its system's recipe lacks (not a baseline that exists)."""
+    return name.endswith(HYPOTHETICAL)
 
 
 def frequency_placed(shares: np.ndarray, per_layer: int) -> np.ndarray:
@@ -53,16 +67,25 @@ def uniform_placed(shape: tuple[int, int], per_layer: int) -> np.ndarray:
     return gpu
 
 
+def kt_cost(cost: CostModel, kernel=None) -> CostModel:
+    """The plan's cost model as KTransformers runs it: the checkpoint's weights, its unfused eager forward, and
+    kt-kernel's measured rates (compiler/host_kernel.py's KernelRates; None: the cost model's own)."""
+    cost = with_weights(cost, CHECKPOINT).with_eager_ops(UNFUSED_EAGER_OPS_PER_LAYER)  # its forward is not ours
+    cost = cost.with_csa_picks_only()   # its attention kernels: priced at the model's work (cost_model.py)
+    return cost.with_host_kernel(kernel) if kernel is not None else cost
+
+
 class KTransformers(Policy):
     name = "KTransformers"
+    weights = CHECKPOINT.name
 
     def __init__(self, cost: CostModel, threshold: int, gpu_experts: np.ndarray | None = None, kernel=None,
-                 reuses_prefix: bool = True, name: str | None = None, mtp: tuple[float, int] | None = None):
+                 reuses_prefix: bool = False, name: str | None = None, mtp: tuple[float, int] | None = None):
         """`gpu_experts` [L, E] bool: the experts it keeps on the GPUs (None: none); `kernel`: kt-kernel's
-        measured rates (compiler/host_kernel.py's KernelRates; None: the cost model's own); `mtp`:
-        (acceptance, depth) of EAGLE speculative decoding (None: plain decode)."""
-        cost = cost.with_eager_ops(UNFUSED_EAGER_OPS_PER_LAYER)  # its forward is not ours
-        super().__init__(cost.with_host_kernel(kernel) if kernel is not None else cost)
+        measured rates (compiler/host_kernel.py's KernelRates; None: the cost model's own); `reuses_prefix`:
+        a prefix cache across turns, which its DeepSeek-V4 recipe does not have (True only for a variant named
+        hypothetical); `mtp`: (acceptance, depth) of EAGLE speculative decoding (None: plain decode)."""
+        super().__init__(kt_cost(cost, kernel))
         E = cost.layers[0].hot.size
         self.threshold = threshold
         self.gpu = gpu_experts if gpu_experts is not None else np.zeros((self.L, E), dtype=bool)
@@ -82,18 +105,19 @@ class KTransformers(Policy):
     def resident(self) -> np.ndarray:
         return self.gpu
 
-    def prefill(self, counts: np.ndarray, n: int) -> Forward:
+    def prefill(self, counts: np.ndarray, n: int, position: int = 0) -> Forward:
         if n > self.threshold:
             return upload_pass(self.cost, counts, n, np.broadcast_to(~self.gpu, counts.shape), "layerwise",
-                               links=self.links)
-        return split_pass(self.cost, counts, n, self.gpu, "cpu")
+                               links=self.links, position=position)
+        return split_pass(self.cost, counts, n, self.gpu, "cpu", position=position)
 
-    def decode(self, ids: np.ndarray) -> tuple[np.ndarray, Forward]:
+    def decode(self, ids: np.ndarray, position: int = 0) -> tuple[np.ndarray, Forward]:
+        # its paged attention reads the rows visible at each step (policy.py: not a fixed-shape step)
         if self.mtp is None:
-            return static_decode(self.cost, self.gpu, ids)
+            return static_decode(self.cost, self.gpu, ids, position=position)
         acceptance, depth = self.mtp
         return speculative_decode(self.cost, self.gpu, ids, acceptance, self._draft_s, (False, False), depth,
-                                  rerun=False)
+                                  rerun=False, position=position)
 
 
 def top_of_batch(counts: np.ndarray, gpu: np.ndarray) -> np.ndarray:
@@ -126,8 +150,8 @@ class KTransformersDynamic(KTransformers):
     def reset(self) -> None:
         self.gpu, self.updates = self.initial.copy(), 0
 
-    def prefill(self, counts: np.ndarray, n: int) -> Forward:
-        f = super().prefill(counts, n)
+    def prefill(self, counts: np.ndarray, n: int, position: int = 0) -> Forward:
+        f = super().prefill(counts, n, position)
         if n > self.threshold:
             self.gpu = top_of_batch(counts, self.gpu)
             self.updates += 1
@@ -160,7 +184,6 @@ def layerwise_prefill(cost: CostModel, gpu: np.ndarray, n: int) -> float:
 def best_threshold(cost: CostModel, gpu: np.ndarray, kernel=None, largest: int = 1 << 16) -> int:
     """The prefill threshold set well: the smallest size (powers of two and their midpoints) from which its
     layerwise prefill is expected to beat its CPU path, by this cost model with kt-kernel's rates."""
-    c = with_gpu_set(cost.with_eager_ops(UNFUSED_EAGER_OPS_PER_LAYER), gpu)
-    c = c.with_host_kernel(kernel) if kernel is not None else c
+    c = with_gpu_set(kt_cost(cost, kernel), gpu)
     sizes = sorted({m for p in range(7, largest.bit_length()) for m in (1 << p, 3 << (p - 1))})
     return next((n for n in sizes if layerwise_prefill(c, gpu, n) < c.split_prefill(n)), largest)

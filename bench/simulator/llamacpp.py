@@ -19,6 +19,9 @@ LRU expert cache (`--moe-cache-mib`): dense parts on the GPUs, experts on the ho
 experts (here: as many per layer as Ostinato's hot set, the same bytes), warm-started with that hot
 set. Batches of <= 32 tokens read and fill it: misses are uploaded and inserted, least recently used
 evicted. Batches of > 32 tokens only read it: misses are uploaded for that batch and not inserted.
+
+Every configuration reads llama.cpp's own weights: the DeepSeek-V4-Flash GGUF as ggml-org publishes it
+(formats.py GGUF_MXFP4_MOE: the dense matrices and the head in Q8_0, not the plan's formats).
 """
 
 from __future__ import annotations
@@ -27,85 +30,102 @@ import numpy as np
 
 from ostinato.compiler.cost_model import CostModel
 
+from .formats import GGUF_MXFP4_MOE, with_weights
 from .policy import Forward, Policy
 
 OP_OFFLOAD_MIN_BATCH = 32     # GGML_OP_OFFLOAD_MIN_BATCH default
 CACHE_FILL_MAX_BATCH = 32     # --moe-cache-mib: batches above this only read the cache
 
 
+def gguf_cost(cost: CostModel, kernel=None) -> CostModel:
+    """The plan's cost model as llama.cpp runs it: its GGUF's weights, and ggml's measured kernel rates
+    (KernelRates, kernels.py; None: the cost model's own)."""
+    cost = with_weights(cost, GGUF_MXFP4_MOE).with_csa_picks_only()   # its attention: the model's work (cost_model.py)
+    return cost.with_host_kernel(kernel) if kernel is not None else cost
+
+
 class LayerPlacement(Policy):
     name = "llama.cpp layers"
+    weights = GGUF_MXFP4_MOE.name
 
     def __init__(self, cost: CostModel, gpu_layers: int, kernel=None):
         """`kernel`: ggml's measured kernel rates (KernelRates, kernels.py; None: the cost model's own)."""
-        super().__init__(cost.with_host_kernel(kernel) if kernel is not None else cost)
+        super().__init__(gguf_cost(cost, kernel))
         self.gpu_layers = gpu_layers
 
-    def _layer(self, l: int, n: int, touched: int, routes: float) -> tuple[float, float, float, float]:
-        """(seconds, gpu experts s, host experts s, upload s) of layer l."""
+    def _layer(self, l: int, n: int, touched: int, routes: float, position=0) -> tuple[float, float, float, float]:
+        """(seconds, gpu experts s, host experts s, upload s) of layer l, n tokens after `position` (an array of
+        positions: the seconds an array)."""
         c = self.cost
         if l < self.gpu_layers:
             g = c.gpu_experts_time(touched, routes)
-            return c.attention_time(l, n) + g, g, 0.0, 0.0
+            return c.attention_time(l, n, position) + g, g, 0.0, 0.0
         if n >= OP_OFFLOAD_MIN_BATCH and not c.hw.cpu_only:  # op offload: weights cross, then the GPU computes
             u = c.upload_time(touched, extra_bytes=c.layers[l].dense_bytes)
             g = c.gpu_experts_time(touched, routes)
-            return u + c.attention_time(l, n) + g, g, 0.0, u
+            return u + c.attention_time(l, n, position) + g, g, 0.0, u
         h = c.host_experts_time(touched, routes)
-        return c.attention_time(l, n, on_host=True) + h, 0.0, h, 0.0
+        return c.attention_time(l, n, position, on_host=True) + h, 0.0, h, 0.0
 
-    def prefill(self, counts: np.ndarray, n: int) -> Forward:
-        parts = np.array([self._layer(l, n, int((counts[l] > 0).sum()), float(counts[l].sum()))
+    def prefill(self, counts: np.ndarray, n: int, position: int = 0) -> Forward:
+        parts = np.array([self._layer(l, n, int((counts[l] > 0).sum()), float(counts[l].sum()), position)
                           for l in range(self.L)])
         mode = "offload" if n >= OP_OFFLOAD_MIN_BATCH and self.gpu_layers < self.L and not self.cost.hw.cpu_only \
             else "layers"
         up = int(sum((counts[l] > 0).sum() for l in range(self.gpu_layers, self.L))) if mode == "offload" else 0
         return Forward(parts[:, 0].sum() + self.cost.forward_overheads(n, False), *parts[:, 1:].sum(0), mode, up)
 
-    def decode(self, ids: np.ndarray) -> tuple[np.ndarray, Forward]:
-        parts = np.array([self._layer(l, 1, self.k, self.k) for l in range(self.L)]).sum(0)
-        step = parts[0] + self.cost.forward_overheads(1, decode=True)   # routing does not change the step
-        T = ids.shape[0]
-        return np.full(T, step), Forward(step * T, parts[1] * T, parts[2] * T, 0.0, "decode")
+    def decode(self, ids: np.ndarray, position: int = 0) -> tuple[np.ndarray, Forward]:
+        return _whole_layer_decode(self, ids, position)   # routing does not change the step
 
 
 class CpuExperts(Policy):
     name = "llama.cpp CPU experts"
+    weights = GGUF_MXFP4_MOE.name
 
     def __init__(self, cost: CostModel, kernel=None, n_cpu_moe: int | None = None):
         """`kernel`: ggml's measured kernel rates (KernelRates, kernels.py; None: the cost model's own);
         `n_cpu_moe`: `--n-cpu-moe N`, the leading layers whose experts stay on the host (None: all)."""
-        super().__init__(cost.with_host_kernel(kernel) if kernel is not None else cost)
+        super().__init__(gguf_cost(cost, kernel))
         self.n_cpu_moe = self.L if n_cpu_moe is None else max(0, min(n_cpu_moe, self.L))
         if self.n_cpu_moe < self.L:
             self.name = f"llama.cpp --n-cpu-moe {self.n_cpu_moe}"
 
-    def _layer(self, l: int, n: int, touched: int, routes: float) -> tuple[float, float, float, float]:
-        """(seconds, gpu experts s, host experts s, upload s) of layer l: its dense part on the GPU, then
-        its experts on the host, or (op offload) uploaded and computed on the GPU, or (a layer past
-        --n-cpu-moe) computed where they live, on the GPU."""
+    def _layer(self, l: int, n: int, touched: int, routes: float, position=0) -> tuple[float, float, float, float]:
+        """(seconds, gpu experts s, host experts s, upload s) of layer l, n tokens after `position` (an array of
+        positions: the seconds an array): its dense part on the GPU, then its experts on the host, or (op
+        offload) uploaded and computed on the GPU, or (a layer past --n-cpu-moe) computed where they live, on the
+        GPU."""
         c = self.cost
         if l >= self.n_cpu_moe:
             g = c.gpu_experts_time(touched, routes)
-            return c.attention_time(l, n) + g, g, 0.0, 0.0
+            return c.attention_time(l, n, position) + g, g, 0.0, 0.0
         if n >= OP_OFFLOAD_MIN_BATCH:
             u, g = c.upload_time(touched), c.gpu_experts_time(touched, routes)
-            return c.attention_time(l, n) + u + g, g, 0.0, u
+            return c.attention_time(l, n, position) + u + g, g, 0.0, u
         h = c.cpu_experts_time(n, touched, routes)
-        return c.attention_time(l, n) + h, 0.0, h, 0.0
+        return c.attention_time(l, n, position) + h, 0.0, h, 0.0
 
-    def prefill(self, counts: np.ndarray, n: int) -> Forward:
-        parts = np.array([self._layer(l, n, int((counts[l] > 0).sum()), float(counts[l].sum()))
+    def prefill(self, counts: np.ndarray, n: int, position: int = 0) -> Forward:
+        parts = np.array([self._layer(l, n, int((counts[l] > 0).sum()), float(counts[l].sum()), position)
                           for l in range(self.L)])
         mode = "offload" if n >= OP_OFFLOAD_MIN_BATCH else "cpu"
         up = int((counts[:self.n_cpu_moe] > 0).sum()) if mode == "offload" else 0
         return Forward(parts[:, 0].sum() + self.cost.forward_overheads(n, False), *parts[:, 1:].sum(0), mode, up)
 
-    def decode(self, ids: np.ndarray) -> tuple[np.ndarray, Forward]:
-        parts = np.array([self._layer(l, 1, self.k, self.k) for l in range(self.L)]).sum(0)
-        step = parts[0] + self.cost.forward_overheads(1, decode=True)   # every step: k experts per layer on the host
-        T = ids.shape[0]
-        return np.full(T, step), Forward(step * T, parts[1] * T, parts[2] * T, 0.0, "decode")
+    def decode(self, ids: np.ndarray, position: int = 0) -> tuple[np.ndarray, Forward]:
+        return _whole_layer_decode(self, ids, position)   # every step: k experts per layer on the host
+
+
+def _whole_layer_decode(p, ids: np.ndarray, position: int) -> tuple[np.ndarray, Forward]:
+    """Decode steps of a policy whose layer seconds (`p._layer`) do not depend on the routing, the first after
+    `position` tokens: each step's attention reads the rows visible at its own position."""
+    T = ids.shape[0]
+    at = position + np.arange(T)                                     # [T]
+    parts = [p._layer(l, 1, p.k, p.k, at) for l in range(p.L)]
+    steps = sum(x[0] for x in parts) + p.cost.forward_overheads(1, decode=True)   # [T]
+    g, h = sum(x[1] for x in parts), sum(x[2] for x in parts)
+    return np.asarray(steps, dtype=float), Forward(float(np.sum(steps)), g * T, h * T, 0.0, "decode")
 
 
 def layers_that_fit(layer_bytes: list[int], expert_bytes: int, n_experts: int, budgets: list[int]) -> int:
@@ -123,9 +143,10 @@ def layers_that_fit(layer_bytes: list[int], expert_bytes: int, n_experts: int, b
 
 class LruCache(Policy):
     name = "llama.cpp LRU cache"
+    weights = GGUF_MXFP4_MOE.name
 
     def __init__(self, cost: CostModel, warm: np.ndarray, capacity: np.ndarray | None = None):
-        super().__init__(cost)
+        super().__init__(gguf_cost(cost))
         self.warm = warm                                         # [L, E] bool: the cache's starting content
         self.cap = capacity if capacity is not None else warm.sum(axis=1)   # [L]
         self.reset()
@@ -155,7 +176,7 @@ class LruCache(Policy):
             left[r] -= 1
             r = r[left[r] > 0]
 
-    def prefill(self, counts: np.ndarray, n: int) -> Forward:
+    def prefill(self, counts: np.ndarray, n: int, position: int = 0) -> Forward:
         c = self.cost
         used = counts > 0
         miss = used & ~self.cached
@@ -163,7 +184,7 @@ class LruCache(Policy):
         for l in range(self.L):
             g = c.gpu_experts_time(float(used[l].sum()), float(counts[l].sum()))
             u = c.upload_time(float(miss[l].sum()))
-            total += u + c.attention_time(l, n) + g
+            total += u + c.attention_time(l, n, position) + g
             g_sum, u_sum = g_sum + g, u_sum + u
         if n <= CACHE_FILL_MAX_BATCH:
             self._touch(used)
@@ -196,9 +217,11 @@ class LruCache(Policy):
         self.cached = age != never
         return misses
 
-    def decode(self, ids: np.ndarray) -> tuple[np.ndarray, Forward]:
+    def decode(self, ids: np.ndarray, position: int = 0) -> tuple[np.ndarray, Forward]:
         c, T, L, k = self.cost, *ids.shape
-        base = sum(c.attention_time(l, 1) + c.gpu_experts_time(k, k) for l in range(L)) + c.forward_overheads(1, True)
+        at = position + np.arange(T)   # [T]: each step's attention reads the rows visible then
+        base = (sum(c.attention_time(l, 1, at) + c.gpu_experts_time(k, k) for l in range(L))
+                + c.forward_overheads(1, True))
         per_miss, lat = c.expert_bytes / c.hw.link.h2d_bandwidth, c.hw.link.latency_s
         rows = np.arange(L)[:, None]
         if T and (np.diff(np.sort(ids, axis=2), axis=2) == 0).any():   # repeated ids in a step: the general path
@@ -213,4 +236,4 @@ class LruCache(Policy):
         steps = base + (misses * per_miss + (misses > 0) * lat).sum(axis=1)   # [T]
         uploaded = int(misses.sum())
         g = T * L * c.gpu_experts_time(k, k)
-        return steps, Forward(float(steps.sum()), g, 0.0, float(steps.sum() - T * base), "decode", uploaded)
+        return steps, Forward(float(steps.sum()), g, 0.0, float(steps.sum() - np.sum(base)), "decode", uploaded)

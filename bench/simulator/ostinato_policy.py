@@ -1,7 +1,9 @@
 """Ostinato as its plan says (runtime/engine/session.py): the plan's hot experts resident on the GPUs;
 prefills of up to the largest of `policy.prefill_buckets` run as captured bucket steps, longer ones
 of up to `policy.prefill_threshold` tokens split-route (hot routes on the GPU, cold routes on
-the host, concurrently), longer ones upload each distinct cold expert once; decode splits too.
+the host, concurrently), longer ones upload each distinct cold expert once; decode splits too. Its decode,
+bucket and verify steps are fixed-shape (runtime/model/static_decode): their attention reads the rows of their
+buffers (CostModel.step_context), the eager prefills the rows visible at the turn's position.
 With `mtp_acceptance`, decode steps are speculative (runtime/model/speculative.py, depth 1): the MTP block
 drafts one token, one two-token forward verifies it (priced as the plan runs any two-token forward: a
 bucket step when 2 is a bucket, else an eager split-route prefill) and a rejected draft re-runs the token
@@ -38,20 +40,20 @@ class Ostinato(Policy):
         self.mtp_acceptance = mtp_acceptance
         self._draft_s = with_gpu_set(cost, hot).mtp_draft() if mtp_acceptance is not None else 0.0
 
-    def prefill(self, counts: np.ndarray, n: int) -> Forward:
+    def prefill(self, counts: np.ndarray, n: int, position: int = 0) -> Forward:
         if self.buckets and 0 < n <= self.buckets[-1]:
-            return bucket_pass(self.cost, counts, n, self.hot, self.buckets)
+            return bucket_pass(self.cost, counts, n, self.hot, self.buckets, position)
         if self.threshold is not None and n > self.threshold:
-            return upload_pass(self.cost, counts, n, (counts > 0) & ~self.hot, "upload")
-        return split_pass(self.cost, counts, n, self.hot)
+            return upload_pass(self.cost, counts, n, (counts > 0) & ~self.hot, "upload", position=position)
+        return split_pass(self.cost, counts, n, self.hot, position=position)
 
     def resident(self) -> np.ndarray:
         return self.hot
 
-    def decode(self, ids: np.ndarray) -> tuple[np.ndarray, Forward]:
+    def decode(self, ids: np.ndarray, position: int = 0) -> tuple[np.ndarray, Forward]:
         eager = None if self.decode_graphs else True
         if self.mtp_acceptance is None:
-            return static_decode(self.cost, self.hot, ids, eager=eager)
+            return static_decode(self.cost, self.hot, ids, eager=eager, position=position, fixed_shape=True)
         # the verify: the engine's fixed-shape 2-token step, made whether or not 2 is a prefill bucket
         return speculative_decode(self.cost, self.hot, ids, self.mtp_acceptance, self._draft_s, (True, False),
-                                  eager=eager)
+                                  eager=eager, position=position, fixed_shape=True)

@@ -1,7 +1,13 @@
 """What a policy answers for one forward pass, and the per-layer arithmetic the policies share.
 
 Every time comes from the project's cost model (compiler/cost_model.py) fed with a trace's explicit
-counts: the simulator has no hardware model of its own.
+counts: the simulator has no hardware model of its own. A layer runs in the cost model's order
+(CostModel.layer_seconds): its dense part before the experts, then the GPU side (hot experts and the shared
+expert) beside the host side (cold experts and their hand-off).
+Every forward is priced at its `position`: the tokens already in the session before it (the replay passes
+each turn's; 0, the default, is a fresh session). A dynamic forward's attention reads the rows visible then;
+a fixed-shape step's (`fixed_shape`: Ostinato's decode, bucket and verify steps) the rows of its buffers
+(CostModel.step_context).
 Legend: T tokens (or decode steps), L layers, E experts, k routes per token.
 """
 
@@ -41,10 +47,13 @@ class Policy:
     def reset(self) -> None:
         """A new session (caches start cold)."""
 
-    def prefill(self, counts: np.ndarray, n: int) -> Forward:   # counts [L, E]
+    def prefill(self, counts: np.ndarray, n: int, position: int = 0) -> Forward:   # counts [L, E]
+        """n tokens routed as `counts` after `position` tokens already in the session."""
         raise NotImplementedError
 
-    def decode(self, ids: np.ndarray) -> tuple[np.ndarray, Forward]:   # ids [T, L, k] -> step seconds [T]
+    def decode(self, ids: np.ndarray, position: int = 0) -> tuple[np.ndarray, Forward]:   # ids [T, L, k] -> [T]
+        """Decode steps routed as `ids`, the first after `position` tokens already in the session, each one
+        token further on."""
         raise NotImplementedError
 
     def resident(self) -> np.ndarray | None:
@@ -65,53 +74,60 @@ def _split_sums(counts: np.ndarray, gpu: np.ndarray) -> tuple[list[float], ...]:
 
 
 def split_pass(cost: CostModel, counts: np.ndarray, n: int, gpu: np.ndarray, mode: str = "split",
-               eager: bool = True) -> Forward:
+               eager: bool = True, position: int = 0) -> Forward:
     """Routes to experts with gpu[l, e] run on the layer's GPU, the others on the host kernels,
-    concurrently (cost.split_layer with the trace's counts instead of expectations). `eager`: the
-    system issues the forward's ops one by one from Python (cost.dispatch_time)."""
+    concurrently after the layer's dense part (cost.split_layer with the trace's counts instead of
+    expectations), n tokens after `position`. `eager`: the system issues the forward's ops one by one from
+    Python (cost.dispatch_time)."""
     total = g_sum = c_sum = 0.0
     hot_d, hot_r, cold_d, cold_r = _split_sums(counts, gpu)
     for l in range(counts.shape[0]):
         g = cost.gpu_experts_time(hot_d[l], hot_r[l])
         h = cost.cpu_experts_time(n, cold_d[l], cold_r[l])
-        total += cost.overlap(cost.attention_time(l, n) + g, h)
+        total += float(cost.layer_seconds(cost.before_experts_time(l, n, position),
+                                          cost.shared_expert_time(l, n) + g, h))
         g_sum, c_sum = g_sum + g, c_sum + h
     return Forward(float(cost.forward_time(total, n, False, eager)), g_sum, c_sum, 0.0, mode)
 
 
 def upload_pass(cost: CostModel, counts: np.ndarray, n: int, upload: np.ndarray, mode: str,
-                eager: bool = True, links: int = 1) -> Forward:
+                eager: bool = True, links: int = 1, position: int = 0) -> Forward:
     """Each layer's `upload[l]` experts cross the link once (over `links` GPUs' links at once),
-    double-buffered against the previous layer's compute, and every route runs on the GPU
-    (cost.upload_prefill with explicit counts)."""
+    double-buffered against the previous layer's compute, and every route runs on the GPU after the layer's
+    dense part (cost.upload_prefill with explicit counts), n tokens after `position`."""
     per, g_sum, u_sum = [], 0.0, 0.0
     k = cost.cfg.num_experts_per_tok
     touched, uploads = (counts > 0).sum(axis=1).tolist(), upload.sum(axis=1).tolist()  # per layer, all at once
     for l in range(counts.shape[0]):
         g = cost.gpu_experts_time(float(touched[l]), float(n * k))
         u = cost.upload_time(float(uploads[l]), links=links)
-        per.append((u, cost.attention_time(l, n) + g))
+        per.append((u, float(cost.attention_time(l, n, position)) + g))
         g_sum, u_sum = g_sum + g, u_sum + u
     return Forward(float(cost.forward_time(cost.pipelined(per), n, False, eager)), g_sum, 0.0, u_sum, mode,
                    int(upload.sum()))
 
 
-def bucket_pass(cost: CostModel, counts: np.ndarray, n: int, gpu: np.ndarray, buckets: list[int]) -> Forward:
-    """A short prefill as fixed-shape bucket steps (cost.bucket_step with the trace's counts): each step
-    of T tokens gets T / n of every expert's routes; on a GPU each hot route reads its expert (the step's
-    per-route launch), the host's cold part is split-route's; replayed graphs (eager on a cpu-only spec)."""
+def bucket_pass(cost: CostModel, counts: np.ndarray, n: int, gpu: np.ndarray, buckets: list[int],
+                position: int = 0) -> Forward:
+    """A short prefill as fixed-shape bucket steps (cost.bucket_step with the trace's counts), the first after
+    `position`, each after the ones before it: each step of T tokens gets T / n of every expert's routes; on a
+    GPU each hot route reads its expert (the step's per-route launch), the host's cold part is split-route's;
+    attention reads the step's rows (cost.step_context); replayed graphs (eager on a cpu-only spec)."""
     total = g_sum = c_sum = 0.0
     hot_d, hot_r, cold_d, cold_r = _split_sums(counts, gpu)   # the same for every step
+    at = position
     for T in bucket_pieces(n, buckets):
-        share, step = T / n, 0.0
+        share, step, context = T / n, 0.0, cost.step_context(T, at)
         for l in range(counts.shape[0]):
             hot_routes, cold_routes = share * hot_r[l], share * cold_r[l]
             hot_reads = min(hot_routes, hot_d[l]) if cost.hw.cpu_only else hot_routes
             g = cost.gpu_experts_time(hot_reads, hot_routes)
             h = cost.cpu_experts_time(T, min(cold_routes, cold_d[l]), cold_routes)
-            step += cost.overlap(cost.attention_time(l, T) + g, h)
+            step += float(cost.layer_seconds(cost.before_experts_time(l, T, at, step_context=context),
+                                             cost.shared_expert_time(l, T) + g, h))
             g_sum, c_sum = g_sum + g, c_sum + h
         total += float(cost.forward_time(step, T, True, cost.decode_is_eager(), cost.step_ops_per_layer(T)))
+        at += T
     return Forward(total, g_sum, c_sum, 0.0, "bucket")
 
 
@@ -121,8 +137,9 @@ _DECODE_TABLES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def decode_table(cost: CostModel, k: int) -> np.ndarray:
-    """[L, k+1] seconds of one decode step's layer when h of its k routes hit GPU-resident experts
-    (read-only: remembered per cost model)."""
+    """[L, k+1] seconds of one decode step's layer after its dense part (before_experts_time, which depends on
+    the position: first_parts) when h of its k routes hit GPU-resident experts: the GPU side (h hot routes and
+    the shared expert) beside the host side (k - h cold routes). Read-only: remembered per cost model."""
     tables = _DECODE_TABLES.setdefault(cost, {})
     if k not in tables:
         tables[k] = _decode_table(cost, k)
@@ -135,18 +152,36 @@ def _decode_table(cost: CostModel, k: int) -> np.ndarray:
     t = np.empty((L, k + 1))
     for l in range(L):
         for h in range(k + 1):
-            t[l, h] = cost.overlap(cost.attention_time(l, 1) + cost.gpu_experts_time(h, h),
+            t[l, h] = cost.overlap(cost.shared_expert_time(l, 1) + cost.gpu_experts_time(h, h),
                                    cost.cpu_experts_time(1, k - h, k - h))
     return t
 
 
-def static_decode(cost: CostModel, gpu: np.ndarray, ids: np.ndarray, eager: bool | None = None
-                  ) -> tuple[np.ndarray, Forward]:
-    """Decode steps with a fixed GPU-resident set: per step and layer, the routes that hit it; the step
-    is a replayed graph (eager only on a cpu-only spec, or when `eager` says so)."""
-    k = ids.shape[2]
+def first_parts(cost: CostModel, size: int, positions: np.ndarray, fixed_shape: bool) -> np.ndarray:
+    """[T, L] seconds of each layer's dense part before its experts in a forward of `size` tokens after each of
+    `positions` [T]: a fixed-shape step's (its buffers' rows, cost.step_context) or a dynamic one's (the rows
+    visible then)."""
+    L, positions = len(cost.layers), np.asarray(positions, dtype=np.int64)
+    out = np.empty((positions.size, L))
+    if fixed_shape:   # few distinct step contexts (one on GPUs)
+        contexts = np.array([cost.step_context(size, int(p)) for p in positions])
+        for c in np.unique(contexts):
+            out[contexts == c] = [float(cost.before_experts_time(l, size, step_context=int(c))) for l in range(L)]
+        return out
+    for l in range(L):
+        out[:, l] = cost.before_experts_time(l, size, positions)
+    return out
+
+
+def static_decode(cost: CostModel, gpu: np.ndarray, ids: np.ndarray, eager: bool | None = None,
+                  position: int = 0, fixed_shape: bool = False) -> tuple[np.ndarray, Forward]:
+    """Decode steps with a fixed GPU-resident set, the first after `position` tokens: per step and layer, the
+    routes that hit it; the step is a replayed graph (eager only on a cpu-only spec, or when `eager` says so).
+    `fixed_shape`: the steps read their buffers' rows (Ostinato's decode step), else the rows visible."""
+    T, k = ids.shape[0], ids.shape[2]
     hits = np.take_along_axis(gpu[None], ids, axis=2).sum(axis=2)         # [T, L]
-    steps = decode_table(cost, k)[np.arange(ids.shape[1])[None], hits].sum(axis=1)  # [T]
+    first = first_parts(cost, 1, position + np.arange(T), fixed_shape)    # [T, L]
+    steps = first.sum(axis=1) + decode_table(cost, k)[np.arange(ids.shape[1])[None], hits].sum(axis=1)  # [T]
     # the plan's decode step, as decode_step prices it (dispatched only where it is eager: a cpu-only spec);
     # a step forced eager on GPUs dispatches the dynamic forward's ops
     ops = cost.step_ops_per_layer(1) if eager is None else None
@@ -163,12 +198,13 @@ def _group_ids(ids: np.ndarray, size: int) -> np.ndarray:
     return np.concatenate([ids[(np.arange(T) + j) % T] for j in range(size)], axis=2)
 
 
-def verify_steps(cost: CostModel, gpu: np.ndarray, ids: np.ndarray, size: int, per_route: bool, eager: bool
-                 ) -> tuple[np.ndarray, float, float]:
+def verify_steps(cost: CostModel, gpu: np.ndarray, ids: np.ndarray, size: int, per_route: bool, eager: bool,
+                 position: int = 0, fixed_shape: bool = False) -> tuple[np.ndarray, float, float]:
     """Seconds [T] of a verify forward of `size` tokens starting at each decode token (its routes and the next
-    tokens'), and the summed GPU and host expert work. `per_route`: a bucket step (bucket_pass: each hot route
-    reads its expert on a GPU); else split-route's reads (each distinct hot expert once, split_pass). Cold
-    routes run on the host over their distinct experts. `eager`: dispatched op by op (an eager prefill)."""
+    tokens'; the first after `position` tokens), and the summed GPU and host expert work. `per_route`: a bucket
+    step (bucket_pass: each hot route reads its expert on a GPU); else split-route's reads (each distinct hot
+    expert once, split_pass). Cold routes run on the host over their distinct experts. `eager`: dispatched op by
+    op (an eager prefill). `fixed_shape`: attention reads the step's buffers' rows (first_parts)."""
     T, L, k = ids.shape
     grouped = np.sort(_group_ids(ids, size), axis=2)                     # [T, L, m]
     m = grouped.shape[2]
@@ -180,25 +216,27 @@ def verify_steps(cost: CostModel, gpu: np.ndarray, ids: np.ndarray, size: int, p
     reads = hot_d if (cost.hw.cpu_only or not per_route) else hot_r
     gtab = np.array([[cost.gpu_experts_time(d, r) for r in range(m + 1)] for d in range(m + 1)])
     ctab = np.array([[cost.cpu_experts_time(size, d, r) for r in range(m + 1)] for d in range(m + 1)])
-    att = np.array([cost.attention_time(l, size) for l in range(L)])     # [L]
+    att = first_parts(cost, size, position + np.arange(T), fixed_shape)  # [T, L]
+    shared = np.array([cost.shared_expert_time(l, size) for l in range(L)])  # [L]
     g, c = gtab[reads, hot_r], ctab[cold_d, cold_r]                       # [T, L]
-    layers = (att[None] + g + c) if cost.hw.cpu_only else np.maximum(att[None] + g, c)
+    layers = att + ((shared[None] + g + c) if cost.hw.cpu_only else np.maximum(shared[None] + g, c))
     ops = EAGER_STEP_OPS_PER_LAYER if per_route else None  # a fixed-shape step's own ops, when eager
     steps = cost.forward_time(layers.sum(axis=1), size, not eager, eager if eager else cost.decode_is_eager(), ops)
     return np.asarray(steps, dtype=float), float(g.sum()), float(c.sum())
 
 
 def speculative_decode(cost: CostModel, gpu: np.ndarray, ids: np.ndarray, acceptance: float, draft_s: float,
-                       verify: tuple[bool, bool], depth: int = 1, rerun: bool = True, eager: bool | None = None
-                       ) -> tuple[np.ndarray, Forward]:
+                       verify: tuple[bool, bool], depth: int = 1, rerun: bool = True, eager: bool | None = None,
+                       position: int = 0, fixed_shape: bool = False) -> tuple[np.ndarray, Forward]:
     """Decode steps with MTP speculation (cost_model.speculative_step) on a fixed GPU-resident set: a step at
     token t drafts `depth` tokens (draft_s each), verifies depth + 1 tokens (t's routes and the next ones':
     verify_steps with `verify` = (per_route, eager)) and, with `rerun`, runs t alone again on a rejection
     (static_decode's step). Each token is charged its expected share, step / tokens per step, so a turn's
     decode is its tokens over the speculative rate; the first entry of the returned seconds is a whole step
-    (the wait after a tool output waits for it). Deterministic: acceptance is priced by expectation."""
-    plain, pf = static_decode(cost, gpu, ids, eager)
-    v, vg, vc = verify_steps(cost, gpu, ids, depth + 1, *verify)
+    (the wait after a tool output waits for it). Deterministic: acceptance is priced by expectation. The first
+    token comes after `position` tokens; `fixed_shape`: the steps read their buffers' rows (Ostinato's)."""
+    plain, pf = static_decode(cost, gpu, ids, eager, position, fixed_shape)
+    v, vg, vc = verify_steps(cost, gpu, ids, depth + 1, *verify, position=position, fixed_shape=fixed_shape)
     first = speculative_step(acceptance, draft_s, float(v[0]), float(plain[0]), depth, rerun)
     again = (1.0 - float(acceptance)) if rerun else 0.0                   # speculative_step's re-run weight
     share = (first.draft_s + v + again * plain) / first.tokens            # [T]: each step over its tokens

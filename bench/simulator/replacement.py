@@ -64,13 +64,13 @@ class AdaptiveOstinato(Ostinato):
         self.hot = self.planned.copy()
         self.session = np.zeros(self.planned.shape)
 
-    def prefill(self, counts: np.ndarray, n: int) -> Forward:
+    def prefill(self, counts: np.ndarray, n: int, position: int = 0) -> Forward:
         self.session += counts
-        return super().prefill(counts, n)
+        return super().prefill(counts, n, position)
 
-    def decode(self, ids: np.ndarray) -> tuple[np.ndarray, Forward]:
+    def decode(self, ids: np.ndarray, position: int = 0) -> tuple[np.ndarray, Forward]:
         self.session += counts_of(ids, self.planned.shape[1])
-        return super().decode(ids)
+        return super().decode(ids, position)
 
     def budget(self, idle_s: float) -> AdaptPolicy:
         """The policy with max_bytes capped by what the link moves in idle_s."""

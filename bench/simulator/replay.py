@@ -6,7 +6,9 @@ policies see the same sampled routing of every pass (lockstep), so their differe
 A system without a prefix cache (Policy.reuses_prefix False) prefills the whole context every turn:
 its extra tokens are routed by a second sampler, so the shared trace does not depend on which
 systems run. Prefills longer than the prefill chunk run as one forward per chunk (the engines' chunked
-prefill), each with its own routing.
+prefill), each with its own routing. Every forward is priced at its position (Policy.prefill, Policy.decode):
+a turn's prefill after the context so far (0 for a system that prefills it all again: its chunks one after
+another from there), its decode steps after the prefill.
 """
 
 from __future__ import annotations
@@ -55,9 +57,11 @@ def chunks(n: int, chunk: int) -> list[int]:
     return [chunk] * (n // chunk) + ([n % chunk] if n % chunk else [])
 
 
-def chunked_prefill(p: Policy, passes: list[tuple[np.ndarray, int]]) -> Forward:
-    """One prefill as forwards over its chunks' routing counts, summed."""
-    fs = [p.prefill(counts, n) for counts, n in passes]
+def chunked_prefill(p: Policy, passes: list[tuple[np.ndarray, int]], position: int = 0) -> Forward:
+    """One prefill as forwards over its chunks' routing counts, summed: the first chunk after `position` tokens
+    already in the session (0: a fresh one), each after the chunks before it."""
+    starts = position + np.cumsum([0] + [n for _, n in passes[:-1]])
+    fs = [p.prefill(counts, n, int(at)) for (counts, n), at in zip(passes, starts)]
     if len(fs) == 1:
         return fs[0]
     return Forward(sum(f.seconds for f in fs), sum(f.gpu_experts_s for f in fs), sum(f.cpu_experts_s for f in fs),
@@ -115,17 +119,18 @@ def _simulate(sessions: list[SessionShape], policies: list[Policy], sampler: Tra
             ids = sampler.ids(turn.generated) if turn.generated else None
             whole = None
             for p in policies:
-                passes = new
+                passes, at = new, context
                 if not p.reuses_prefix and context:
                     whole = whole or [(again.counts(c), c) for c in chunks(context + turn.appended, chunk)]
-                    passes = whole
+                    passes, at = whole, 0
                 gpu = p.resident()
                 hot = sum(_hits(gpu, counts=c) for c, _ in passes) if gpu is not None else 0
-                pre = chunked_prefill(p, passes) if passes else empty
+                pre = chunked_prefill(p, passes, at) if passes else empty
                 gpu = p.resident()   # a system may re-place during its prefill (KTransformers' dynamic update)
                 if gpu is not None and ids is not None:
                     hot += _hits(gpu, ids=ids)
-                steps, dec = p.decode(ids) if ids is not None else (np.zeros(0), empty)
+                after = context + turn.appended   # the first generated token's position
+                steps, dec = p.decode(ids, after) if ids is not None else (np.zeros(0), empty)
                 wait = pre.seconds + (steps[0] if steps.size else 0.0)
                 routes = (sum(n for _, n in passes) + turn.generated) * p.k * p.L if gpu is not None else 0
                 turns[id(p)].append(TurnTime(turn.appended, turn.generated, pre, dec, wait, hot, routes))

@@ -15,6 +15,7 @@ from ostinato.cli.common import InputError, check_model_dir, check_output_file, 
 from ostinato.hardware import HardwareError, available_presets
 from ostinato.plan import PlanError
 from ostinato.profile_format import ProfileError
+from ostinato.workload import WorkloadError
 
 from ..codegen.cxx import KernelCompileError
 from ..compile import (
@@ -22,6 +23,7 @@ from ..compile import (
     CHAT_ENCODINGS,
     CPU_STEP,
     DEFAULT_CONTEXT,
+    DEFAULT_WORKLOADS,
     PASSES,
     SPECULATIVE,
     Build,
@@ -93,6 +95,11 @@ def parse_args(argv: list[str] | None) -> tuple[CompileOptions, bool, bool | Non
                    help="decode with the checkpoint's MTP block (speculative decoding): auto: where the cost model "
                         "says it pays, the block placed beside the head with its hot experts from the profile; "
                         "off: never (no memory for it); mtp: always (the checkpoint must have it) (auto)")
+    p.add_argument("--workload", action="append", metavar="CSV|none",
+                   help="a workload CSV (plans/workloads/README.md) the prefill threshold, the buckets and the "
+                        "re-placement budget are priced on; repeat for several, each weighing the same; 'none': "
+                        "the plan's context alone (default: the shipped "
+                        f"{' and '.join(w.name for w in DEFAULT_WORKLOADS)})")
     p.add_argument("--no-kernels", action="store_true", help="skip rendering and building the expert kernels")
     p.add_argument("--kernel-dir", type=Path, help="content-addressed folder for generated kernels "
                                                    "(default: build/kernels in the working directory)")
@@ -108,13 +115,18 @@ def parse_args(argv: list[str] | None) -> tuple[CompileOptions, bool, bool | Non
             p.error(f"--{name.replace('_', '-')} must be positive, got {getattr(a, name)}")
     if a.max_hot_per_layer is not None and a.max_hot_per_layer < 0:
         p.error(f"--max-hot-per-layer must be >= 0, got {a.max_hot_per_layer}")
+    workloads = DEFAULT_WORKLOADS
+    if a.workload:
+        if "none" in a.workload and len(a.workload) > 1:
+            p.error("--workload none prices the choices on no workload: give it alone")
+        workloads = () if a.workload == ["none"] else tuple(Path(w) for w in a.workload)
     logging.basicConfig(level=logging.INFO if a.verbose else logging.WARNING, format="%(name)s: %(message)s")
     return CompileOptions(model=a.model, output=a.plan, hardware=a.hardware, profile=a.profile, context=a.context,
                           sessions=a.sessions, prefill_chunk=a.prefill_chunk, upload_group=a.upload_group,
                           snapshots=a.snapshots, prefill_buckets=a.prefill_buckets,
                           dense_format=a.dense_format, max_hot_per_layer=a.max_hot_per_layer,
                           speculative=a.speculative, adapt=a.adapt, cpu_step=a.cpu_step,
-                          chat_encoding=a.chat_encoding,
+                          chat_encoding=a.chat_encoding, workloads=workloads,
                           build_kernels=not a.no_kernels, kernel_dir=a.kernel_dir), a.explain, \
         True if a.progress else False if a.quiet else None
 
@@ -141,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         check_output_file(options.output, "plan")
         build = run_passes(options, progress)
     except (InputError, CompileError, CheckpointError, HardwareError, ProfileError, PlanError,
-            KernelCompileError) as e:
+            KernelCompileError, WorkloadError) as e:
         return refuse("ostinato-compile", e)
     build.plan.write(options.output)
     for note in build.notes:
