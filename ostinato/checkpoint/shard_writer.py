@@ -55,4 +55,5 @@ def write_shard(path: Path, specs: list[TensorSpec],
                 f.write(data.numpy().data)
                 written += spec.nbytes
                 pending.pop(0)
+                del tensor, data  # a written tensor must not outlive its write: the next produce() makes the next
     return written
