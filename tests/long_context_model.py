@@ -1,6 +1,6 @@
 """A small DeepSeek-V4 model built in memory, with V4-Flash's own rope and YaRN settings: for tests that run
-contexts past 65,536 positions (YaRN's original length), which the checked-in presets (max 4,096-8,192
-positions, their own original lengths) never reach.
+contexts past 65,536 positions (YaRN's original length) under V4-Flash's own YaRN settings: the checked-in
+presets reach 262,144 positions but keep their own original lengths (256 / 512) and factor.
 
 Every key not given comes from V4-Flash's shipped config.json (plans/models/deepseek-v4-flash), so rope_theta
 10000, compress_rope_theta 160000, rope_scaling {yarn, factor 16, original 65,536, beta 32/1},
