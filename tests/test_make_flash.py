@@ -20,10 +20,13 @@ GIB = 1024**3
 def flash_slice(tmp_path_factory):
     """1 layer x 6 experts: 2.4 GB on disk, almost all of it the real embedding and head."""
     out = tmp_path_factory.mktemp("flash") / "slice"
-    # the command in a process of its own, which then reports its own peak RSS
-    code = ("import resource, sys; from ostinato.cli.make_tiny import main; "
+    # The command in a process of its own, which then reports its own peak RSS: VmHWM, its address
+    # space's high-water mark. Not getrusage's ru_maxrss: Linux carries that across execve, and
+    # subprocess starts the child with vfork, so it would report the pytest process's own peak.
+    code = ("import sys; from ostinato.cli.make_tiny import main; "
+            "from ostinato.runtime.engine.resident import resident; "
             f"rc = main([{str(out)!r}, '--preset', 'flash', '--layers', '1', '--experts', '6', '--quiet']); "
-            "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024); sys.exit(rc)")
+            "print(resident().peak); sys.exit(rc)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     return out, int(r.stdout.strip().splitlines()[-1])
