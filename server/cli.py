@@ -27,6 +27,9 @@ def parse_args(argv):
     p.add_argument("--port", type=int, default=8000, help="port (8000)")
     p.add_argument("--api-key", help="require 'Authorization: Bearer KEY'")
     p.add_argument("--cache-sessions", type=int, default=4, help="cached sessions kept (LRU, 4)")
+    p.add_argument("--parallel", type=int, default=1,
+                   help="requests generated at once: their decode tokens run in one batched step, each reply what "
+                        "it is alone (at most the plan's policy.sessions: ostinato-compile --sessions N) (1)")
     p.add_argument("--max-queue", type=int, default=16,
                    help="requests that may wait for the engine; more are answered 503 + Retry-After (16)")
     p.add_argument("--session-dir", type=Path,
@@ -43,7 +46,7 @@ def parse_args(argv):
                    help="on SIGTERM or Ctrl-C, seconds to wait for replies in flight before they are cancelled "
                         f"and the server stops, writing --session-dir ({DEFAULT_SHUTDOWN_S:g})")
     a = p.parse_args(argv)
-    for name in ("cache_sessions", "max_queue", "session_dir_bytes", "session_idle", "max_body_bytes",
+    for name in ("parallel", "cache_sessions", "max_queue", "session_dir_bytes", "session_idle", "max_body_bytes",
                  "shutdown_timeout"):
         if getattr(a, name) <= 0:
             p.error(f"--{name.replace('_', '-')} must be positive, got {getattr(a, name)}")

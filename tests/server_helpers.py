@@ -31,6 +31,8 @@ def tiny_server(ckpt, work, kernel_dir, logits_hook, engine_options=None, **app_
     engine_options = engine_options or {}
     # a speculating engine needs the MTP block placed, whether or not the cost model says it pays here
     plan_options = {"speculative": "mtp"} if engine_options.get("speculative") == "mtp" else {}
+    if engine_options.get("parallel", 1) > 1:  # the plan counts the memory of that many sessions
+        plan_options["sessions"] = engine_options["parallel"]
     compile_tiny_plan(ckpt, work, kernel_dir, context=1024, **plan_options)
     engine = load_engine(work / "plan.yaml", ckpt, device="cpu", **engine_options)
     tok = Tokenizer.from_file(str(ckpt / "tokenizer.json"))

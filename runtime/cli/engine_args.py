@@ -54,12 +54,14 @@ def load_engine_from_args(a: argparse.Namespace):
 
     engine = load_engine(a.plan, a.model, a.device, DTYPES[a.dtype], a.hot_backend,
                          static_decode=a.decode != "dynamic", decode_graphs=a.decode == "graph",
-                         progress=None, speculative=a.speculative, adapt=a.adapt)  # bars: on a terminal
+                         progress=None, speculative=a.speculative, adapt=a.adapt,  # bars: on a terminal
+                         parallel=getattr(a, "parallel", 1))  # ostinato-serve's
     print(f"plan {a.plan}: {engine.plan.model.layers} layers on {engine.plan.hardware.name} "
           f"(devices: {', '.join(sorted({str(d) for d in engine.devices}))}), "
           f"prefill threshold {engine.plan.policy.prefill_threshold}, decode: {_decode_label(a.decode, engine)}"
           f"{' with MTP speculation' if engine.speculative else ''}"
-          f"{', hot set re-placed between turns' if engine.adapter else ''}, "
+          f"{', hot set re-placed between turns' if engine.adapter else ''}"
+          f"{f', {engine.parallel} sessions decoding together' if engine.parallel > 1 else ''}, "
           f"{engine.cpu_threads.describe()}")
     print(resident_line(resident(), engine.plan, engine.devices), flush=True)
     return engine

@@ -11,6 +11,10 @@ them.
     for event in Generation(session, logits, picker, 32, eos):   # or event by event: Token ..., Finished
         ...
 
+Several sessions decode together (`load_engine(..., parallel=N)`): decode_together(sessions, tokens) runs their
+tokens in one step (batch_runner.py), each session's logits what its solo step gives; Generation.steps() lets
+a scheduler drive several replies through it (server/worker.py).
+
 Generation (generation.py) is the one generation loop: it drafts, verifies and rejects when the session
 speculates, and picks every token through its picker (GreedyPicker, or the server's sampler).
 
@@ -26,7 +30,8 @@ _MODULE_OF = {
     "Engine": "loader", "load_engine": "loader",
     "EngineSession": "session", "ContextFull": "session",
     "Generation": "generation", "generate": "generation", "GreedyPicker": "generation", "Picker": "generation",
-    "Token": "generation", "Finished": "generation",
+    "Token": "generation", "Finished": "generation", "Forward": "generation",
+    "BatchRunner": "batch_runner", "decode_together": "batch_runner",
 }
 
 __all__ = sorted(_MODULE_OF)

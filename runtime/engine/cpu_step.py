@@ -138,13 +138,13 @@ def _without_guards(step: StaticStep, i: int, context: Callable[[], AbstractCont
     try:
         from torch._dynamo.eval_frame import _debug_get_cache_entry_list
         with context():
-            entries = [e for e in _debug_get_cache_entry_list(StaticStep._run_segment)
+            entries = [e for e in _debug_get_cache_entry_list(type(step)._run_segment)
                        if e.guard_manager.check({"self": step, "i": i})]
     except (ImportError, AttributeError, TypeError, RuntimeError):
         return None
     if not entries or entries[0].code.co_freevars:
         return None
-    call = types.FunctionType(entries[0].code, dict(StaticStep._run_segment.__globals__))
+    call = types.FunctionType(entries[0].code, dict(type(step)._run_segment.__globals__))
 
     def run() -> None:
         with context():

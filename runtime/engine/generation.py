@@ -8,6 +8,10 @@ the session drafts. ostinato-run (its prompt and its replay, through greedy.py) 
             run.stop()                    # the reply ends on this token (a stop sequence completed on it)
     run.finished                          # Finished(reason, tokens, drafted, accepted)
 
+Several replies at once (the server's --parallel): `run.steps()` is the same loop with its forwards left to
+the caller, who runs the running sessions' tokens in one step (batch_runner.decode_together) and sends each
+loop its token's logits; a loop whose session runs alone is sent `run.forward(token)`, which speculates.
+
 A picker turns logits into the next token (`pick`), is told each token the reply takes (`accept`) and
 may end the reply (`done`): GreedyPicker takes the argmax; the server's wraps its sampler (penalties,
 bias, seeds, constraints, forced tokens: server/worker.py). pick() is a pure function of the logits and
@@ -25,7 +29,7 @@ loop, and the caller drops the session (it may hold a half-processed token); not
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -83,6 +87,12 @@ class Token:
 
 
 @dataclass(frozen=True)
+class Forward:
+    """Generation.steps() needs `token` (just picked, accepted and emitted) run before it can go on."""
+    token: int
+
+
+@dataclass(frozen=True)
 class Finished:
     """The last event of a reply."""
     reason: str                 # "stop": eos, stop(), or the picker is done; "length": max_tokens; "cancelled"
@@ -128,6 +138,23 @@ class Generation:
         return self._drafts()[1] - self._drafts_before[1]
 
     def __iter__(self) -> Iterator[Token | Finished]:
+        """The reply event by event, every forward run here (drafting when the session speculates)."""
+        steps = self.steps()
+        event = next(steps)
+        while True:
+            if isinstance(event, Forward):
+                event = steps.send(self.forward(event.token))
+                continue
+            yield event
+            if isinstance(event, Finished):
+                return
+            event = next(steps)
+
+    def steps(self) -> Generator[Token | Finished | Forward, tuple[torch.Tensor, Picked | None] | None, None]:
+        """The loop with its forwards left to the caller: it yields Token and Finished events, and Forward(token)
+        when the token just picked must run; the caller sends back what `forward(token)` returns (or, running
+        several sessions' tokens in one step, (that token's logits [V], None)). __iter__ is this loop driven
+        alone; the server's scheduler drives several at once (server/worker.py)."""
         if self._started:
             raise RuntimeError("a Generation runs once: make another for the next reply")
         self._started = True
@@ -150,11 +177,11 @@ class Generation:
             if len(self.tokens) == self.max_tokens:
                 break
             if not ran:
-                logits, queued = self._forward(pick.token)
+                logits, queued = yield Forward(pick.token)
         self.finished = Finished(reason, tuple(self.tokens), self.drafted, self.accepted)
         yield self.finished
 
-    def _forward(self, token: int) -> tuple[torch.Tensor, Picked | None]:
+    def forward(self, token: int) -> tuple[torch.Tensor, Picked | None]:
         """Run `token` (just picked) -> (the logits of the next pick, None); or with a kept draft, (the logits
         after the draft, the draft's pick: the next token, already decided and run)."""
         s = self.session

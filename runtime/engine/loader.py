@@ -60,6 +60,7 @@ from ..kernels.triton_experts import HotPool, load_triton_module
 from ..model.model import Model, load_model
 from . import pinned_arena
 from .adapter import Adapter
+from .batch_runner import BatchRunner
 from .cpu_step import ONE_THREAD_PREFILL_TOKENS, small_matrices
 from .cpu_threads import CpuThreads, cpu_threads
 from .executor import LayerExperts, PlacementExecutor
@@ -83,11 +84,17 @@ class Engine:
     cpu_threads: CpuThreads             # the cold kernel's threads: the plan's, clamped to this machine
     speculative: bool = False           # sessions draft with the MTP block (engine/drafter.py)
     adapter: Adapter | None = None      # the hot set follows the session between turns (policy.adapt: idle)
+    batcher: BatchRunner | None = None  # sessions decode together, up to its size (load_engine's `parallel`)
 
     def new_session(self) -> EngineSession:
         return EngineSession(self.model.new_session(), self.executor, self.plan.policy.prefill_threshold,
                              self.step_runner, self.speculative, self.adapter, self.prefill_threads,
-                             self.plan.policy.context)
+                             self.plan.policy.context, self.batcher)
+
+    @property
+    def parallel(self) -> int:
+        """Sessions that may decode together in one step (1: one at a time)."""
+        return 1 if self.batcher is None else self.batcher.size
 
     def prefill_threads(self, tokens: int) -> int:
         """torch's intra-op threads for a dynamic prefill of `tokens` tokens: one for a short prompt
@@ -265,7 +272,7 @@ class LoadSpec:
 def load_engine(plan: str | Path | Plan, model_dir: str | Path | None = None, device: str | None = None,
                 dtype: torch.dtype | None = None, hot_backend: str | None = None, static_decode: bool = True,
                 decode_graphs: bool = True, progress: bool | None = False, speculative: str | None = None,
-                adapt: str | None = None, cpu_step: str | None = None) -> Engine:
+                adapt: str | None = None, cpu_step: str | None = None, parallel: int = 1) -> Engine:
     """The plan's engine, in four stages: read the plan (read_plan), place the experts (place_experts), load
     the model (load_planned_model), build the fixed-shape steps (build_steps). Each stage builds what it
     makes whole: nothing edits the model after it is built.
@@ -276,17 +283,31 @@ def load_engine(plan: str | Path | Plan, model_dir: str | Path | None = None, de
     None: only when stderr is a terminal. `speculative`: "off" / "mtp" instead of the plan's
     policy.speculative (see speculating()); `adapt`: "off" / "idle" instead of policy.adapt's mode;
     `cpu_step`: "compiled" / "eager" instead of policy.cpu_step (the decode step's CPU segments, compiled
-    into one call with decode_graphs; default: $OSTINATO_CPU_STEP if set, else the plan's)."""
+    into one call with decode_graphs; default: $OSTINATO_CPU_STEP if set, else the plan's). `parallel`:
+    sessions that may decode together (batch_runner.py), at most the plan's policy.sessions (their memory)."""
     disable = None if progress is None else not progress  # tqdm: None = only on a terminal
     spec = read_plan(plan, model_dir, device, dtype, hot_backend, speculative, adapt)
-    executor = place_experts(spec, disable)
+    check_parallel(spec.plan, parallel, static_decode)
+    executor = place_experts(spec, disable, parallel)
     model = load_planned_model(spec, executor, disable)
     runner = build_steps(spec, model, executor, decode_graphs, cpu_step, disable) if static_decode else None
     engine = Engine(spec.plan, spec.model_dir, model, executor, spec.devices, runner, spec.cpu_threads,
-                    spec.speculative, _adapter(spec.plan, executor, spec.adapt))
+                    spec.speculative, _adapter(spec.plan, executor, spec.adapt), _batcher(runner, parallel, disable))
     if not spec.cuda:  # the cold experts and the embedding are read from the mapped checkpoint: read it ahead
         prefetch_mapped(t for _, t in tensors_in(engine))
     return engine
+
+
+def check_parallel(plan: Plan, parallel: int, static_decode: bool = True) -> None:
+    """`parallel` sessions at once fit the plan: at least 1, at most its policy.sessions (the memory model counts
+    that many sessions' KV caches), and batched decoding needs the fixed-shape steps."""
+    if parallel < 1:
+        raise PlanError(f"parallel sessions must be at least 1, got {parallel}")
+    if parallel > plan.policy.sessions:
+        raise PlanError(f"{parallel} sessions at once, but the plan counts memory for {plan.policy.sessions} "
+                        f"(policy.sessions): compile it with ostinato-compile --sessions {parallel}")
+    if parallel > 1 and not static_decode:
+        raise PlanError("sessions decode together through the fixed-shape steps: not with the dynamic decode")
 
 
 def read_plan(plan: str | Path | Plan, model_dir: str | Path | None = None, device: str | None = None,
@@ -318,9 +339,10 @@ def read_plan(plan: str | Path | Plan, model_dir: str | Path | None = None, devi
                     spec, adapt_policy, cpu_threads(plan.policy.cpu_threads, cuda), placed)
 
 
-def place_experts(spec: LoadSpec, disable: bool | None = False) -> PlacementExecutor:
+def place_experts(spec: LoadSpec, disable: bool | None = False, parallel: int = 1) -> PlacementExecutor:
     """Stage 2: every placed layer's routed experts where the plan puts them (hot pools on their device,
-    cold ones behind the CPU kernel, the upload staging), and the executor over them."""
+    cold ones behind the CPU kernel, the upload staging), and the executor over them; its fixed-shape steps'
+    cold staging holds the decode step, the prefill buckets, the verify step and batches of up to `parallel`."""
     plan, devices, dtype, cfg = spec.plan, spec.devices, spec.dtype, spec.config
     cpu_kernel = CpuExpertKernel(_cpu_kernel_for_this_host(plan))
     threads = spec.cpu_threads
@@ -357,7 +379,8 @@ def place_experts(spec: LoadSpec, disable: bool | None = False) -> PlacementExec
             bar.update()
     return PlacementExecutor(layers, compute, cpu_kernel, threads.threads, plan.policy.upload_group,
                              plan.model.expert_bytes, dtype, cfg.num_experts_per_tok,
-                             sorted({1, *plan.policy.prefill_buckets} | ({2} if spec.speculative else set())))
+                             sorted({1, *plan.policy.prefill_buckets, *range(2, parallel + 1)}
+                                    | ({2} if spec.speculative else set())))
 
 
 def load_planned_model(spec: LoadSpec, executor: PlacementExecutor, disable: bool | None = False) -> Model:
@@ -405,6 +428,20 @@ def build_steps(spec: LoadSpec, model: Model, executor: PlacementExecutor, decod
                   disable=disable) as bar:
             runner.capture_graphs(lambda T: bar.update())
     return runner
+
+
+def _batcher(runner: StepRunner, parallel: int, disable: bool | None) -> BatchRunner | None:
+    """The batched decode steps of 2..parallel sessions (none for 1), compiled now on a compiling engine."""
+    if parallel < 2:
+        return None
+    batcher = BatchRunner(runner, parallel)
+    if batcher.compiled:
+        what = f"compiling the CPU decode steps of 2..{parallel} sessions (about a minute each the first time)"
+        with tqdm(total=parallel - 1, desc=what, unit="step", file=sys.stderr, disable=disable) as bar:
+            if bar.disable and disable is not True:
+                print(what, file=sys.stderr, flush=True)
+            batcher.compile(lambda B: bar.update())
+    return batcher
 
 
 def _cpu_step(plan: Plan, choice: str | None) -> tuple[str, str]:

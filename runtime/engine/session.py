@@ -31,6 +31,7 @@ import torch
 
 from ..model.session import Session
 from .adapter import Adapter, SessionRoutes
+from .batch_runner import BatchRunner
 from .cpu_step import intra_op_threads
 from .drafter import MtpDrafter
 from .executor import PlacementExecutor
@@ -44,10 +45,13 @@ class ContextFull(ValueError):
 class EngineSession:
     def __init__(self, session: Session, executor: PlacementExecutor, threshold: int | None,
                  runner: StepRunner | None = None, speculative: bool = False, adapter: Adapter | None = None,
-                 prefill_threads: Callable[[int], int] | None = None, context: int | None = None):
+                 prefill_threads: Callable[[int], int] | None = None, context: int | None = None,
+                 batcher: BatchRunner | None = None):
         """`prefill_threads`: torch's intra-op threads for a dynamic prefill of n tokens (Engine.prefill_threads);
-        None: torch's count as it is. `context`: the plan's tokens per session (None: unbounded, a bare model)."""
+        None: torch's count as it is. `context`: the plan's tokens per session (None: unbounded, a bare model).
+        `batcher`: the engine's BatchRunner when sessions decode together (batch_runner.decode_together)."""
         self.session, self.executor, self.threshold, self.runner = session, executor, threshold, runner
+        self.batcher = batcher
         self.context = context
         self.adapter, self.prefill_threads = adapter, prefill_threads
         # this session's routes, per main layer and expert (engine/adapter.py re-places the hot set from them)
@@ -147,10 +151,21 @@ class EngineSession:
 
     def _settle(self) -> None:
         """Before any forward or cache operation (anything but reject() after a verify keeps its draft: the
-        mark is no longer needed): this session's routes are the ones counted, and finished uploads of a
-        re-placement take effect (between forwards: engine/adapter.py)."""
+        mark is no longer needed): this session's routes are the ones counted, finished uploads of a
+        re-placement take effect (between forwards: engine/adapter.py), and a batch slot holding this session
+        stores it back (its cache is current again for whatever runs next)."""
         self._mark = self._verified = None
+        if self.batcher is not None:
+            self.batcher.release(self.session)
         self._begin()
+
+    def begin_batched(self) -> None:
+        """Before a batched decode step (batch_runner.decode_together): as _settle, but the session keeps its
+        batch slot, and nothing listens to the executor's routes (the batch adds each session's own)."""
+        self._mark = self._verified = None
+        self.executor.route_sink = None
+        if self.adapter is not None:
+            self.adapter.settle()
 
     def _begin(self) -> None:
         # routes are counted only where something re-places from them: no host work on other engines' steps
@@ -185,7 +200,7 @@ class EngineSession:
         self._settle()
         self._release()
         other = EngineSession(self.session.fork(), self.executor, self.threshold, self.runner, adapter=self.adapter,
-                              prefill_threads=self.prefill_threads, context=self.context)
+                              prefill_threads=self.prefill_threads, context=self.context, batcher=self.batcher)
         other.drafter = None if self.drafter is None else self.drafter.fork()
         other.routes.counts = self.routes.counts.copy()
         return other

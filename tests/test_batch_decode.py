@@ -1,0 +1,142 @@
+"""Several sessions decoding together (runtime/engine/batch_runner.py, static_decode/batch_step.py, the server's
+--parallel N): every session's tokens are exactly its solo ones, whatever the batch size, the mix of sessions
+or their moves between solo and batched steps; the plan bounds how many run at once."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from engine_helpers import TOL, _variant
+
+from ostinato.plan import PlanError
+from ostinato.runtime.engine import decode_together
+from ostinato.runtime.engine.loader import load_engine
+from ostinato.runtime.model.static_decode.batch_step import BatchStep
+from ostinato.runtime.model.static_decode.step import StaticStep
+
+STEPS = 12
+
+
+def _prompts(n: int, seed: int) -> list[list[int]]:
+    """n distinct prompts of different lengths (across the compressors' boundaries), fresh per seed."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(3, 300, (n,), generator=g).tolist()
+    return [torch.randint(2, 1024, (t,), generator=g).tolist() for t in lengths]
+
+
+def _engine(compiled, tiny_ckpt, parallel: int, placement: str = "mixed"):
+    plan = _variant(compiled[0], placement, None)
+    plan = plan.replace(policy=plan.policy.replace(sessions=max(parallel, plan.policy.sessions)))
+    return load_engine(plan, tiny_ckpt, device="cpu", parallel=parallel)
+
+
+def _solo(engine, prompt: list[int], n: int) -> tuple[list[int], list[torch.Tensor]]:
+    """Greedy tokens and every step's logits of `prompt` decoded alone."""
+    s = engine.new_session()
+    logits = s.prefill(prompt, last_only=True)[-1]
+    tokens, seen = [], []
+    for _ in range(n):
+        tokens.append(int(logits.argmax()))
+        seen.append(logits)
+        logits = s.decode(tokens[-1])
+    return tokens, seen
+
+
+@pytest.fixture(scope="module")
+def engine4(compiled, tiny_ckpt):
+    engine = _engine(compiled, tiny_ckpt, 4)
+    yield engine
+    engine.close()
+
+
+@pytest.mark.parametrize("sessions", [2, 3, 4])
+def test_each_session_decodes_its_solo_tokens_in_a_batch(engine4, sessions):
+    prompts = _prompts(sessions, seed=sessions)
+    solo = [_solo(engine4, p, STEPS) for p in prompts]
+    ss = [engine4.new_session() for _ in prompts]
+    logits = [s.prefill(p, last_only=True)[-1] for s, p in zip(ss, prompts)]
+    tokens = [[] for _ in prompts]
+    for step in range(STEPS):
+        for b, row in enumerate(logits):
+            want = solo[b][1][step]
+            assert (row - want).abs().max() <= TOL * want.abs().max(), (b, step)
+            tokens[b].append(int(row.argmax()))
+        logits = decode_together(ss, [t[-1] for t in tokens])
+    assert tokens == [t for t, _ in solo]
+    assert all(len(s) == len(p) + STEPS for s, p in zip(ss, prompts))
+
+
+class Greedy:
+    """A session decoded greedily: the logits of its next pick, and the tokens picked."""
+
+    def __init__(self, engine, prompt: list[int]):
+        self.session = engine.new_session()
+        self.logits = self.session.prefill(prompt, last_only=True)[-1]
+        self.tokens: list[int] = []
+
+    def pick(self) -> int:
+        self.tokens.append(int(self.logits.argmax()))
+        return self.tokens[-1]
+
+    def alone(self) -> None:
+        self.logits = self.session.decode(self.pick())
+
+    def turn(self, ids: list[int]) -> None:
+        """The agent's next turn (the last pick is not run: the turn's tokens follow instead)."""
+        self.logits = self.session.prefill(ids, last_only=True)[-1]
+
+
+def together(*runs: Greedy) -> None:
+    rows = decode_together([r.session for r in runs], [r.pick() for r in runs])
+    for r, row in zip(runs, rows):
+        r.logits = row
+
+
+def test_sessions_move_between_solo_and_batched_steps_exactly(engine4):
+    """Sessions join and leave batches, decode alone between batched steps, take a new turn while others sit
+    in batch slots and change slots: each still gets exactly the tokens it gets alone."""
+    prompts, turn = _prompts(3, seed=11), [5, 6, 7, 8, 9]
+    a, b, c = (Greedy(engine4, p) for p in prompts)
+    for _ in range(4):
+        together(a, b)          # a and b in slots 0 and 1
+    for _ in range(3):
+        b.alone()               # the solo step: b stored back from its slot
+    for _ in range(3):
+        together(c, b, a)       # new places: c in slot 0, b in 1, a in 2
+    a.turn(turn)                # a prefills while b and c stay seated
+    for _ in range(4):
+        together(b, c, a)
+    for _ in range(2):
+        together(c, a)
+    alone = [Greedy(engine4, p) for p in prompts]
+    for run, counts in zip(alone, ((7, 6), (14,), (9,))):
+        for i, n in enumerate(counts):
+            if i:
+                run.turn(turn)
+            for _ in range(n):
+                run.alone()
+    assert [r.tokens for r in (a, b, c)] == [r.tokens for r in alone]
+    for got, want in zip((a, b, c), alone):
+        assert len(got.session) == len(want.session)
+        assert (got.logits - want.logits).abs().max() <= TOL * want.logits.abs().max()
+
+
+def test_a_batch_needs_the_plan_to_count_its_sessions(compiled, tiny_ckpt):
+    plan = _variant(compiled[0], "mixed", None)
+    with pytest.raises(PlanError, match=r"--sessions 2"):
+        load_engine(plan.replace(policy=plan.policy.replace(sessions=1)), tiny_ckpt, device="cpu", parallel=2)
+    with pytest.raises(PlanError, match="at least 1"):
+        load_engine(plan, tiny_ckpt, device="cpu", parallel=0)
+
+
+def test_a_batch_step_refuses_slots_it_cannot_run(engine4):
+    runner = engine4.step_runner
+    slot = StaticStep(engine4.model, runner.step.max_context)
+    with pytest.raises(ValueError, match="each with its own state"):
+        BatchStep([slot, slot])
+    with pytest.raises(ValueError, match="T = 1"):
+        BatchStep([StaticStep(engine4.model, runner.step.max_context, tokens=2)])
+    with pytest.raises(ValueError, match="distinct sessions"):
+        s = engine4.new_session()
+        s.prefill([3, 4, 5])
+        engine4.batcher.decode([s.session, s.session], [1, 2])
