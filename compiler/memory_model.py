@@ -166,10 +166,18 @@ def layer_resident_bytes(cfg: ModelConfig, layer: int, policy: MemoryPolicy) -> 
             "kv_cache": policy.sessions * kv_cache_bytes(cfg, layer, policy.context, policy.dense_format),
             "kv_snapshots": policy.sessions * policy.snapshots * snapshot_bytes(cfg, layer, policy.dense_format),
             # the decode step's static copy of one context's KV state (runtime/model/static_decode:
-            # loaded from the decoding session, stored back after), and a bound on the 1-token
-            # activations its captured graph keeps in its memory pool
-            "decode_state": decode_state_bytes(cfg, layer, policy.context, policy.dense_format),
-            "decode_graph": workspace_bytes(cfg, 1)}
+            # loaded from the decoding session, stored back after), and with several sessions one more
+            # per session decoding in the batched steps (runtime/engine/batch_runner.py); a bound on the
+            # activations of the largest step (1 token, or a token per session) its graph keeps in its pool
+            "decode_state": decode_states(policy.sessions) * decode_state_bytes(cfg, layer, policy.context,
+                                                                                policy.dense_format),
+            "decode_graph": workspace_bytes(cfg, policy.sessions)}
+
+
+def decode_states(sessions: int) -> int:
+    """Static decode states a GPU holds per layer: the solo decode step's, and when several sessions may run
+    at once (ostinato-serve --parallel, up to policy.sessions) a slot per session for the batched steps."""
+    return 1 + (sessions if sessions > 1 else 0)
 
 
 def mtp_resident_bytes(cfg: ModelConfig, policy: MemoryPolicy, k: int = 0) -> dict[str, int]:

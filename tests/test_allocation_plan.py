@@ -44,3 +44,20 @@ def test_the_check_sees_a_run_in_another_dtype_than_planned(tiny_ckpt, tmp_path,
     wrong = held_memory(engine, [engine.new_session()]).differences(engine.plan, TOLERANCE)
     assert any(line.startswith("gpu0 dense_weights") for line in wrong), wrong
     engine.close()
+
+
+def test_a_plan_for_two_sessions_at_once_holds_what_it_counted(tiny_ckpt, tmp_path, kernel_dir):
+    """--sessions 2 and --parallel 2: both sessions' caches, the batched steps' state per session."""
+    from ostinato.runtime.engine import decode_together
+
+    _compile(tiny_ckpt, tmp_path, TWO_GPUS, kernel_dir, context=CONTEXT, prefill_chunk=256, max_hot_per_layer=5,
+             sessions=2)
+    engine = load_engine(tmp_path / "plan.yaml", device="cpu", parallel=2)
+    g = torch.Generator().manual_seed(1)
+    sessions = [engine.new_session() for _ in range(2)]
+    for s in sessions:
+        s.prefill(torch.randint(0, engine.model.config.vocab_size, (CONTEXT - 1,), generator=g), last_only=True)
+    decode_together(sessions, [0, 1])  # the last planned position, both in their batch slots
+    held = held_memory(engine, sessions)
+    assert not held.differences(engine.plan, TOLERANCE), "\n".join(held.differences(engine.plan, TOLERANCE))
+    engine.close()

@@ -349,7 +349,8 @@ def test_committed_tiny_plan_regenerates_byte_identically(tmp_path, monkeypatch)
     write_tiny_checkpoint(Path("build/demo/tiny"), "tiny", seed=0, popularity=1.0, progress=False)
     out = tmp_path / "plans/tiny.cpu-only.yaml"
     assert compile_cli.main(["build/demo/tiny", str(out), "--hardware", "cpu-only", "--profile",
-                             str(REPO / "plans/profiles/tiny-planted.safetensors"), "--max-hot-per-layer", "4"]) == 0
+                             str(REPO / "plans/profiles/tiny-planted.safetensors"), "--max-hot-per-layer", "4",
+                             "--sessions", "4"]) == 0
     assert out.read_bytes() == (REPO / "plans/tiny.cpu-only.yaml").read_bytes(), \
         "plans/tiny.cpu-only.yaml is stale: regenerate it (plans/profiles/README.md)"
 

@@ -65,7 +65,9 @@ def parse_args(argv: list[str] | None) -> tuple[CompileOptions, bool, bool | Non
     p.add_argument("--context", type=int, default=DEFAULT_CONTEXT,
                    help=f"context tokens per session to reserve KV for ({DEFAULT_CONTEXT}: agent scale; the plan's "
                         "--explain says what it costs in hot experts)")
-    p.add_argument("--sessions", type=int, default=1, help="sessions whose KV cache stays resident (1)")
+    p.add_argument("--sessions", type=int, default=1,
+                   help="sessions whose KV cache stays resident: at most this many generate at once "
+                        "(ostinato-serve --parallel) (1)")
     p.add_argument("--prefill-chunk", type=int, default=4096, help="largest prefill chunk in tokens (4096)")
     p.add_argument("--upload-group", type=int, default=16, help="experts per upload staging buffer (16)")
     p.add_argument("--snapshots", type=int, default=64,

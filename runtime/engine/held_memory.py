@@ -112,6 +112,8 @@ def held_memory(engine, sessions=()) -> HeldMemory:
         _cold_table(held, le, engine.adapter is not None)
         if step is not None:
             held.add(gpu[l], "decode_state", tensors_in(step.state.layers[l]))
+        if engine.batcher is not None:  # a state per session of the batched steps
+            held.add(gpu[l], "decode_state", tensors_in([slot.state.layers[l] for slot in engine.batcher.slots]))
         for s in sessions:
             held.add(gpu[l], "kv_cache", tensors_in(s.session.cache.layers[l]))
             held.add(gpu[l], "kv_snapshots", tensors_in([snap.layers[l] for snap in s.session.snapshots]))
