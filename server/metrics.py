@@ -18,6 +18,7 @@ class Metrics:
     generated_tokens: int = 0
     drafted_tokens: int = 0         # MTP drafts verified (speculative decoding)
     accepted_tokens: int = 0        # drafts the model's own pick agreed with
+    batched_tokens: int = 0         # decode tokens run in batched steps with other requests' (--parallel)
     experts_swapped: int = 0        # experts promoted into a hot pool between turns (policy.adapt)
     adapt_bytes_uploaded: int = 0   # their uploads' bytes
     routes_hot: int = 0
@@ -52,6 +53,8 @@ class Metrics:
                 ("ostinato_drafted_tokens_total", "counter", "MTP draft tokens verified (speculative decoding)",
                  self.drafted_tokens),
                 ("ostinato_accepted_tokens_total", "counter", "MTP draft tokens accepted", self.accepted_tokens),
+                ("ostinato_batched_tokens_total", "counter",
+                 "decode tokens run in one step with other requests' (ostinato-serve --parallel)", self.batched_tokens),
                 ("ostinato_experts_swapped_total", "counter", "experts promoted into a hot pool between turns",
                  self.experts_swapped),
                 ("ostinato_adapt_bytes_uploaded_total", "counter", "bytes uploaded for those promotions",

@@ -234,6 +234,8 @@ class Worker:
                 a.entry = None
                 self._fail(a)
             return
+        with self.metrics.lock:
+            self.metrics.batched_tokens += len(waiting)
         for a, row in zip(waiting, logits):
             self._guarded(a, lambda a, row=row: self._advance(a, (row, None)))
 

@@ -140,3 +140,33 @@ def test_a_batch_step_refuses_slots_it_cannot_run(engine4):
         s = engine4.new_session()
         s.prefill([3, 4, 5])
         engine4.batcher.decode([s.session, s.session], [1, 2])
+
+
+@pytest.mark.slow  # an engine of its own, its steps run through the capture path
+def test_the_batch_steps_are_captured_at_load_and_stay_exact(compiled, tiny_ckpt, monkeypatch):
+    """The capture path, run on the CPU (as a GPU engine runs it): every batch size's step is captured at load,
+    at the plan's context only, and decoding through the captured steps gives the solo tokens."""
+    from ostinato.runtime.engine import decode_graphs, step_runner
+
+    captured = []
+    monkeypatch.setattr(step_runner, "on_gpu", lambda step: True)
+    monkeypatch.setattr(decode_graphs.SegmentGraphs, "capture",
+                        lambda self, real=decode_graphs.SegmentGraphs.capture: (captured.append(
+                            (type(self.step).__name__, self.step.tokens, self.step.context)), real(self))[-1])
+    engine = _engine(compiled, tiny_ckpt, 3)
+    try:
+        context = engine.plan.policy.context
+        assert {("BatchStep", 2, context), ("BatchStep", 3, context)} <= set(captured)
+        n = len(captured)
+        prompts = _prompts(3, seed=21)
+        runs = [Greedy(engine, p) for p in prompts]
+        for _ in range(6):
+            together(*runs)
+        alone = [Greedy(engine, p) for p in prompts]
+        for r in alone:
+            for _ in range(6):
+                r.alone()
+        assert [r.tokens for r in runs] == [r.tokens for r in alone]
+        assert len(captured) == n  # nothing captured while serving
+    finally:
+        engine.close()

@@ -9,6 +9,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import anthropic
+import httpx
 import openai
 import pytest
 from server_helpers import tiny_server
@@ -32,7 +33,7 @@ def server(tiny_ckpt, tmp_path_factory, kernel_dir):
                                             {"parallel": 4})
     yield {"openai": openai.OpenAI(base_url=base, api_key="x", max_retries=0),
            "anthropic": anthropic.Anthropic(base_url=base.removesuffix("/v1"), api_key="x", max_retries=0),
-           "engine": engine}
+           "engine": engine, "metrics": base.removesuffix("/v1") + "/metrics"}
     srv.should_exit = True
 
 
@@ -50,13 +51,19 @@ def _ask(server, i: int, seed: int | None) -> str:
     return "".join(b.text for b in r.content if b.type == "text")
 
 
+def _batched_tokens(server) -> int:
+    text = httpx.get(server["metrics"]).text
+    return int(next(line.split()[1] for line in text.splitlines() if line.startswith("ostinato_batched_tokens_total")))
+
+
 @pytest.mark.parametrize("seed", [None, 5])
 def test_four_conversations_at_once_each_get_their_solo_reply(server, seed):
     batcher = server["engine"].batcher
-    before = sum(n for B, n in batcher.steps_run.items())
+    before, counted = sum(batcher.steps_run.values()), _batched_tokens(server)
     with ThreadPoolExecutor(4) as pool:
         together = list(pool.map(lambda i: _ask(server, i, seed), range(4)))
-    assert sum(batcher.steps_run.values()) > before  # their tokens did share steps
+    assert sum(batcher.steps_run.values()) > before  # their tokens did share steps, and /metrics counts them
+    assert _batched_tokens(server) - counted >= 2 * (sum(batcher.steps_run.values()) - before)
     alone = [_ask(server, i, seed) for i in range(4)]  # one after another (their prompts now cached)
     assert together == alone
     assert len(set(alone)) == 4  # distinct conversations, not one reply four times

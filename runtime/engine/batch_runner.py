@@ -16,8 +16,13 @@ as the solo step does, so every session's token runs the solo step's attention; 
 the batch (static_decode/batch_step.py). Route counts: the executor counts the step's routes as any step's;
 each session's own routes (re-placement follows the session whose turn ended, adapter.py) are added to it
 from the step's route buffer, row by row. A speculating session's drafter follows the batched tokens too
-(their residual streams), so it drafts again as soon as the session decodes alone. The steps run eagerly:
-on GPUs a graph per batch size is not captured yet (the solo decode step is).
+(their residual streams), so it drafts again as soon as the session decodes alone.
+
+Each batch size's step is built before it first runs, as the runner's decode step: on the CPU compiled into one
+call per context (engine/cpu_step.py), on GPUs captured as a CUDA graph per segment at the plan's context
+(decode_graphs.py; the smaller contexts would each be another capture), in the runner's graph pool: steps
+never run at the same time. `build()` builds every size at load; a larger context's compile waits for a
+batch that needs it.
 """
 
 from __future__ import annotations
@@ -47,8 +52,10 @@ class BatchRunner:
         self.owners: list[Session | None] = [None] * slots
         self.contexts = [context for context, _ in runner.decode_steps]  # ascending, the last the plan's
         self.steps = {B: BatchStep(self.slots[:B]) for B in range(2, slots + 1)}  # a batch of B: the first B slots
-        self.graphs: dict[tuple[int, int], SegmentGraphs] = {}  # (B, context) -> its step (compiled when first run)
-        self.compiled = runner.cpu_step == "compiled"
+        self.graphs: dict[tuple[int, int], SegmentGraphs] = {}  # (B, context) -> its step (built when first run)
+        self.compiled = runner.cpu_step == "compiled"  # CPU segments compiled into one call each
+        self.captured = runner.use_graphs  # GPU segments captured as CUDA graphs (one context: the plan's)
+        self.pool = runner.pool  # the steps never run at the same time: one pool
         self.note = ""  # why batches run eagerly after a compile failed ("": they do not, or none was tried)
         self.steps_run = dict.fromkeys(self.steps, 0)  # batch size -> batched steps run (the server's metrics)
 
@@ -61,9 +68,15 @@ class BatchRunner:
         """The slots' static buffers (what the plan's policy.sessions counts beside the KV caches)."""
         return sum(slot.state.nbytes for slot in self.slots)
 
-    def compile(self, on_step=lambda B: None) -> None:
-        """Compile every batch size's step at the smallest decode context (at load, as the runner's decode step;
-        the larger contexts when a batch first needs one). A failure leaves batches eager, said in `note`."""
+    @property
+    def builds(self) -> bool:
+        """Whether the steps are compiled (CPU) or captured (GPU) before they run, rather than run eagerly."""
+        return self.compiled or self.captured
+
+    def build(self, on_step=lambda B: None) -> None:
+        """Compile or capture every batch size's step at the smallest decode context (at load, as the runner's
+        decode step; the larger contexts when a batch first needs one). A compile failure leaves batches eager,
+        said in `note`; a capture failure raises, as the runner's does."""
         for B in self.steps:
             self._graphs(B, self.contexts[0])
             on_step(B)
@@ -119,12 +132,17 @@ class BatchRunner:
         if graphs is not None:
             return graphs
         step = self.steps[B] if context == self.steps[B].max_context else self.steps[B].within(context)
-        graphs = self.graphs[(B, context)] = SegmentGraphs(step)
+        graphs = self.graphs[(B, context)] = SegmentGraphs(step, self.pool)
+        if not self.builds:
+            return graphs
+        # a build runs the step from a rewound state (as the runner's): the seated sessions are stored first
+        seated = list(self.owners)
+        for owner in seated:
+            if owner is not None:
+                self.release(owner)
+        if self.captured:
+            graphs.capture()
         if self.compiled:
-            seated = list(self.owners)
-            for owner in seated:
-                if owner is not None:
-                    self.release(owner)
             try:
                 with Ticker(f"building the decode step of {B} sessions for positions up to {context:,d}",
                             "the first time traced, generated as C++ and compiled; then found in the cache"):
@@ -134,10 +152,10 @@ class BatchRunner:
                 for g in self.graphs.values():
                     g.compiled = {}
                 print(f"ostinato: batched decode steps run eagerly: {e}", file=sys.stderr, flush=True)
-            for b, owner in enumerate(seated):
-                if owner is not None:
-                    self.slots[b].load(owner.cache)
-                    self.owners[b] = owner
+        for b, owner in enumerate(seated):
+            if owner is not None:
+                self.slots[b].load(owner.cache)
+                self.owners[b] = owner
         return graphs
 
 

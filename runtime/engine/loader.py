@@ -435,12 +435,13 @@ def _batcher(runner: StepRunner, parallel: int, disable: bool | None) -> BatchRu
     if parallel < 2:
         return None
     batcher = BatchRunner(runner, parallel)
-    if batcher.compiled:
-        what = f"compiling the CPU decode steps of 2..{parallel} sessions (about a minute each the first time)"
+    if batcher.builds:
+        what = (f"capturing the decode steps of 2..{parallel} sessions" if batcher.captured else
+                f"compiling the CPU decode steps of 2..{parallel} sessions (about a minute each the first time)")
         with tqdm(total=parallel - 1, desc=what, unit="step", file=sys.stderr, disable=disable) as bar:
             if bar.disable and disable is not True:
                 print(what, file=sys.stderr, flush=True)
-            batcher.compile(lambda B: bar.update())
+            batcher.build(lambda B: bar.update())
     return batcher
 
 

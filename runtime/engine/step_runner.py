@@ -112,7 +112,7 @@ class StepRunner:
         self.use_graphs = graphs and on_gpu(self.step)
         for seg in self.step.segments:  # every step's capture stream, made at load
             streams_for(seg.device).named(seg.device, "capture")
-        pool = graph_pool() if self.use_graphs else None
+        self.pool = pool = graph_pool() if self.use_graphs else None  # every step's graphs (batch_runner.py's too)
         self.graphs = {T: SegmentGraphs(step, pool) for T, step in self.steps.items()}
         self.draft_graphs = {P: SegmentGraphs(step, pool) for P, step in self.drafts.items()}
         self.rollback_graphs = {name: SegmentGraphs(RollbackPass(self.rollback, name == "restore"), pool)
