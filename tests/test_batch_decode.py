@@ -170,3 +170,29 @@ def test_the_batch_steps_are_captured_at_load_and_stay_exact(compiled, tiny_ckpt
         assert len(captured) == n  # nothing captured while serving
     finally:
         engine.close()
+
+
+@pytest.mark.slow  # a speculative engine of its own
+def test_a_speculating_session_drafts_again_after_batched_steps(compiled, tiny_ckpt):
+    """Each session's MTP drafter follows its batched tokens: decoding alone afterwards it drafts at once, and
+    its reply (batched, then speculative) is plain decoding's."""
+    from test_engine_speculative import plain, speculative_plan
+
+    from ostinato.runtime.engine import generate
+
+    plan = speculative_plan(compiled[0], "mixed", "mixed")
+    engine = load_engine(plan.replace(policy=plan.policy.replace(sessions=2)), tiny_ckpt, device="cpu", parallel=2)
+    try:
+        prompts = _prompts(2, seed=31)
+        want = [plain(engine.new_session(), p, 20) for p in prompts]
+        runs = [Greedy(engine, p) for p in prompts]
+        for _ in range(8):
+            together(*runs)
+        for run, tokens in zip(runs, want):
+            assert run.session.drafter.end == len(run.session)  # it followed every batched token
+            before = run.session.drafted
+            rest = generate(run.session, run.logits, 12)
+            assert run.tokens + list(rest.tokens) == tokens
+            assert run.session.drafted > before  # it drafted again once alone
+    finally:
+        engine.close()
