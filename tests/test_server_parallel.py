@@ -109,3 +109,46 @@ def compiled_parallel(compiled, tiny_ckpt):
     engine = load_engine(plan, tiny_ckpt, device="cpu", parallel=2)
     yield engine
     engine.close()
+
+
+def test_a_job_cancelled_mid_batch_leaves_the_other_reply_whole(compiled_parallel):
+    """Two jobs generate together; one is cancelled (its client left): it ends 'cancelled' with its session
+    cached at exactly the tokens it ran, and the other's reply is the one it gets alone."""
+    engine = compiled_parallel
+    worker = Worker(engine, PrefixCache(engine.new_session), Metrics())
+    prompt_a, prompt_b = list(range(5, 60)), list(range(300, 340))
+    got = {"a": [], "b": []}
+    done = {"a": queue.Queue(), "b": queue.Queue()}
+    job_a = None
+
+    def emit(name):
+        def on(event):
+            if isinstance(event, Generated):
+                got[name].append(event.token)
+                if name == "a" and len(got["a"]) == 6:
+                    job_a.cancel.set()  # the client leaves after 6 tokens
+            if isinstance(event, Done):
+                done[name].put(event)
+        return on
+
+    try:
+        job_a = Job(prompt_a, 40, emit("a"))
+        worker.submit(job_a)
+        worker.submit(Job(prompt_b, 24, emit("b")))
+        assert done["a"].get(timeout=300).reason == "cancelled"
+        assert done["b"].get(timeout=300).reason == "length"
+        assert worker.metrics.batched_tokens > 0 and worker.metrics.cancelled == 1
+        alone_b = []
+        s = engine.new_session()
+        logits = s.prefill(prompt_b, last_only=True)[-1]
+        for _ in range(24):
+            alone_b.append(int(logits.argmax()))
+            logits = s.decode(alone_b[-1])
+        assert got["b"] == alone_b
+        entry = next(e for e in worker.cache.entries.values() if e.tokens[:len(prompt_a)] == prompt_a)
+        # every token it was sent had run (the cancel is seen before the next pick)
+        assert len(entry.session) == len(entry.tokens) == len(prompt_a) + len(got["a"])
+        assert entry.tokens[len(prompt_a):] == got["a"]
+    finally:
+        worker.stop()
+        worker.thread.join(60)
