@@ -67,7 +67,7 @@ class Provenance(Record):
     templates: dict[str, Sha256] = {}    # template or included header path -> sha256 of its text
     workloads: dict[str, Sha256] = {}    # workload CSV file name -> sha256 of its bytes: the workloads the plan's
                                          # threshold, buckets and re-placement budget were priced on (its notes
-                                         # say which came from which: compiler/compile.py)
+                                         # say which came from which: compiler/passes/least_wait.py)
 
     @model_validator(mode="after")
     def _weights_agree(self) -> Provenance:

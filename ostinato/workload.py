@@ -106,7 +106,7 @@ def file_sha256(path: str | Path) -> str:
 
 @dataclass(frozen=True)
 class WorkloadSummary:
-    """What the compiler prices its choices on (compiler/compile.py): a workload's calls after each session's
+    """What the compiler prices its choices on (compiler/passes/least_wait.py): a workload's calls after each session's
     first (a tool output or a user message on a cached context; the first call is the session's start, not a
     wait after a tool) and the idle periods it records. Legend: C such calls, I recorded idle periods."""
     name: str                 # the file's name: how the plan names it (provenance.workloads, notes)

@@ -116,7 +116,7 @@ def test_speculative_auto_keeps_the_block_only_where_it_pays(in_repo, monkeypatc
     auto = compile_plan(_flash_options())
     assert auto.plan.predictions.speculative.pays and auto.plan.policy.speculative == "mtp" and auto.plan.mtp
     assert "the plan places the MTP block on gpu3" in auto.plan.predictions.speculative.reason
-    monkeypatch.setattr("ostinato.compiler.compile.MTP_ACCEPTANCE", 0.0)  # a draft never kept never pays
+    monkeypatch.setattr("ostinato.compiler.passes.speculation.MTP_ACCEPTANCE", 0.0)  # a draft never kept never pays
     never = compile_plan(_flash_options())
     s = never.plan.predictions.speculative
     assert not s.pays and never.plan.policy.speculative == "off" and never.plan.mtp is None

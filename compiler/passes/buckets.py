@@ -1,0 +1,22 @@
+"""buckets: the prefill buckets (short prompts run as captured steps of these sizes): the given ones, else
+the cost model's choice within the memory pass's graph-pool reserve, priced on the workloads
+(least_wait.py). The rule they follow is the plan schema's (checked by the policy pass)."""
+
+from __future__ import annotations
+
+from .build import Build
+from .least_wait import least_wait
+
+
+def buckets(b: Build) -> None:
+    o = b.options
+    if o.prefill_buckets is not None:
+        b.buckets, b.buckets_from = sorted(set(o.prefill_buckets)), "--prefill-buckets"
+        return
+    c = b.cost
+    choices = [(w.name, tuple(c.choose_buckets(b.threshold, o.context, b.bucket_reserve, position=w.median_cached)))
+               for w in b.workloads]
+    chosen, b.buckets_from = least_wait(
+        b, choices, lambda w, v, n: c.prefill(n, b.threshold, list(v), w.median_cached),
+        lambda v, n: n <= max(v, default=0), lambda: c.choose_buckets(b.threshold, o.context, b.bucket_reserve))
+    b.buckets = list(chosen)
