@@ -8,6 +8,10 @@ Modes (set per forward by the engine session, from the plan's policy):
 - `upload` (longer prefills): the layer's distinct cold experts are copied once into two staging
   buffers of `upload_group` experts (the next group's copy overlapping this group's compute on a
   side stream, engine/streams.py; in order on the CPU) and every route runs on the device.
+- `sharded` (longer prefills, on an engine loaded with shard staging: engine/sharded_upload.py): as
+  `upload`, but each of the plan's G GPUs uploads and computes a 1/G slice of every distinct cold expert
+  over its own link; the partial outputs come back to the layer's device, added in GPU order. An engine
+  loaded with it (OSTINATO_UPLOAD=sharded) runs the session's `upload` prefills sharded (`upload_as`).
 - `decode` (one token through the dynamic model): fixed-shape hot launch (top_k route slots,
   padding masked), cold routes on the CPU worker.
 `decode_step` is the expert part of the fixed-shape decode step (model/static_decode) that a CUDA
@@ -36,10 +40,11 @@ from ..kernels.torch_ops import define, handle_tensor, loaded, register
 from ..kernels.triton_experts import HotPool
 from .counters import Counters, LiveCounters
 from .route_tally import RouteTally
+from .sharded_upload import ShardedUpload
 from .span_timer import SpanTimer
 from .streams import streams_for
 
-MODES = ("split", "upload", "decode")
+MODES = ("split", "upload", "sharded", "decode")
 
 define("expert_step(Tensor x, Tensor ids, Tensor w, int layer, Tensor executor) -> Tensor",
        lambda x, ids, w, layer, executor: loaded(executor).host_decode_step(layer, x, ids, w),
@@ -72,13 +77,18 @@ MIN_TASK_BYTES_PER_THREAD = 1 << 20
 class PlacementExecutor:
     def __init__(self, layers: list[LayerExperts], pool_compute, cpu_kernel: CpuExpertKernel | None, cpu_threads: int,
                  upload_group: int, expert_bytes: int, compute_dtype: torch.dtype, top_k: int,
-                 step_tokens: list[int] = (1,)):
+                 step_tokens: list[int] = (1,), sharded: ShardedUpload | None = None):
         """`step_tokens`: the token counts of the fixed-shape steps (1: decode; the plan's prefill buckets),
-        what the cold bridges' staging is sized and laid out for."""
+        what the cold bridges' staging is sized and laid out for. `sharded`: every planned GPU's staging of
+        expert slices (mode `sharded`); None: uploads go over the layer's own GPU's link only."""
         self.layers, self.compute, self.cpu_kernel = layers, pool_compute, cpu_kernel
         self.cpu_threads, self.upload_group, self.expert_bytes = cpu_threads, upload_group, expert_bytes
         self.dtype, self.top_k = compute_dtype, top_k
         self.mode = "split"
+        self.sharded = sharded
+        # what the session's `upload` prefills run as: "upload" (one link) or "sharded" (every planned GPU's
+        # link); the plan's choice per prompt length is to be wired in here
+        self.upload_as = "upload" if sharded is None else "sharded"
         self._counters = Counters()
         self.handle = handle_tensor(register(self))  # for the expert_step op (decode_op)
         self._host_sums: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # T -> host_decode_step's scratch
@@ -117,9 +127,19 @@ class PlacementExecutor:
         self._tally.flush(self._counters)  # the steps before it, with the hot sets they ran with
         self._hot_of[layer, expert] = hot
 
+    @property
+    def upload_shards(self) -> int:
+        """How many GPUs share a sharded upload (1: this engine holds no shard staging)."""
+        return 1 if self.sharded is None else self.sharded.shards
+
     def set_mode(self, mode: str) -> None:
+        """The mode of the next forwards; `upload` runs as `upload_as`."""
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        mode = self.upload_as if mode == "upload" else mode
+        if mode == "sharded" and self.sharded is None:
+            raise ValueError("sharded upload: this engine holds no shard staging (load a plan of 2+ GPUs with "
+                             "OSTINATO_UPLOAD=sharded)")
         self.mode = mode
 
     # ----- the contract of the model's MoE block ----------------------------------------------
@@ -140,9 +160,15 @@ class PlacementExecutor:
         if self.route_sink is not None:
             self.route_sink(layer, ids.reshape(1, -1).cpu())
         out = torch.zeros(t, x.shape[1], dtype=torch.float32, device=le.device)  # [T, D]
-        if self.mode == "upload":
+        if self.mode in ("upload", "sharded"):
             self._hot(le.hot_pool, x, token[hot], slot[hot], w[hot], out)
-            self._upload_and_compute(le, x, token[cold], cold_ids, w[cold], out)
+            if self.mode == "upload":
+                self._upload_and_compute(le, x, token[cold], cold_ids, w[cold], out)
+            else:
+                n = self.sharded.run(layer, le.cold, le.cold_of, x, token[cold], cold_ids, w[cold], out,
+                                     self.timer)
+                self._counters.experts_uploaded += n  # each expert once, whole, over the G links
+                self._counters.bytes_uploaded += n * self.expert_bytes
             return out.to(x.dtype)
         pending = self._submit_cold(le, x, token[cold], cold_ids, w[cold]) if cold_ids.numel() else None
         if self.mode == "decode":

@@ -1,0 +1,196 @@
+"""Sharded upload-once: every planned GPU uploads and computes a 1/G slice of each distinct cold expert.
+
+A single-link upload (executor.py, mode "upload") copies each distinct cold expert of a layer whole over
+the layer's own GPU's link. Sharded, each of the G planned GPUs copies a slice of every such expert over
+its own link, so a layer's upload takes all G links at once:
+- the slice is along the expert's intermediate axis: GPU g holds rows g*W .. (g+1)*W of the gate/up
+  matrices w1, w3 [I, D] and the same columns of the down matrix w2 [D, I], W = I/G. SwiGLU and its clamps
+  act on each intermediate element alone (DSV4.md section 3: silu(min(x w1, 10)) * clamp(x w3, -10, 10),
+  model/experts.py's swiglu), so each slice's output is exactly its part of the expert's, and the
+  expert's output is their sum;
+- MXFP4 blocks run along the input axis (32 values to a scale byte, packed low nibble first: w1/w3
+  [I, D/2] + scales [I, D/32], w2 [D, I/2] + scales [D, I/32]); a w1/w3 slice is whole rows, a w2 slice
+  whole blocks of each row only when W is a multiple of 32, so W must be (slice_width refuses otherwise);
+- each GPU copies on its own copy stream into two staging buffers of slices (the plan's upload_group
+  slices each), double-buffered as the single-link upload is: group i+1's copy overlaps group i's compute;
+- the hidden states x [T, D] reach every GPU (a copy: a peer copy on GPUs, a real copy on the CPU twin so
+  the exchange costs what it moves); each GPU computes its partial [T, D] float32 over all the layer's
+  cold routes; the partials come back to the layer's device and are added to its output in GPU order
+  0, 1, .. (a fixed order: the same sums whatever finishes first).
+
+The slices are computed by a pool compute whose kernels take any width (the torch backend), until the
+plan carries expert kernels built for W (the compiler's part: the Triton and CPU kernels fix I when
+they are generated).
+
+On the CPU twin every planned GPU is the one CPU device: the twin gives each planned GPU a copy stream of
+its own (streams.py hands out one per device and role), so its log tells the links apart as a GPU's would.
+
+Enabled for now by OSTINATO_UPLOAD=sharded on a plan of 2+ GPUs (upload_shards): the engine's prefills
+that upload then upload sharded (the executor's upload_as); the plan's own choice per prompt length is
+wired in later.
+Legend: G shards (planned GPUs), I expert intermediate, W = I/G, D hidden, T tokens, R routes, P slots.
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import nullcontext
+
+import torch
+
+from ostinato.checkpoint.formats import MXFP4_GROUP
+from ostinato.checkpoint.reader import PackedExpert
+from ostinato.plan import PlanError
+
+from ..kernels.triton_experts import HotPool
+from .span_timer import SpanTimer
+from .streams import POOL_SIZE, streams_for
+
+ENV = "OSTINATO_UPLOAD"  # "sharded": uploads over every planned GPU's link; "single" (or unset): the layer's own
+FIELDS = ("w1", "w1_scale", "w3", "w3_scale", "w2", "w2_scale")
+
+
+def upload_shards(gpus: int) -> int:
+    """How many GPUs share each upload: `gpus` (the plan's hardware.gpus.count) when $OSTINATO_UPLOAD is
+    "sharded", else 1."""
+    choice = os.environ.get(ENV, "single") or "single"
+    if choice not in ("single", "sharded"):
+        raise PlanError(f"{ENV} is {choice!r}: one of single, sharded")
+    if choice == "single":
+        return 1
+    if gpus < 2:
+        raise PlanError(f"{ENV}=sharded shares uploads among the plan's GPUs, and it plans {gpus} "
+                        f"(hardware.gpus.count): unset {ENV} or compile for 2+ GPUs")
+    return gpus
+
+
+def slice_width(intermediate: int, shards: int) -> int:
+    """W = I / G, refused unless it is a whole number of MXFP4 blocks (w2's slices cut its rows' blocks)."""
+    if shards < 1 or intermediate % (shards * MXFP4_GROUP):
+        raise ValueError(f"moe_intermediate_size {intermediate} does not split into {shards} slices of whole "
+                         f"MXFP4 blocks ({MXFP4_GROUP} values): it must be a multiple of {shards * MXFP4_GROUP}")
+    return intermediate // shards
+
+
+def expert_slice(expert: PackedExpert, shard: int, width: int) -> PackedExpert:
+    """Views of shard `shard`'s slice of `expert`: w1/w3 rows [W, D/2] (+ scales [W, D/32]), w2 columns
+    [D, W/2] (+ scales [D, W/32]; strided views of its rows)."""
+    lo, hi = shard * width, (shard + 1) * width
+    rows = [getattr(expert, n)[lo:hi] for n in ("w1", "w1_scale", "w3", "w3_scale")]
+    return PackedExpert(*rows, expert.w2[:, lo // 2:hi // 2], expert.w2_scale[:, lo // MXFP4_GROUP:hi // MXFP4_GROUP])
+
+
+def _on_device(device: torch.device):
+    """Launches go to `device` (Triton launches on the current CUDA device, whatever its tensors' device)."""
+    return torch.cuda.device(device) if device.type == "cuda" else nullcontext()
+
+
+def copy_streams(devices: list[torch.device]) -> list:
+    """Each planned GPU's copy stream: its device's named "copy" stream (the single-link upload's too).
+    Where planned GPUs share a device (the CPU twin), each later one gets a stream of its own, distinct
+    from the device's named streams and from the current one, made once here."""
+    streams = []
+    for device in devices:
+        s = streams_for(device)
+        stream = s.named(device, "copy")
+        if stream in streams:
+            held = {*streams, *s.named_streams(device).values(), s.current(device)}
+            for _ in range(POOL_SIZE + 1):
+                stream = s.new(device)
+                if stream not in held:
+                    break
+            else:
+                raise RuntimeError(f"no stream on {device} distinct from the {len(held)} already in use")
+        streams.append(stream)
+    return streams
+
+
+class ShardedUpload:
+    """The G planned GPUs' staging of slices, and the sharded upload-and-compute of a layer's cold routes."""
+
+    def __init__(self, devices: list[torch.device], staging: list[list[HotPool]], compute, layer_gpus: list[int]):
+        """devices [G]: each planned GPU's torch device; staging [G][2]: its two buffers of slices (w1
+        [P, W, D/2] ..); compute: a pool compute for pools W wide; layer_gpus: each placed layer's GPU."""
+        if len(staging) != len(devices) or any(len(pair) != 2 for pair in staging):
+            raise ValueError(f"need two staging buffers on each of the {len(devices)} GPUs")
+        self.devices, self.staging, self.compute, self.layer_gpus = devices, staging, compute, layer_gpus
+        self.group, self.width = staging[0][0].w1.shape[:2]
+        self.links = copy_streams(devices)
+        self._read_done: dict = {}  # id(staging buffer) -> event after the last compute that read it
+        # what crossed each link, for benches and tests (the executor's counters count the whole experts)
+        self.bytes_uploaded = [0] * len(devices)  # [G] slices copied host -> GPU g
+        self.bytes_exchanged = 0                  # activations out to the other GPUs and partials back
+
+    @property
+    def shards(self) -> int:
+        return len(self.devices)
+
+    def run(self, layer: int, rows: list[PackedExpert], row_of: torch.Tensor, x: torch.Tensor, token: torch.Tensor,
+            expert: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, timer: SpanTimer) -> int:
+        """out [T, D] float32 += the routes' (token, expert, weight [R], on the layer's device) weighted
+        outputs, every GPU computing its slice of each expert; an expert's host row is rows[row_of[e]].
+        -> the number of distinct experts uploaded."""
+        distinct = expert.unique()  # sorted cold expert ids touched by this layer
+        if distinct.numel() == 0:
+            return 0
+        home = self.layer_gpus[layer]
+        # One host read of the ids for the whole upload (as the single-link upload: a read per group would
+        # hold the next group's copies back until the compute queued before them had finished).
+        ids = distinct.tolist()
+        listed = [ids[i:i + self.group] for i in range(0, len(ids), self.group)]  # on the host: the copies
+        groups = [self._routes(distinct[i:i + self.group], token, expert, weight, row_of.numel())
+                  for i in range(0, distinct.numel(), self.group)]  # [n groups] (token, slot, weight), every GPU's
+        xs, partials = [], []
+        for g, device in enumerate(self.devices):  # activations out: every GPU has its own x
+            xs.append(x if g == home else self._exchange(x, device))
+            partials.append(torch.zeros(out.shape, dtype=torch.float32, device=device))  # [T, D]
+        sources = [[expert_slice(rows[int(row_of[e])], g, self.width) for e in ids] for g in range(self.shards)]
+        ready = [[self._copy_group(g, sources[g][:len(listed[0])], self.staging[g][0], timer)]
+                 for g in range(self.shards)]
+        for i, (tok, slot, wgt) in enumerate(groups):
+            start = i * self.group
+            for g, device in enumerate(self.devices):  # each GPU's group i after its group i+1's copy is queued
+                s = streams_for(device)
+                if i + 1 < len(groups):
+                    nxt = sources[g][start + self.group:start + self.group + len(listed[i + 1])]
+                    ready[g].append(self._copy_group(g, nxt, self.staging[g][(i + 1) % 2], timer))
+                pool, main = self.staging[g][i % 2], s.current(device)
+                s.wait_event(main, ready[g][i])
+                with _on_device(device), timer.span("hot_s", device):
+                    self.compute.prefill(pool, xs[g], tok.to(device), slot.to(device), wgt.to(device), partials[g])
+                self._read_done[id(pool)] = s.record(main)
+        for g, partial in enumerate(partials):  # partials back, added in GPU order
+            out += partial if g == home else self._exchange(partial, out.device)
+        return len(ids)
+
+    @staticmethod
+    def _routes(group: torch.Tensor, token, expert, weight, experts: int):
+        """The routes to `group`'s experts: token [r], their slot in a staging buffer [r], weight [r]."""
+        local = torch.full((experts,), -1, dtype=torch.int64, device=expert.device)
+        local[group] = torch.arange(group.numel(), device=expert.device)
+        mine = local[expert] >= 0
+        return token[mine], local[expert[mine]], weight[mine]
+
+    def _exchange(self, t: torch.Tensor, device: torch.device) -> torch.Tensor:
+        """A copy of `t` on `device` (a peer copy between GPUs, ordered after both devices' current work by
+        torch; a copy on the CPU twin too, where both are the CPU)."""
+        self.bytes_exchanged += t.numel() * t.element_size()
+        return t.to(device, copy=True)
+
+    def _copy_group(self, g: int, slices: list[PackedExpert], pool: HotPool, timer: SpanTimer):
+        """Copy `slices` into `pool`'s first slots on GPU g's copy stream, once the pool's last reader is
+        done -> an event after the copy."""
+        device, stream = self.devices[g], self.links[g]
+        s = streams_for(device)
+        if id(pool) in self._read_done:
+            s.wait_event(stream, self._read_done[id(pool)])
+        with s.on(stream), timer.span("upload_s", device):
+            for j, src in enumerate(slices):
+                for name in FIELDS:
+                    dst = getattr(pool, name)[j]
+                    # w2's slices are strided views of its rows: torch gathers a strided host source into a
+                    # pageable temporary before the DMA, which then holds the host thread (unmeasured on GPUs;
+                    # a 2-D copy, cudaMemcpy2DAsync, would DMA the rows straight from the pinned row)
+                    dst.copy_(getattr(src, name).view(dst.dtype), non_blocking=True)
+                    self.bytes_uploaded[g] += dst.numel()
+        return s.record(stream)
