@@ -44,6 +44,20 @@ simulator passes each turn's real position.
 Hidden states move between GPUs over the link once per GPU boundary. On a cpu-only spec the
 "GPU" and the host are the same cores, so their parts add up instead of overlapping.
 
+Several sessions decoding at once (batched_decode_step; runtime/model/static_decode/batch_step.py): B sessions
+decode one token each in one fixed-shape step. Everything that does not read a session's own cache runs once over
+the B tokens (the dense weights, the shared expert, the head: read once per step, their FLOPs B times); attention
+and the CSA indexer run per session, against its own KV rows at its own position; the hot routes go through the
+decode kernel (one program per route slot: each token's hot routes read their experts, as in a bucket step), the
+cold routes of all B tokens through one host task that reads each distinct cold expert once. The distinct experts
+B tokens touch are distinct(layer, B, hot) with the same law as every batch here: tokens route independently of
+each other, expert e in a token's set with probability q_e = min(1, top_k x share_e), so E[distinct] = sum_e
+1 - (1 - q_e)^B. Sessions' tokens are less alike than one prompt's (their topics differ), and for given mean
+shares sessions with laws of their own touch more distinct experts than that (prod_b (1 - q_be) <= (1 - mean_b
+q_be)^B): a bound on the experts' side, not a figure of the sessions' routing. (The simulator's traces, top-k drawn
+without replacement, touch a few percent more of the rarer experts than q_e says: tests/test_parallel_model.py.)
+No constant is new: every term is a solo step's, summed or shared as above.
+
 Short prefills as bucket steps (runtime/engine/step_runner.py): a prompt of n <= the largest of
 `buckets` tokens runs as exact-size steps of power-of-two sizes (120 = 64 + 32 + 16 + 8), each a
 replayed graph per GPU like the decode step (eager on a cpu-only spec). Inside one, the hot routes
@@ -113,7 +127,7 @@ COMPILED_STEP_OPS_PER_LAYER = 37
 UNFUSED_EAGER_OPS_PER_LAYER = 600
 MTP_ACCEPTANCE = 0.9  # draft acceptance until real weights say otherwise: KTransformers' published figure for
                       # V4-Flash's MTP block (PUBLISHED.md); plans predict speculation at it unless their
-                      # recorded profile measured the block's own (compile.py, MIN_MEASURED_DRAFTS); the
+                      # recorded profile measured the block's own (compiler/passes/speculation.py, MIN_MEASURED_DRAFTS); the
                       # simulator always
 MAX_BUCKET = 256  # the largest prefill bucket the compiler considers (its graph pool: 172 MB on V4-Flash)
 # A dynamic forward's CSA layer scores every compressed row and masks the unpicked ones while rows x heads <=
@@ -253,6 +267,7 @@ class CostModel:
         self.eager_ops_per_layer = EAGER_OPS_PER_LAYER
         self.csa_dense_max_ratio = CSA_DENSE_MAX_RATIO   # the runtime's rule (attention_work)
         self.indexer_materializes = True   # the runtime's indexer writes its score tensors (indexer_bytes)
+        self.position_sized_decode = False  # GPUs' decode steps per decode context (with_position_sized_decode)
         k = cfg.num_experts_per_tok
         self.expert_flops = EXPERT_FLOPS_PER_TOKEN_FACTOR * cfg.hidden_size * cfg.moe_intermediate_size
         self._q = [np.minimum(1.0, k * l.share) for l in layers]
@@ -285,8 +300,9 @@ class CostModel:
     def step_context(self, T: int, position: int | None = None) -> int:
         """The context whose rows a fixed-shape step of T tokens at `position` reads (runtime/engine/step_runner.py):
         on a cpu-only spec the decode step (T = 1) of the smallest of buckets.decode_contexts that holds the
-        token; every other step (GPUs capture one per size) the plan's context."""
-        if T == 1 and self.hw.cpu_only:
+        token (with_position_sized_decode: on GPUs too); every other step (GPUs capture one per size) the plan's
+        context."""
+        if T == 1 and (self.hw.cpu_only or self.position_sized_decode):
             after = self.at(1, position) + 1
             return next((c for c in decode_contexts(self.context) if after <= c), self.context)
         return self.context
@@ -348,14 +364,20 @@ class CostModel:
                 + self.shared_expert_time(layer, n, on_host))
 
     def _dense_time(self, layer: int, dense_bytes: int, dense_params: int, n: int, rows_context,
-                    fixed_shape: bool, on_host: bool = False):
+                    fixed_shape: bool, on_host: bool = False, per_session: bool = False):
         """Dense weights (`dense_params` multiply-adds per token) and `layer`'s attention work (its index: its
-        attention kind) over rows_context's rows: the longer of reading and computing."""
+        attention kind) over rows_context's rows: the longer of reading and computing. `per_session`: rows_context
+        holds one entry per session of a batched step (n tokens each, against its own KV rows), so the sessions'
+        attention work and indexer bytes add up while the dense weights are read once for all their tokens."""
         g = self.hw.host if on_host else self.hw.gpus
         att_flops, kv_bytes = self.attention_work(layer, n, rows_context, fixed_shape)
-        flops = 2 * n * dense_params + att_flops
         # the indexer's intermediates are passes of their own after its matmul: added (indexer_time)
         scratch = self.indexer_scratch_bytes(layer, n, rows_context, fixed_shape)
+        tokens = n
+        if per_session:
+            att_flops, kv_bytes, scratch = float(np.sum(att_flops)), float(np.sum(kv_bytes)), float(np.sum(scratch))
+            tokens = n * len(rows_context)
+        flops = 2 * tokens * dense_params + att_flops
         return np.maximum((dense_bytes + kv_bytes) / g.bandwidth, flops / g.matmul_flops) + scratch / g.bandwidth
 
     def indexer_scratch_bytes(self, layer: int, n, rows_context, fixed_shape: bool = False):
@@ -416,10 +438,11 @@ class CostModel:
         nxt = [per[l + 1][0] if l + 1 < len(per) else 0.0 for l in range(len(per))]
         return per[0][0] + sum(self.overlap(per[l][1], nxt[l]) for l in range(len(per)))
 
-    def forward_overheads(self, n: int, decode: bool) -> float:
-        """What a forward pass adds to its layers: GPU-boundary hops, the head, decode graph launches."""
+    def forward_overheads(self, n: int, decode: bool, head_tokens: int = 1) -> float:
+        """What a forward pass adds to its layers: GPU-boundary hops, the head (over `head_tokens` rows: a
+        forward's last token, or every session's token of a batched decode step), decode graph launches."""
         launches = len(set(l.gpu for l in self.layers)) * self.hw.gpus.launch_overhead_s if decode else 0.0
-        return self._hops(n) + self._head_time(1) + launches
+        return self._hops(n) + self._head_time(head_tokens) + launches
 
     def dispatch_time(self, n: int, ops_per_layer: int | None = None) -> float:
         """Host seconds to issue an eager forward of n tokens op by op (one pass per prefill chunk), of
@@ -444,16 +467,25 @@ class CostModel:
         other.indexer_materializes = False
         return other
 
+    def with_position_sized_decode(self) -> CostModel:
+        """The same model for a runtime whose GPUs capture a decode step for each of buckets.decode_contexts and
+        replay the smallest that holds the position, as the CPU engine compiles one per context (step_context): a
+        what-if, the runtime's GPUs capture one step sized to the plan's context."""
+        other = copy.copy(self)
+        other.position_sized_decode = True
+        return other
+
     def with_eager_ops(self, ops_per_layer: int) -> CostModel:
         """The same model for a system that dispatches `ops_per_layer` ops per layer-forward."""
         other = copy.copy(self)
         other.eager_ops_per_layer = ops_per_layer
         return other
 
-    def forward_time(self, device_s, n: int, decode: bool, eager: bool, ops_per_layer: int | None = None):
+    def forward_time(self, device_s, n: int, decode: bool, eager: bool, ops_per_layer: int | None = None,
+                     head_tokens: int = 1):
         """Wall time of a forward whose layers take device_s (a float, or an array of decode steps):
         its overheads added, and the host's op dispatch when it runs eagerly (see the module docstring)."""
-        busy = device_s + self.forward_overheads(n, decode)
+        busy = device_s + self.forward_overheads(n, decode, head_tokens)
         if not eager:
             return busy
         host = self.dispatch_time(n, ops_per_layer)
@@ -510,13 +542,79 @@ class CostModel:
             return COMPILED_STEP_OPS_PER_LAYER if self.cpu_step == "compiled" else None
         return EAGER_STEP_OPS_PER_LAYER
 
-    def decode_step(self, position: int | None = None) -> float:
+    def decode_step(self, position: int | None = None, sessions: int = 1) -> float:
         """One decode step after `position` tokens: the fixed-shape step of step_context(1, position), its
-        routes split."""
+        routes split. `sessions` > 1: that many sessions, each at `position`, decode one token each in one
+        batched step (batched_decode_step); the step's seconds, for all of them."""
+        if sessions != 1:
+            if sessions < 1:
+                raise ValueError(f"sessions {sessions}: the sessions decoding in the step, at least 1")
+            return self.batched_decode_step([position] * sessions)
         context = self.step_context(1, position)
         layers = sum(self.layer_seconds(*self.split_layer(l, 1, position, context)) for l in range(len(self.layers)))
         return float(self.forward_time(layers, 1, decode=True, eager=self.decode_is_eager(),
                                        ops_per_layer=self.step_ops_per_layer(1)))
+
+    # ----- several sessions decoding at once (module docstring) ---------------------------------
+    def session_positions(self, positions) -> np.ndarray:
+        """[B] each session's position (`at`: None is the end of the plan's context) for a batched step."""
+        if len(positions) < 1:
+            raise ValueError("positions: one per session of the batched step, at least one")
+        return np.array([self.at(1, p) for p in positions], dtype=np.int64)
+
+    def batched_before_experts_time(self, layer: int, positions, fixed_shape: bool = True,
+                                    on_host: bool = False) -> float:
+        """before_experts_time of a step of B sessions' tokens, one each, session b after positions[b]: the dense
+        weights read once for the B tokens, each session's attention and indexer against its own KV rows, those of
+        a fixed-shape step (step_context(1, its position)) or, not `fixed_shape`, the rows visible to it."""
+        l = self.layers[layer]
+        shared_bytes, shared_params = self._shared[layer]
+        at = self.session_positions(positions)
+        rows = np.array([self.step_context(1, int(p)) for p in at]) if fixed_shape else at + 1   # [B]
+        return float(self._dense_time(layer, l.dense_bytes - shared_bytes, l.dense_params - shared_params, 1, rows,
+                                      fixed_shape, on_host, per_session=True))
+
+    def batched_attention_time(self, layer: int, positions, on_host: bool = False, fixed_shape: bool = False) -> float:
+        """attention_time of a batched step: batched_before_experts_time plus the shared expert over the B tokens
+        (a system that runs a layer's dense part as one block: llama.cpp's slots)."""
+        return (self.batched_before_experts_time(layer, positions, fixed_shape, on_host)
+                + self.shared_expert_time(layer, len(positions), on_host))
+
+    def batched_split_layer(self, layer: int, positions, fixed_shape: bool = True,
+                            grouped_hot: bool = False) -> tuple[float, float, float]:
+        """(seconds before the experts, GPU seconds, CPU seconds) of a layer in a step of B sessions' tokens, one
+        each: the shared expert over the B tokens; each token's hot routes read their experts on a GPU (the decode
+        kernel's per-route programs, as bucket_layer prices them: B times one token's distinct hot experts), or,
+        `grouped_hot` (a kernel that groups the step's routes by expert) and on a cpu-only spec, each distinct hot
+        expert of the B tokens once; the cold routes of all B tokens in one host task over their distinct experts."""
+        B = len(positions)
+        hot_routes = self.routes(layer, B, True)
+        reads = self.distinct(layer, B, True) if grouped_hot or self.hw.cpu_only else B * self.distinct(layer, 1, True)
+        gpu = self.shared_expert_time(layer, B) + self.gpu_experts_time(reads, hot_routes)
+        cpu = self.cpu_experts_time(B, self.distinct(layer, B, False), self.routes(layer, B, False))
+        return self.batched_before_experts_time(layer, positions, fixed_shape), gpu, cpu
+
+    def batched_decode_step(self, positions, fixed_shape: bool = True, grouped_hot: bool = False,
+                            eager: bool | None = None) -> float:
+        """Seconds of one step in which B = len(positions) sessions decode one token each, session b after
+        positions[b] tokens (None: the end of the plan's context): batched_split_layer's layers in the layer order,
+        the B tokens' hidden states across the GPU boundaries, the head over B rows, one graph launch per GPU.
+        `fixed_shape` False: each session's attention reads the rows visible to it (a baseline's paged attention);
+        `eager`: the step is dispatched op by op at the dynamic forward's ops per layer (None: as decode_step is,
+        replayed on GPUs). One session at its position costs exactly decode_step(position)."""
+        at = self.session_positions(positions)
+        B = len(at)
+        if self.hw.cpu_only and B > 1:
+            # the runtime's batched CPU step (runtime/engine/batch_runner.py: compiled like the decode step, eager
+            # when that fails) runs one attention per session: its host cost per layer is not measured for B
+            # sessions (COMPILED_STEP_OPS_PER_LAYER and bench/count_ops.py are the solo step's)
+            raise ValueError(f"{B} sessions on the cpu-only spec {self.hw.name}: the batched CPU step's dispatch is "
+                             "not counted; bench/parallel_sessions.py measures it")
+        layers = sum(self.layer_seconds(*self.batched_split_layer(l, at, fixed_shape, grouped_hot))
+                     for l in range(len(self.layers)))
+        ops = self.step_ops_per_layer(1) if eager is None else None
+        return float(self.forward_time(layers, B, decode=True, eager=self.decode_is_eager() if eager is None else eager,
+                                       ops_per_layer=ops, head_tokens=B))
 
     def eager_prefill(self, n: int, threshold: int | None, position: int | None = None) -> float:
         """The dynamic model's forward: split-route up to the threshold, upload-once above it."""

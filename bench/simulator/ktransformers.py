@@ -36,6 +36,12 @@ from .formats import CHECKPOINT, with_weights
 from .policy import Forward, Policy, speculative_decode, split_pass, static_decode, upload_pass
 
 DOCUMENTED_THRESHOLD = 4096   # --kt-gpu-prefill-token-threshold in its DeepSeek-V4-Flash tutorial (PUBLISHED.md)
+# How that tutorial (kvcache-ai/ktransformers doc/en/DeepSeek-V4-Flash.md) batches requests: since commit 37db9a3b
+# (2026-05-09; still so at 95009ea6, 2026-08-21) `--max-running-requests 2` with CUDA graphs captured for batch 1
+# only (`--cuda-graph-bs 1 --cuda-graph-max-bs 1`), so two requests decode in an eager forward; its first recipe
+# (8x RTX 5090, to commit c465557c) ran 4 at a time with graphs for 1, 2 and 4 (`--cuda-graph-bs 1 2 4`).
+RECIPE_MAX_RUNNING, RECIPE_GRAPH_BATCHES = 2, (1,)
+FIRST_RECIPE_MAX_RUNNING, FIRST_RECIPE_GRAPH_BATCHES = 4, (1, 2, 4)
 DOCUMENTED = "KTransformers (its DSV4 recipe)"
 BEST_DOCUMENTED = "KTransformers + frequency GPU experts"
 HYPOTHETICAL = "(hypothetical)"   # the mark of a variant with a feature its DeepSeek-V4 recipe lacks
@@ -78,6 +84,8 @@ def kt_cost(cost: CostModel, kernel=None) -> CostModel:
 class KTransformers(Policy):
     name = "KTransformers"
     weights = CHECKPOINT.name
+    max_running = RECIPE_MAX_RUNNING          # --max-running-requests
+    graph_batches = RECIPE_GRAPH_BATCHES      # --cuda-graph-bs: the batch sizes decoded by a captured graph
 
     def __init__(self, cost: CostModel, threshold: int, gpu_experts: np.ndarray | None = None, kernel=None,
                  reuses_prefix: bool = False, name: str | None = None, mtp: tuple[float, int] | None = None):
@@ -101,6 +109,27 @@ class KTransformers(Policy):
         other.mtp, other.name = (acceptance, depth), name or f"{self.name} + MTP"
         other._draft_s = with_gpu_set(self.cost, self.gpu).mtp_draft()
         return other
+
+    def with_batching(self, max_running: int, graph_batches: tuple[int, ...], name: str | None = None) -> KTransformers:
+        """The same system serving with `--max-running-requests max_running --cuda-graph-bs *graph_batches`."""
+        other = copy.copy(self)
+        other.max_running, other.graph_batches, other.name = max_running, tuple(graph_batches), name or self.name
+        return other
+
+    def batched_step(self, sessions: int, position: int) -> float:
+        """SGLang's decode batch: its running requests' tokens in one forward, the dense parts and the GPU experts
+        once over the batch (its fused MoE groups the routes by expert: each distinct GPU expert read once),
+        kt-kernel the batch's cold routes over their distinct experts, each request's paged attention over the rows
+        visible to it. A captured graph serves a batch no larger than its largest captured size (SGLang pads up to
+        the next captured size; the padding is not priced); a larger batch runs eagerly, dispatched op by op
+        (UNFUSED_EAGER_OPS_PER_LAYER, as its prefill)."""
+        if not 1 <= sessions <= self.max_running:
+            raise ValueError(f"{self.name}: {sessions} sessions decoding at once; it runs 1 to {self.max_running}")
+        if self.mtp is not None:
+            raise ValueError(f"{self.name}: speculative decoding of several sessions at once is not modeled")
+        eager = None if sessions <= max(self.graph_batches) else True
+        return with_gpu_set(self.cost, self.gpu).batched_decode_step([position] * sessions, fixed_shape=False,
+                                                                    grouped_hot=True, eager=eager)
 
     def resident(self) -> np.ndarray:
         return self.gpu

@@ -53,19 +53,20 @@ class LayerPlacement(Policy):
         super().__init__(gguf_cost(cost, kernel))
         self.gpu_layers = gpu_layers
 
-    def _layer(self, l: int, n: int, touched: int, routes: float, position=0) -> tuple[float, float, float, float]:
+    def _layer(self, l: int, n: int, touched: int, routes: float, position=0,
+               slots: np.ndarray | None = None) -> tuple[float, float, float, float]:
         """(seconds, gpu experts s, host experts s, upload s) of layer l, n tokens after `position` (an array of
-        positions: the seconds an array)."""
+        positions: the seconds an array); `slots`: the n tokens are n slots' one each, slot i after slots[i]."""
         c = self.cost
         if l < self.gpu_layers:
             g = c.gpu_experts_time(touched, routes)
-            return c.attention_time(l, n, position) + g, g, 0.0, 0.0
+            return _dense(c, l, n, position, slots) + g, g, 0.0, 0.0
         if n >= OP_OFFLOAD_MIN_BATCH and not c.hw.cpu_only:  # op offload: weights cross, then the GPU computes
             u = c.upload_time(touched, extra_bytes=c.layers[l].dense_bytes)
             g = c.gpu_experts_time(touched, routes)
-            return u + c.attention_time(l, n, position) + g, g, 0.0, u
+            return u + _dense(c, l, n, position, slots) + g, g, 0.0, u
         h = c.host_experts_time(touched, routes)
-        return c.attention_time(l, n, position, on_host=True) + h, 0.0, h, 0.0
+        return _dense(c, l, n, position, slots, on_host=True) + h, 0.0, h, 0.0
 
     def prefill(self, counts: np.ndarray, n: int, position: int = 0) -> Forward:
         parts = np.array([self._layer(l, n, int((counts[l] > 0).sum()), float(counts[l].sum()), position)
@@ -77,6 +78,9 @@ class LayerPlacement(Policy):
 
     def decode(self, ids: np.ndarray, position: int = 0) -> tuple[np.ndarray, Forward]:
         return _whole_layer_decode(self, ids, position)   # routing does not change the step
+
+    def batched_step(self, sessions: int, position: int) -> float:
+        return _slots_step(self, sessions, position)
 
 
 class CpuExperts(Policy):
@@ -91,20 +95,21 @@ class CpuExperts(Policy):
         if self.n_cpu_moe < self.L:
             self.name = f"llama.cpp --n-cpu-moe {self.n_cpu_moe}"
 
-    def _layer(self, l: int, n: int, touched: int, routes: float, position=0) -> tuple[float, float, float, float]:
+    def _layer(self, l: int, n: int, touched: int, routes: float, position=0,
+               slots: np.ndarray | None = None) -> tuple[float, float, float, float]:
         """(seconds, gpu experts s, host experts s, upload s) of layer l, n tokens after `position` (an array of
         positions: the seconds an array): its dense part on the GPU, then its experts on the host, or (op
         offload) uploaded and computed on the GPU, or (a layer past --n-cpu-moe) computed where they live, on the
-        GPU."""
+        GPU. `slots`: the n tokens are n slots' one each, slot i after slots[i]."""
         c = self.cost
         if l >= self.n_cpu_moe:
             g = c.gpu_experts_time(touched, routes)
-            return c.attention_time(l, n, position) + g, g, 0.0, 0.0
+            return _dense(c, l, n, position, slots) + g, g, 0.0, 0.0
         if n >= OP_OFFLOAD_MIN_BATCH:
             u, g = c.upload_time(touched), c.gpu_experts_time(touched, routes)
-            return c.attention_time(l, n, position) + u + g, g, 0.0, u
+            return _dense(c, l, n, position, slots) + u + g, g, 0.0, u
         h = c.cpu_experts_time(n, touched, routes)
-        return c.attention_time(l, n, position) + h, 0.0, h, 0.0
+        return _dense(c, l, n, position, slots) + h, 0.0, h, 0.0
 
     def prefill(self, counts: np.ndarray, n: int, position: int = 0) -> Forward:
         parts = np.array([self._layer(l, n, int((counts[l] > 0).sum()), float(counts[l].sum()), position)
@@ -115,6 +120,29 @@ class CpuExperts(Policy):
 
     def decode(self, ids: np.ndarray, position: int = 0) -> tuple[np.ndarray, Forward]:
         return _whole_layer_decode(self, ids, position)   # every step: k experts per layer on the host
+
+    def batched_step(self, sessions: int, position: int) -> float:
+        return _slots_step(self, sessions, position)
+
+
+def _dense(c: CostModel, l: int, n: int, position, slots: np.ndarray | None, on_host: bool = False):
+    """Layer l's dense part: n tokens of one sequence after `position`, or n slots' one each (`slots`)."""
+    if slots is None:
+        return c.attention_time(l, n, position, on_host=on_host)
+    return c.batched_attention_time(l, slots, on_host=on_host)
+
+
+def _slots_step(p, sessions: int, position: int) -> float:
+    """Expected seconds of one llama-server decode step with `sessions` slots decoding (`--parallel N`, continuous
+    batching: every slot's next token in one llama_decode batch, tools/server/README.md), all after `position`:
+    the weights read once for the batch (ggml's mul_mat_id computes each distinct expert of the batch once, over
+    its rows), each slot's attention over the rows visible to it (p._layer with `slots`)."""
+    c, slots = p.cost, np.full(sessions, position)
+    total = 0.0
+    for l in range(p.L):
+        touched = c.distinct(l, sessions, True) + c.distinct(l, sessions, False)
+        total += float(p._layer(l, sessions, touched, float(sessions * p.k), slots=slots)[0])
+    return total + c.forward_overheads(sessions, decode=True, head_tokens=sessions)
 
 
 def _whole_layer_decode(p, ids: np.ndarray, position: int) -> tuple[np.ndarray, Forward]:

@@ -50,6 +50,14 @@ class Ostinato(Policy):
     def resident(self) -> np.ndarray:
         return self.hot
 
+    def batched_step(self, sessions: int, position: int) -> float:
+        """The runtime's batched decode step (runtime/model/static_decode/batch_step.py), as the cost model prices it
+        (CostModel.batched_decode_step): fixed-shape, one captured graph per batch size and GPU (op by op without
+        `decode_graphs`). Speculation in a batch is not modeled."""
+        if self.mtp_acceptance is not None:
+            raise ValueError(f"{self.name}: speculative decoding of several sessions at once is not modeled")
+        return self.cost.batched_decode_step([position] * sessions, eager=None if self.decode_graphs else True)
+
     def decode(self, ids: np.ndarray, position: int = 0) -> tuple[np.ndarray, Forward]:
         eager = None if self.decode_graphs else True
         if self.mtp_acceptance is None:

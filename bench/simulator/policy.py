@@ -38,6 +38,7 @@ class Policy:
     """A system's rule for where each route runs. Subclasses cite the documented rule they follow."""
     name = "policy"
     reuses_prefix = True   # False: the server keeps no prefix cache, so every turn prefills the whole context
+    max_running: int | None = None   # sessions decoding at once at most (None: no limit); more wait in a queue
 
     def __init__(self, cost: CostModel):
         self.cost = cost
@@ -55,6 +56,16 @@ class Policy:
         """Decode steps routed as `ids`, the first after `position` tokens already in the session, each one
         token further on."""
         raise NotImplementedError
+
+    def running(self, sessions: int) -> int:
+        """How many of `sessions` concurrent sessions decode together in one step; the rest wait in its queue
+        (max_running: None, as many as there are)."""
+        return sessions if self.max_running is None else min(sessions, self.max_running)
+
+    def batched_step(self, sessions: int, position: int) -> float:
+        """Expected seconds of one decode step in which `sessions` running sessions, all after `position` tokens,
+        decode one token each, routed by expectation (CostModel.distinct: the distinct experts their tokens touch)."""
+        raise NotImplementedError(f"{self.name}: decoding several sessions at once is not modeled")
 
     def resident(self) -> np.ndarray | None:
         """[L, E] bool: the experts resident on the GPUs now (the hot share of a turn is its routes to them);
