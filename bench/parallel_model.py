@@ -137,8 +137,7 @@ class Holdback:
     hot: tuple[float, float]            # the batch's hot reads (one per route) and its distinct hot experts, a layer
     grouped_aggregate: float            # tok/s if the hot kernel read each distinct hot expert of the step once
     hot_share: tuple[float, float]      # routes on hot experts, the plan for one session's and the batch's
-    sized: tuple[float, float]          # aggregate tok/s of one session and the batch with position-sized steps
-    sized_context: int                  # the decode context those steps read at the position
+    step_context: int                   # the decode context the steps read at the position (a step per context)
     context: int
 
     @property
@@ -162,10 +161,7 @@ def holdback(preset: str = VERDICT_PRESET, sessions: int = VERDICT_SESSIONS) -> 
                     (mean(lambda l: c.distinct(l, sessions, False)), mean(lambda l: c.routes(l, sessions, False))),
                     (mean(lambda l: sessions * c.distinct(l, 1, True)), mean(lambda l: c.distinct(l, sessions, True))),
                     sessions / c.batched_decode_step([at] * sessions, grouped_hot=True),
-                    (one.cost.hot_share(), c.hot_share()),
-                    (1 / one.cost.with_position_sized_decode().batched_decode_step([at]),
-                     sessions / c.with_position_sized_decode().batched_decode_step([at] * sessions)),
-                    c.with_position_sized_decode().step_context(1, at), c.context)
+                    (one.cost.hot_share(), c.hot_share()), c.step_context(1, at), c.context)
 
 
 def verdict(h: Holdback, preset: str = VERDICT_PRESET) -> str:
@@ -182,8 +178,8 @@ def verdict(h: Holdback, preset: str = VERDICT_PRESET) -> str:
         head,
         f" A step of {h.sessions} takes {ms(h.steps[1])} ms against {ms(h.steps[0])} ms for one.",
         f" The layers' dense parts before their experts grow from {ms(h.before[0])} to {ms(h.before[1])} ms: their "
-        "weights are read once, but each session's attention and indexer read the fixed-shape step's buffers of the "
-        f"plan's whole {h.context:,d}-token context whatever its position "
+        "weights are read once, but each session's attention and indexer read its own rows, those of the "
+        f"{h.step_context:,d}-token decode step that holds its position (of the plan's {h.context:,d}) "
         f"({ms((h.before[1] - h.before[0]) / (h.sessions - 1))} ms more a session).",
         f" The expert sides grow from {ms(h.experts[0])} to {ms(h.experts[1])} ms: the plan for {h.sessions} sessions "
         f"keeps {h.hot_share[1]:.1%} of routes on hot experts against {h.hot_share[0]:.1%} for one (each session's "
@@ -193,10 +189,6 @@ def verdict(h: Holdback, preset: str = VERDICT_PRESET) -> str:
         f"its expert ({h.hot[0]:.1f} reads a layer for {h.hot[1]:.1f} distinct hot experts; a hot kernel grouping "
         f"the step's routes by expert would give {h.grouped_aggregate:.1f} tok/s{hidden}).",
         f" {which}.",
-        " With decode steps sized to the position instead (a step per context of buckets.decode_contexts, as the "
-        "CPU engine has, captured per context and batch size: not built for GPUs), each session's attention would "
-        f"read a {h.sized_context:,d}-token step's rows: {h.sized[0]:.1f} tok/s for one session, {h.sized[1]:.1f} "
-        f"for {h.sessions} ({h.sized[1] / h.sized[0]:.2f}x).",
     ]
     return "".join(parts)
 
@@ -229,8 +221,9 @@ def render() -> str:
                else f"{OURS}'s rates for all")
             + ". Each system runs on the plan compiled for the sessions it holds (`--sessions N`: their KV caches "
             "and Ostinato's step states take GPU memory from the hot experts; the baselines get the same GPU memory "
-            "for theirs). Ostinato: one fixed-shape step per batch size, a graph per GPU captured at the plan's "
-            "context (runtime/engine/batch_runner.py). KTransformers as its DeepSeek-V4-Flash recipe serves: 2 "
+            "for theirs). Ostinato: one fixed-shape step per batch size and decode context, a graph per GPU, "
+            "reading the rows of the smallest context that holds the furthest session (runtime/engine/"
+            "batch_runner.py). KTransformers as its DeepSeek-V4-Flash recipe serves: 2 "
             "requests at a time with a graph for batch 1 only, so two decode in an eager forward, priced at its op "
             f"dispatch like its prefill ({UNFUSED_EAGER_OPS_PER_LAYER} ops a layer x "
             f"{1e6 * spec.host.op_dispatch_s:.0f} us, both estimates: {1e3 * dispatch:.0f} ms a step on both "

@@ -35,9 +35,9 @@ head_dim FLOP per key and query (q.k and p.v). Which rows exist depends on how t
   (runtime/model/attention.py's own rule; another system's kernels are priced at the picks alone,
   with_csa_picks_only);
 - a fixed-shape step (the decode step, bucket and verify steps: runtime/model/static_decode) reads and
-  scores every row its buffers hold, ceil(context / ratio), masked past the position: on GPUs the one
-  captured step per size, sized to the plan's context whatever the position; on a cpu-only spec the decode
-  step of the smallest of buckets.decode_contexts that holds the position (step_context).
+  scores every row its buffers hold, ceil(context / ratio), masked past the position: the decode step of the
+  smallest of buckets.decode_contexts that holds the position (compiled per context on the CPU, captured per
+  context on GPUs), every other step (buckets, verify: one per size) the plan's context (step_context).
 `position` None (every method's default) is the end of the plan's context (context - n, at least 0): the
 most a forward of n tokens costs within the plan, the bound the plan's predictions state. The session
 simulator passes each turn's real position.
@@ -127,8 +127,8 @@ COMPILED_STEP_OPS_PER_LAYER = 37
 UNFUSED_EAGER_OPS_PER_LAYER = 600
 MTP_ACCEPTANCE = 0.9  # draft acceptance until real weights say otherwise: KTransformers' published figure for
                       # V4-Flash's MTP block (PUBLISHED.md); plans predict speculation at it unless their
-                      # recorded profile measured the block's own (compiler/passes/speculation.py, MIN_MEASURED_DRAFTS); the
-                      # simulator always
+                      # recorded profile measured the block's own (compiler/passes/speculation.py,
+                      # MIN_MEASURED_DRAFTS); the simulator always
 MAX_BUCKET = 256  # the largest prefill bucket the compiler considers (its graph pool: 172 MB on V4-Flash)
 # A dynamic forward's CSA layer scores every compressed row and masks the unpicked ones while rows x heads <=
 # this x picks x head_dim, else gathers each query's picks: runtime/model/attention.py's CSA_DENSE_MAX_RATIO
@@ -267,7 +267,6 @@ class CostModel:
         self.eager_ops_per_layer = EAGER_OPS_PER_LAYER
         self.csa_dense_max_ratio = CSA_DENSE_MAX_RATIO   # the runtime's rule (attention_work)
         self.indexer_materializes = True   # the runtime's indexer writes its score tensors (indexer_bytes)
-        self.position_sized_decode = False  # GPUs' decode steps per decode context (with_position_sized_decode)
         k = cfg.num_experts_per_tok
         self.expert_flops = EXPERT_FLOPS_PER_TOKEN_FACTOR * cfg.hidden_size * cfg.moe_intermediate_size
         self._q = [np.minimum(1.0, k * l.share) for l in layers]
@@ -299,10 +298,9 @@ class CostModel:
 
     def step_context(self, T: int, position: int | None = None) -> int:
         """The context whose rows a fixed-shape step of T tokens at `position` reads (runtime/engine/step_runner.py):
-        on a cpu-only spec the decode step (T = 1) of the smallest of buckets.decode_contexts that holds the
-        token (with_position_sized_decode: on GPUs too); every other step (GPUs capture one per size) the plan's
-        context."""
-        if T == 1 and (self.hw.cpu_only or self.position_sized_decode):
+        the decode step (T = 1) of the smallest of buckets.decode_contexts that holds the token (compiled per
+        context on the CPU, captured per context on GPUs); every other step (one per size) the plan's context."""
+        if T == 1:
             after = self.at(1, position) + 1
             return next((c for c in decode_contexts(self.context) if after <= c), self.context)
         return self.context
@@ -467,14 +465,6 @@ class CostModel:
         other.indexer_materializes = False
         return other
 
-    def with_position_sized_decode(self) -> CostModel:
-        """The same model for a runtime whose GPUs capture a decode step for each of buckets.decode_contexts and
-        replay the smallest that holds the position, as the CPU engine compiles one per context (step_context): a
-        what-if, the runtime's GPUs capture one step sized to the plan's context."""
-        other = copy.copy(self)
-        other.position_sized_decode = True
-        return other
-
     def with_eager_ops(self, ops_per_layer: int) -> CostModel:
         """The same model for a system that dispatches `ops_per_layer` ops per layer-forward."""
         other = copy.copy(self)
@@ -566,11 +556,13 @@ class CostModel:
                                     on_host: bool = False) -> float:
         """before_experts_time of a step of B sessions' tokens, one each, session b after positions[b]: the dense
         weights read once for the B tokens, each session's attention and indexer against its own KV rows, those of
-        a fixed-shape step (step_context(1, its position)) or, not `fixed_shape`, the rows visible to it."""
+        a fixed-shape step or, not `fixed_shape`, the rows visible to it. The runtime's batched step reads one
+        decode context for the whole batch (runtime/engine/batch_runner.py): the one its furthest session needs."""
         l = self.layers[layer]
         shared_bytes, shared_params = self._shared[layer]
         at = self.session_positions(positions)
-        rows = np.array([self.step_context(1, int(p)) for p in at]) if fixed_shape else at + 1   # [B]
+        context = max(self.step_context(1, int(p)) for p in at)
+        rows = np.full(len(at), context) if fixed_shape else at + 1   # [B]
         return float(self._dense_time(layer, l.dense_bytes - shared_bytes, l.dense_params - shared_params, 1, rows,
                                       fixed_shape, on_host, per_session=True))
 

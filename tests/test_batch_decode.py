@@ -144,8 +144,10 @@ def test_a_batch_step_refuses_slots_it_cannot_run(engine4):
 
 @pytest.mark.slow  # an engine of its own, its steps run through the capture path
 def test_the_batch_steps_are_captured_at_load_and_stay_exact(compiled, tiny_ckpt, monkeypatch):
-    """The capture path, run on the CPU (as a GPU engine runs it): every batch size's step is captured at load,
-    at the plan's context only, and decoding through the captured steps gives the solo tokens."""
+    """The capture path, run on the CPU (as a GPU engine runs it): the solo decode step of every decode context and
+    every batch size's step at the smallest context are captured at load, a larger context's when a batch first
+    reaches it, and decoding through the captured steps gives the solo tokens."""
+    from ostinato.buckets import decode_contexts
     from ostinato.runtime.engine import decode_graphs, step_runner
 
     captured = []
@@ -155,19 +157,25 @@ def test_the_batch_steps_are_captured_at_load_and_stay_exact(compiled, tiny_ckpt
                             (type(self.step).__name__, self.step.tokens, self.step.context)), real(self))[-1])
     engine = _engine(compiled, tiny_ckpt, 3)
     try:
-        context = engine.plan.policy.context
-        assert {("BatchStep", 2, context), ("BatchStep", 3, context)} <= set(captured)
+        contexts = decode_contexts(engine.plan.policy.context)
+        assert len(contexts) > 1 and {("StaticStep", 1, c) for c in contexts} <= set(captured)
+        assert {("BatchStep", 2, contexts[0]), ("BatchStep", 3, contexts[0])} <= set(captured)
         n = len(captured)
         prompts = _prompts(3, seed=21)
         runs = [Greedy(engine, p) for p in prompts]
         for _ in range(6):
             together(*runs)
-        alone = [Greedy(engine, p) for p in prompts]
-        for r in alone:
-            for _ in range(6):
+        assert len(captured) == n  # nothing captured while the batch stays within the smallest context
+        runs.append(Greedy(engine, [(5 * i) % 1000 + 2 for i in range(contexts[0] + 3)]))  # past it
+        for _ in range(3):
+            together(*runs[1:])
+        assert captured[n:] == [("BatchStep", 3, contexts[1])]  # that batch size at the next context, once
+        alone = [Greedy(engine, p) for p in prompts] + [Greedy(engine, [(5 * i) % 1000 + 2
+                                                                          for i in range(contexts[0] + 3)])]
+        for r, n_steps in zip(alone, (6, 9, 9, 3)):
+            for _ in range(n_steps):
                 r.alone()
         assert [r.tokens for r in runs] == [r.tokens for r in alone]
-        assert len(captured) == n  # nothing captured while serving
     finally:
         engine.close()
 

@@ -115,13 +115,15 @@ def test_the_dense_csa_rule_is_the_runtimes_and_only_the_runtimes():
 
 
 def test_a_fixed_shape_step_reads_its_buffers_rows_whatever_the_position():
-    """On GPUs the decode step is one captured graph sized to the plan's context: it scores every row of its
-    buffers at any position (runtime/model/static_decode). On a cpu-only spec the engine decodes with the step
-    of the smallest context that holds the token (buckets.decode_contexts): at 1,000 the 1,024-token step, at
-    131,072 the plan's, and the difference is those steps' rows (float32 rows there)."""
+    """A fixed-shape step scores every row of its buffers at any position (runtime/model/static_decode): the engine
+    decodes with the step of the smallest context that holds the token (buckets.decode_contexts; compiled per
+    context on the CPU, captured per context on GPUs): at 1,000 the 1,024-token step, at 131,072 the plan's, and
+    the difference is those steps' rows (float32 rows on a cpu-only spec). Within one step's context the position
+    changes nothing; the buckets and the verify step read the plan's whole context."""
     gpu = v4_cost("rtx4090d-x4", "fp8")
-    assert gpu.decode_step(1000) == gpu.decode_step(131_072) == gpu.decode_step()
-    assert gpu.step_context(1, 1000) == CONTEXT
+    assert gpu.decode_step(70_000) == gpu.decode_step(131_072) == gpu.decode_step()  # all within the plan's step
+    assert gpu.decode_step(1000) < gpu.decode_step(20_000) < gpu.decode_step()
+    assert (gpu.step_context(1, 1000), gpu.step_context(2, 1000)) == (1024, CONTEXT)
     cpu = v4_cost("cpu-only", "float32")
     assert cpu.dense_format == "float32" and cpu.kv_element_bytes == 4
     assert (cpu.step_context(1, 1000), cpu.step_context(1, 131_072), cpu.step_context(2, 1000)) == (1024, CONTEXT,
@@ -236,7 +238,8 @@ def test_the_simulator_passes_each_turns_position_to_every_system():
 
 def test_a_dynamic_decode_in_the_simulator_costs_more_later_and_a_fixed_step_does_not():
     """static_decode at a later position: the baselines' dynamic steps read more rows; Ostinato's captured
-    step (fixed_shape, on GPUs) reads its buffers' either way. llama.cpp's whole layers too."""
+    steps (fixed_shape, on GPUs) read the buffers of the decode context that holds the position: more rows
+    later too, the same within one context. llama.cpp's whole layers too."""
     c = v4_cost("rtx4090d-x4", "fp8")
     E = c.cfg.n_routed_experts
     gpu = np.zeros((c.cfg.n_layers, E), dtype=bool)
@@ -246,6 +249,8 @@ def test_a_dynamic_decode_in_the_simulator_costs_more_later_and_a_fixed_step_doe
     assert np.all(late > early) and np.all(np.diff(late) >= 0)
     fixed_early, _ = static_decode(c, gpu, ids, position=1000, fixed_shape=True)
     fixed_late, _ = static_decode(c, gpu, ids, position=131_072, fixed_shape=True)
-    assert fixed_early == pytest.approx(fixed_late) and fixed_late[0] == pytest.approx(c.decode_step())
+    fixed_after, _ = static_decode(c, gpu, ids, position=100_000, fixed_shape=True)  # the same 262,144-token step
+    assert np.all(fixed_early < fixed_late) and fixed_after == pytest.approx(fixed_late)
+    assert fixed_early[0] == pytest.approx(c.decode_step(1000)) and fixed_late[0] == pytest.approx(c.decode_step())
     llama = CpuExperts(c)
     assert np.all(llama.decode(ids, 131_072)[0] > llama.decode(ids, 1000)[0])

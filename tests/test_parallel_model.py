@@ -83,15 +83,16 @@ def test_each_session_reads_its_own_rows_at_its_own_position():
     assert c.batched_before_experts_time(0, [None]) == c.before_experts_time(0, 1, step_context=12800)
 
 
-def test_position_sized_decode_steps_read_the_smallest_decode_context_on_gpus():
-    """The what-if the verdict prices: GPUs' decode steps sized as the CPU engine's (buckets.decode_contexts)."""
+def test_decode_steps_read_the_smallest_decode_context_that_holds_the_position():
+    """A decode step per context of buckets.decode_contexts (compiled on the CPU, captured on GPUs): each position
+    reads the smallest that holds it; other steps and a batch's sessions read one context, the furthest's."""
     from ostinato.buckets import decode_contexts
     c = cost(ratio=128, context=262144)
-    sized = c.with_position_sized_decode()
     assert decode_contexts(262144)[:3] == [1024, 4096, 16384]
-    assert [sized.step_context(1, p) for p in (0, 1023, 1024, 20282, None)] == [1024, 1024, 4096, 65536, 262144]
-    assert c.step_context(1, 20282) == sized.step_context(2, 20282) == 262144     # the model itself, and buckets
-    assert sized.batched_decode_step([1000, 20282]) < c.batched_decode_step([1000, 20282])
+    assert [c.step_context(1, p) for p in (0, 1023, 1024, 20282, None)] == [1024, 1024, 4096, 65536, 262144]
+    assert c.step_context(2, 20282) == 262144     # buckets and the verify step: one per size
+    assert c.batched_before_experts_time(0, [1000, 20282]) == c.batched_before_experts_time(0, [20282, 20282])
+    assert c.batched_decode_step([1000, 1000]) < c.batched_decode_step([1000, 20282])
 
 
 def test_bad_batches_are_refused_naming_the_value():
@@ -244,6 +245,6 @@ def test_the_tables_plans_and_the_verdict():
     h = pm.holdback()
     assert h.ratio == pytest.approx(cs[2].aggregate / cs[0].aggregate, rel=1e-12)
     assert h.hot_share[1] < h.hot_share[0]           # four sessions' KV caches take hot experts' memory
-    assert h.sized[1] / h.sized[0] > h.ratio and h.sized_context < h.context
+    assert h.step_context < h.context               # the step that holds the position, not the whole context
     _, kt = pm.cells("rtx4090d-x4", pm._kt)
     assert [c.running for c in kt] == [1, 2, 2, 2] and kt[2].aggregate == kt[3].aggregate

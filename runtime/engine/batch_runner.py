@@ -18,11 +18,11 @@ each session's own routes (re-placement follows the session whose turn ended, ad
 from the step's route buffer, row by row. A speculating session's drafter follows the batched tokens too
 (their residual streams), so it drafts again as soon as the session decodes alone.
 
-Each batch size's step is built before it first runs, as the runner's decode step: on the CPU compiled into one
-call per context (engine/cpu_step.py), on GPUs captured as a CUDA graph per segment at the plan's context
-(decode_graphs.py; the smaller contexts would each be another capture), in the runner's graph pool: steps
-never run at the same time. `build()` builds every size at load; a larger context's compile waits for a
-batch that needs it.
+Each batch size's step is built before it first runs, as the runner's decode steps are: per decode context, on
+the CPU compiled into one call (engine/cpu_step.py), on GPUs captured as a CUDA graph per segment
+(decode_graphs.py), in the runner's graph pool (steps never run at the same time). `build()` builds every size
+at the smallest context at load; a larger context's step is built when a batch first needs it, between two steps
+(a compile takes a minute the first time, a capture about a second).
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ class BatchRunner:
         self.steps = {B: BatchStep(self.slots[:B]) for B in range(2, slots + 1)}  # a batch of B: the first B slots
         self.graphs: dict[tuple[int, int], SegmentGraphs] = {}  # (B, context) -> its step (built when first run)
         self.compiled = runner.cpu_step == "compiled"  # CPU segments compiled into one call each
-        self.captured = runner.use_graphs  # GPU segments captured as CUDA graphs (one context: the plan's)
+        self.captured = runner.use_graphs  # GPU segments captured as CUDA graphs
         self.pool = runner.pool  # the steps never run at the same time: one pool
         self.note = ""  # why batches run eagerly after a compile failed ("": they do not, or none was tried)
         self.steps_run = dict.fromkeys(self.steps, 0)  # batch size -> batched steps run (the server's metrics)

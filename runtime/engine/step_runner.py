@@ -24,11 +24,11 @@ as the MTP block's fixed-shape steps of 1 and 2 pairs (static_decode/mtp_step.py
 others), on one MTP state lent to one drafter at a time as the main state is lent to sessions
 (`draft()`, `release_drafter()`).
 
-An engine without GPU segments decodes each position with the step of the smallest context that holds it
-(`decode_steps`: the plan's context divided by powers of 4, buckets.decode_contexts; StaticStep.within):
-the same buffers, but attention and the indexer read the compressed rows of that context, not of the
-plan's whole one (8,192 tokens' 2,048 CSA rows where a session holds 600 tokens' 150). On GPUs the decode step
-stays one (each context's step would be another capture).
+Each position decodes with the step of the smallest context that holds it (`decode_steps`: the plan's context
+divided by powers of 4, buckets.decode_contexts; StaticStep.within): the same buffers, but attention and the
+indexer read the compressed rows of that context, not of the plan's whole one (8,192 tokens' 2,048 CSA rows where
+a session holds 600 tokens' 150; at an agent's 20k tokens of a 262,144-token plan, a quarter of them). On GPUs
+each context's decode step is captured at load (a graph per context, in the one pool: only one runs at a time).
 
 On GPUs each segment of each step is captured once as a CUDA graph (decode_graphs.py, all in one
 memory pool on one capture stream per device: the steps never run at the same time) and replayed; on
@@ -120,9 +120,9 @@ class StepRunner:
         contexts = list(decode_contexts or plan_decode_contexts(max_context))
         if contexts[-1] != max_context or contexts != sorted(set(contexts)) or contexts[0] < 1:
             raise ValueError(f"decode contexts {contexts}: ascending, each once, the last max_context={max_context}")
-        # (context, the decode step within it), ascending; GPU steps keep one (each would be another capture)
-        smaller = [] if on_gpu(self.step) else contexts[:-1]
-        self.decode_steps = [(c, SegmentGraphs(self.step.within(c))) for c in smaller] + [(max_context, self.graphs[1])]
+        # (context, the decode step within it), ascending: on GPUs each is captured (capture_graphs)
+        self.decode_steps = ([(c, SegmentGraphs(self.step.within(c), pool)) for c in contexts[:-1]]
+                             + [(max_context, self.graphs[1])])
         cpu = any(s.device.type == "cpu" for s in self.step.segments)
         self.cpu_step = cpu_step if cpu else "eager"
         # why the decode step runs eagerly on the CPU ("": it does not, or compile_cpu_step will say)
@@ -193,7 +193,8 @@ class StepRunner:
         for T, graphs in self.graphs.items():
             graphs.capture()
             on_step(T)
-        for graphs in (*self.draft_graphs.values(), *self.rollback_graphs.values()):
+        for graphs in (*(g for _, g in self.decode_steps[:-1]), *self.draft_graphs.values(),
+                       *self.rollback_graphs.values()):
             graphs.capture()
 
     @property
