@@ -25,14 +25,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from ostinato.chat_encodings import OFF
-
 from .chat_encoding import ChatOptions, ConversationError, encode, encode_chat, render_parts
 from .completions import Completions
 from .dsml import BLOCK_START, DSML, SEPARATOR
 from .errors import APIError, engine_error, http_error, server_busy
 from .events import ClientGone, Done, Failed, next_event
-from .fields import check_fields, flag
 from .logprobs import chat_entry
 from .messages_api import Messages
 from .metrics import Metrics
@@ -48,30 +45,12 @@ from .request_body import (
     read_json_sized,
     refuse_past_context,
 )
-from .sampling import Sampling, constraint_for
-from .stop import stop_sequences
+from .sampling import constraint_for
 from .tokens import TokenEndpoints
 from .tool_choice import tool_choice
 from .worker import Job, Worker, log
 
 RETRY_AFTER_S = 1   # told to clients turned away by a full queue
-
-
-def _thinking(body: dict) -> bool:
-    """Thinking mode: the `thinking` field where given; else on where reasoning_effort asks for an effort
-    (OpenAI's way to ask a reasoning model for one), off where it is "none" or absent."""
-    effort = body.get("reasoning_effort")
-    if effort == OFF:
-        return False
-    t = body.get("thinking", effort is not None)
-    if isinstance(t, dict):
-        t = t.get("type")
-        if t not in ("enabled", "disabled"):
-            raise APIError(400, "thinking.type must be 'enabled' or 'disabled'", "thinking")
-        return t == "enabled"
-    if not isinstance(t, bool):
-        raise APIError(400, "thinking must be a boolean or {'type': 'enabled'|'disabled'}", "thinking")
-    return t
 
 
 def structured_outputs(tokenizer, eos: int):
@@ -83,15 +62,6 @@ def structured_outputs(tokenizer, eos: int):
     except (ImportError, ValueError) as e:
         log.warning("structured output (response_format json) is off: %s", e)
         return None
-
-
-def _int(body, key, lo, default):
-    v = body.get(key, default)
-    if v is None:
-        return default
-    if not isinstance(v, int) or isinstance(v, bool) or v < lo:
-        raise APIError(400, f"{key} must be an integer >= {lo}, got {v!r}", key)
-    return v
 
 
 class Server:
@@ -107,6 +77,8 @@ class Server:
         self.cache = PrefixCache(engine.new_session, cache_sessions, keep_branches, session_store)
         self.worker = Worker(engine, self.cache, self.metrics, logits_hook, max_queue)
         self.constraints = structured_outputs(tokenizer, self.eos)  # None: response_format json is refused
+        # what the request models check against (fields.py's context()): this server's model and vocabulary
+        self.request_context = {"model": model_name, "vocab": engine.model.config.vocab_size}
 
     # -- request checking ---------------------------------------------------------------------------
     def _auth(self, request: Request) -> None:
@@ -129,15 +101,16 @@ class Server:
         self._auth(request)
         return await read_json(request, self.max_body_bytes)
 
-    def check_model(self, body: dict) -> None:
-        if body.get("model") != self.model_name:
-            raise APIError(404, f"model {body.get('model')!r} does not exist; this server has "
+    def check_model(self, model) -> None:
+        """A request's `model`: this server's one model, else a 404."""
+        if model != self.model_name:
+            raise APIError(404, f"model {model!r} does not exist; this server has "
                                 f"{self.model_name!r}", "model", "model_not_found")
 
-    def max_tokens(self, body: dict, prompt_tokens: int, param: str) -> int:
-        """The request's max_tokens (max_completion_tokens first), refused past the context."""
+    def max_tokens(self, max_tokens: int | None, prompt_tokens: int, param: str) -> int:
+        """The reply's token limit a request asks for (checked by its model; None: none asked), refused past the
+        context."""
         room = self.context - prompt_tokens
-        max_tokens = _int(body, "max_completion_tokens", 1, None) or _int(body, "max_tokens", 1, None)
         if room < 1 or (max_tokens is not None and max_tokens > room):
             raise APIError(400, f"this model's maximum context length is {self.context} tokens; the {param} "
                                 f"take {prompt_tokens} and max_tokens asks for {max_tokens or 1} more "
@@ -157,33 +130,25 @@ class Server:
             self.metrics.requests += 1
             self.metrics.errors += error
 
-    def _job(self, body: dict, emit) -> tuple[Job, ReplyBuilder]:
-        check_fields(body, ChatCompletionRequest)
-        self.check_model(body)
-        tools = body.get("tools") or []
-        if not isinstance(tools, list):
-            raise APIError(400, "tools must be a list", "tools")
+    def _job(self, body: dict, emit) -> tuple[ChatCompletionRequest, Job, ReplyBuilder]:
+        req = ChatCompletionRequest.check(body, context=self.request_context)  # every field checked here, once
         try:
-            effort = body.get("reasoning_effort")
-            if effort is not None and not isinstance(effort, str):
-                raise APIError(400, f"reasoning_effort must be a string, got {effort!r}", "reasoning_effort")
-            options = ChatOptions(_thinking(body), None if effort == OFF else effort, self.chat_encoding)
-            ids = encode_chat(self.tok, render_parts(body.get("messages"), tools, options))
+            options = ChatOptions(req.thinking_mode, req.effort, self.chat_encoding)
+            ids = encode_chat(self.tok, render_parts(req.messages, req.tools, options))
         except ConversationError as e:
             raise APIError(400, str(e), e.param) from None
-        banned, force, parse_tools = tool_choice(body.get("tool_choice"), tools, self.tok)
-        sampling = Sampling.from_body(body, self.engine.model.config.vocab_size, banned)
-        reply = ReplyBuilder(self.tok, self.eos, options.thinking, parse_tools, stop_sequences(body),
-                             flag(body, "parallel_tool_calls", True))
-        max_tokens = self.max_tokens(body, len(ids), "messages")
-        constraint = constraint_for(body, self.constraints, self.tok, options.thinking)  # last: may be costly
+        banned, force, parse_tools = tool_choice(req.tool_choice, req.tools, self.tok)
+        reply = ReplyBuilder(self.tok, self.eos, options.thinking, parse_tools, req.stops, req.parallel_tool_calls)
+        max_tokens = self.max_tokens(req.asked_tokens(), len(ids), "messages")
+        # last: may be costly
+        constraint = constraint_for(req.response_format, self.constraints, self.tok, options.thinking)
         forced: tuple[int, ...] = ()
         if force is not None and constraint is not None:
             raise APIError(400, "response_format json_object/json_schema cannot be combined with a tool_choice "
                                 "that forces a tool call", "response_format")
         if force is not None:
-            constraint, forced = self._forced_call(force, tools, options.thinking)
-        return Job(ids, max_tokens, emit, sampling, forced, constraint, reply.feed), reply
+            constraint, forced = self._forced_call(force, req.tools, options.thinking)
+        return req, Job(ids, max_tokens, emit, req.sampling(banned), forced, constraint, reply.feed), reply
 
     def _forced_call(self, force: str, tools: list, thinking: bool) -> tuple[object | None, tuple[int, ...]]:
         """(constraint, forced tokens) making the reply a valid DSML call of the named tool (of any tool for
@@ -200,11 +165,12 @@ class Server:
 
     # -- endpoints ------------------------------------------------------------------------------------
     async def accept(self, request: Request, make_job, anthropic: bool = False) -> tuple | Response:
-        """Check a request and queue its job: (body, job, reply, events), or the error response to send.
-        make_job(body, emit) -> (Job, reply) raises APIError for what it refuses. It runs in a thread: rendering
-        and tokenizing a long prompt take seconds, and /health and other clients must not wait for them
-        (the tokenizer releases the GIL in encode_batch, chat_encoding.encode). anthropic: errors in the
-        Messages API's shape.
+        """Check a request and queue its job: (its typed request, job, reply, events), or the error response to
+        send. make_job(body, emit) -> (typed request, Job, reply) raises APIError for what it refuses (the
+        body is parsed there, once, into its endpoint's model: openai_api/, anthropic_api/). It runs in a
+        thread: rendering and tokenizing a long prompt take seconds, and /health and other clients must not
+        wait for them (the tokenizer releases the GIL in encode_batch, chat_encoding.encode). anthropic: errors
+        in the Messages API's shape.
         The work is bounded before it starts: the request takes a queue slot (503 when none is free), a
         prompt whose text cannot fit the context by its bytes alone is refused untokenized, large bodies are
         prepared one at a time, and the memory their tokenizing took is given back (request_body.py)."""
@@ -218,7 +184,7 @@ class Server:
             await asyncio.to_thread(refuse_past_context, body, self.tok, self.context)
             loop, events = asyncio.get_running_loop(), asyncio.Queue()
             async with self.worker.large_lane if large else contextlib.nullcontext():
-                job, reply = await asyncio.to_thread(
+                req, job, reply = await asyncio.to_thread(
                     make_job, body, lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev))
             self.submit(job, reserved=True)
             reserved = False
@@ -231,17 +197,17 @@ class Server:
             if large:  # in a thread, not awaited: a trim takes ~0.1 s, and a cancelled task must not wait for it
                 asyncio.get_running_loop().run_in_executor(None, give_back_memory)
         self.count_request(error=False)
-        return body, job, reply, events
+        return req, job, reply, events
 
     async def chat(self, request: Request):
         got = await self.accept(request, self._job)
         if isinstance(got, Response):
             return got
-        body, job, reply, events = got
+        req, job, reply, events = got
         meta = {"id": "chatcmpl-" + uuid.uuid4().hex[:24], "created": int(time.time()), "model": self.model_name}
-        if body.get("stream"):
-            usage = bool((body.get("stream_options") or {}).get("include_usage"))
-            return StreamingResponse(self._stream(job, reply, events, meta, usage), media_type="text/event-stream")
+        if req.stream:
+            return StreamingResponse(self._stream(job, reply, events, meta, req.include_usage),
+                                     media_type="text/event-stream")
         return await self._whole(job, reply, events, meta, request)
 
     async def _whole(self, job, reply, events, meta, request):
@@ -341,7 +307,7 @@ class Server:
         """GET /v1/models/{id}: this server's one model, or 404 in the OpenAI shape."""
         try:
             self._auth(request)
-            self.check_model({"model": request.path_params["model_id"]})
+            self.check_model(request.path_params["model_id"])
         except APIError as e:
             return e.response()
         return JSONResponse(self._card())

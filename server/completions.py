@@ -20,28 +20,12 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from tokenizers.decoders import DecodeStream
 
 from .chat_encoding import encode
-from .errors import APIError, engine_error
+from .errors import engine_error
 from .events import ClientGone, Failed, Generated, next_event
-from .fields import check_fields, flag
 from .logprobs import legacy
 from .openai_api import CompletionRequest
-from .sampling import Sampling
-from .stop import StopMatcher, stop_sequences
+from .stop import StopMatcher
 from .worker import Job
-
-
-def _prompt_ids(prompt, tok, vocab: int) -> list[int]:
-    if isinstance(prompt, str):
-        return encode(tok, prompt)  # raw prompt: special tokens written in it are the client's (see tokens.py)
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        return _prompt_ids(prompt[0], tok, vocab)          # a batch of one prompt
-    if isinstance(prompt, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in prompt):
-        bad = [i for i in prompt if not 0 <= i < vocab]
-        if bad:
-            raise APIError(400, f"prompt token ids must be in [0, {vocab}); got {bad[:5]}", "prompt")
-        return list(prompt)
-    raise APIError(400, "prompt must be a string, a list of token ids, or a list holding one of them "
-                        "(batches of several prompts are not supported)", "prompt")
 
 
 @dataclass(frozen=True)
@@ -76,31 +60,26 @@ class Completions:
     def __init__(self, server):
         self.s = server
 
-    def job(self, body: dict, emit) -> tuple[Job, TextReply]:
+    def job(self, body: dict, emit) -> tuple[CompletionRequest, Job, TextReply]:
         s = self.s
-        check_fields(body, CompletionRequest)
-        s.check_model(body)
-        if body.get("prompt") in (None, "", []):
-            raise APIError(400, "prompt is required and must not be empty", "prompt")
-        vocab = s.engine.model.config.vocab_size
-        ids = _prompt_ids(body["prompt"], s.tok, vocab)
-        sampling = Sampling.from_body(body, vocab, legacy=True)  # logprobs: the legacy int 0..5
-        flag(body, "return_token_ids", False)
-        reply = TextReply(s.tok, stop_sequences(body))
-        return Job(ids, s.max_tokens(body, len(ids), "prompt"), emit, sampling, watch=reply.feed), reply
+        req = CompletionRequest.check(body, context=s.request_context)  # every field checked here, once
+        # raw text: special tokens written in it are the client's (see tokens.py)
+        ids = encode(s.tok, req.prompt) if isinstance(req.prompt, str) else req.prompt
+        reply = TextReply(s.tok, req.stops)
+        return req, Job(ids, s.max_tokens(req.asked_tokens(), len(ids), "prompt"), emit, req.sampling(),
+                        watch=reply.feed), reply
 
     async def handle(self, request: Request):
         s = self.s
         got = await s.accept(request, self.job)
         if isinstance(got, Response):
             return got
-        body, job, reply, events = got
+        req, job, reply, events = got
         meta = {"id": "cmpl-" + uuid.uuid4().hex[:24], "object": "text_completion", "created": int(time.time()),
                 "model": s.model_name}
-        ids_too = bool(body.get("return_token_ids"))
-        if body.get("stream"):
-            usage = bool((body.get("stream_options") or {}).get("include_usage"))
-            return StreamingResponse(self._stream(job, reply, events, meta, ids_too, usage),
+        ids_too = bool(req.return_token_ids)
+        if req.stream:
+            return StreamingResponse(self._stream(job, reply, events, meta, ids_too, req.include_usage),
                                      media_type="text/event-stream")
         return await self._whole(job, reply, events, meta, ids_too, request)
 

@@ -26,11 +26,12 @@ import uuid
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from .anthropic_api import CountTokensRequest, MessagesRequest
 from .chat_encoding import END_THINK, encode_chat
 from .errors import APIError, engine_error
 from .events import ClientGone, Done, Failed, Generated, Started, next_event
 from .messages_blocks import ContentBlocks, stop_reason
-from .messages_request import ChatRequest, parse_messages
+from .messages_request import ChatRequest, chat_request
 from .reply import ReplyBuilder
 from .sampling import Sampling
 from .tool_choice import tool_choice
@@ -53,43 +54,42 @@ class Messages:
     def _ids(self, req: ChatRequest) -> list[int]:
         return encode_chat(self.s.tok, req.prompt_parts())
 
-    def _sampling(self, body: dict, req: ChatRequest, banned) -> Sampling:
-        fields = {k: body[k] for k in ("temperature", "top_p", "top_k") if k in body}
-        sampling = Sampling.from_body(fields, self.s.engine.model.config.vocab_size, banned, max_temperature=1.0)
+    def _sampling(self, request: MessagesRequest, req: ChatRequest, banned) -> Sampling:
+        sampling = request.sampling(banned)
         if req.think_budget is None:
             return sampling
         return dataclasses.replace(sampling, think_budget=req.think_budget, end_think=self.s.tok.token_to_id(END_THINK))
 
-    def job(self, body: dict, emit) -> tuple[Job, ReplyBuilder]:
+    def job(self, body: dict, emit) -> tuple[MessagesRequest, Job, ReplyBuilder]:
         s = self.s
-        req = parse_messages(body, encoding=s.chat_encoding)
-        s.check_model(body)
+        request = MessagesRequest.check(body, context=s.request_context)  # every field checked here, once
+        req = chat_request(request, s.chat_encoding)
         ids = self._ids(req)
         banned, force, parse_tools = tool_choice(req.tool_choice, req.tools, s.tok)
-        sampling = self._sampling(body, req, banned)
+        sampling = self._sampling(request, req, banned)
         reply = ReplyBuilder(s.tok, s.eos, req.options.thinking, parse_tools, req.stops, req.parallel_tool_calls)
-        max_tokens = s.max_tokens({"max_tokens": body["max_tokens"]}, len(ids), "messages")
+        max_tokens = s.max_tokens(request.max_tokens, len(ids), "messages")
         constraint, forced = (None, ()) if force is None else s._forced_call(force, req.tools, req.options.thinking)
-        return Job(ids, max_tokens, emit, sampling, forced, constraint, reply.feed,
-                   started=lambda reused: emit(Started(reused))), reply
+        return request, Job(ids, max_tokens, emit, sampling, forced, constraint, reply.feed,
+                            started=lambda reused: emit(Started(reused))), reply
 
     # -- endpoints ----------------------------------------------------------------------------------------
     async def create(self, request: Request):
         got = await self.s.accept(request, self.job, anthropic=True)
         if isinstance(got, Response):
             return got
-        body, job, reply, events = got
+        parsed, job, reply, events = got
         meta = {"id": "msg_" + uuid.uuid4().hex[:24], "type": "message", "role": "assistant",
                 "model": self.s.model_name}
-        if body.get("stream"):
+        if parsed.stream:
             return StreamingResponse(self._stream(job, reply, events, meta), media_type="text/event-stream")
         return await self._whole(job, reply, events, meta, request)
 
     async def count_tokens(self, request: Request):
         """{"input_tokens": N}: the prompt the same request would prefill, tools and system included."""
         def count(body: dict) -> int:
-            req = parse_messages(body, count_only=True, encoding=self.s.chat_encoding)
-            self.s.check_model(body)
+            parsed = CountTokensRequest.check(body, context=self.s.request_context)  # every field, once
+            req = chat_request(parsed, self.s.chat_encoding)
             tool_choice(req.tool_choice, req.tools, self.s.tok)  # a named tool must exist, as for /v1/messages
             return len(self._ids(req))
         try:

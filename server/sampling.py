@@ -1,7 +1,7 @@
-"""Sampling: a request's sampling fields, checked once (a 400 naming the field), and the one place
-where a step's logits become a token.
+"""Sampling: a request's sampling fields (checked by its request model: openai_api/, anthropic_api/), and
+the one place where a step's logits become a token.
 
-    params = Sampling.from_body(body, vocab)          # on the event loop, before the job is queued
+    params = request.sampling(banned)                 # the request model's Sampling, before the job is queued
     sampler = Sampler(params, constraint)             # on the engine thread, one per job
     pick = sampler.pick(logits)                       # Pick(token, logprob, top)
     sampler.accept(pick.token)
@@ -42,39 +42,6 @@ LOGPROB_FLOOR = -9999.0        # JSON has no -inf: a token that could not be pic
 STRUCTURED = ("json_object", "json_schema")
 
 
-def _number(body: dict, key: str, lo: float, hi: float, default: float, lo_open: bool = False) -> float:
-    v = body.get(key)
-    if v is None:
-        return default
-    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and (v > lo if lo_open else v >= lo) and v <= hi
-    if not ok:
-        raise APIError(400, f"{key} must be a number in {'(' if lo_open else '['}{lo:g}, {hi:g}], got {v!r}", key)
-    return float(v)
-
-
-def _integer(body: dict, key: str, lo: int, hi: int) -> int | None:
-    v = body.get(key)
-    if v is not None and (not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi):
-        raise APIError(400, f"{key} must be an integer in [{lo}, {hi}], got {v!r}", key)
-    return v
-
-
-def _logit_bias(body: dict, vocab: int) -> tuple[tuple[int, float], ...]:
-    bias = body.get("logit_bias")
-    if bias is None:
-        return ()
-    if not isinstance(bias, dict):
-        raise APIError(400, "logit_bias must be an object mapping token ids (as strings) to numbers", "logit_bias")
-    out = []
-    for key, v in bias.items():
-        if not (isinstance(key, str) and key.isascii() and key.isdigit() and int(key) < vocab):
-            raise APIError(400, f"logit_bias key {key!r} is not a token id in [0, {vocab})", "logit_bias")
-        if not isinstance(v, (int, float)) or isinstance(v, bool) or not -100 <= v <= 100:
-            raise APIError(400, f"logit_bias[{key!r}] must be a number in [-100, 100], got {v!r}", "logit_bias")
-        out.append((int(key), float(v)))
-    return tuple(out)
-
-
 @dataclass(frozen=True)
 class Sampling:
     temperature: float = 0.0                    # 0: greedy (this server's default; OpenAI's is 1)
@@ -92,54 +59,22 @@ class Sampling:
     think_budget: int | None = None
     end_think: int | None = None
 
-    @classmethod
-    def from_body(cls, body: dict, vocab: int, banned: tuple[int, ...] = (), legacy: bool = False,
-                  max_temperature: float = 2.0) -> Sampling:
-        """The checked sampling fields of a request body; `legacy`: /v1/completions' `logprobs` (an int 0..5)
-        instead of chat's `logprobs` (a bool) + `top_logprobs` (0..20). vocab: the logits' length.
-        max_temperature: the API's bound (OpenAI's 2, the Messages API's 1)."""
-        if body.get("n") is not None and (type(body["n"]) is not int or body["n"] != 1):
-            raise APIError(400, f"only n=1 is supported, got {body.get('n')!r}", "n")
-        if legacy:
-            top = _integer(body, "logprobs", 0, MAX_LEGACY_LOGPROBS)
-            logprobs = top is not None
-        else:
-            logprobs = body.get("logprobs")
-            if logprobs is not None and not isinstance(logprobs, bool):
-                raise APIError(400, f"logprobs must be a boolean, got {logprobs!r}", "logprobs")
-            top = _integer(body, "top_logprobs", 0, MAX_TOP_LOGPROBS)
-            if top and not logprobs:
-                raise APIError(400, "top_logprobs needs logprobs: true", "top_logprobs")
-        return cls(temperature=_number(body, "temperature", 0, max_temperature, 0.0),
-                   top_p=_number(body, "top_p", 0, 1, 1.0, lo_open=True),
-                   top_k=_integer(body, "top_k", 1, vocab) or 0,
-                   seed=_integer(body, "seed", -2**63, 2**63 - 1),
-                   presence_penalty=_number(body, "presence_penalty", -2, 2, 0.0),
-                   frequency_penalty=_number(body, "frequency_penalty", -2, 2, 0.0),
-                   logit_bias=_logit_bias(body, vocab), banned=tuple(banned),
-                   logprobs=bool(logprobs), top_logprobs=top or 0)
 
-
-def constraint_for(body: dict, factory, tokenizer, thinking: bool = False):
-    """The structured-output constraint of a request's response_format (None for text or no format).
+def constraint_for(response_format: dict | None, factory, tokenizer, thinking: bool = False):
+    """The structured-output constraint of a request's response_format, checked by its model (openai_api/chat.py):
+    None for text or no format.
 
     factory(response_format, tokenizer[, thinking=True]) -> an object with .mask(logits) -> logits,
     .advance(token_id) and .done() (constrained.py's); `thinking` only for a reply that starts with
     reasoning, which the constraint must let through up to `</think>`. Without a factory,
     json_object/json_schema are refused rather than silently ignored."""
-    rf = body.get("response_format")
-    if rf is None:
-        return None
-    if not isinstance(rf, dict) or rf.get("type") not in ("text",) + STRUCTURED:
-        raise APIError(400, "response_format must be {'type': 'text'}, {'type': 'json_object'} or "
-                            "{'type': 'json_schema', 'json_schema': {...}}", "response_format")
-    if rf["type"] == "text":
+    if response_format is None or response_format["type"] == "text":
         return None
     if factory is None:
-        raise APIError(400, f"response_format {rf['type']!r}: structured output is not available on this server",
-                       "response_format", "unsupported_parameter")
+        raise APIError(400, f"response_format {response_format['type']!r}: structured output is not available on "
+                            f"this server", "response_format", "unsupported_parameter")
     try:
-        return factory(rf, tokenizer, **({"thinking": True} if thinking else {}))
+        return factory(response_format, tokenizer, **({"thinking": True} if thinking else {}))
     except ValueError as e:  # e.g. a schema the constraint cannot compile; the message names where
         raise APIError(400, str(e), getattr(e, "param", None) or "response_format") from None
 

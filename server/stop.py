@@ -1,4 +1,5 @@
-"""Stop sequences: the request's `stop` strings, and a matcher that cuts streamed text at the first one.
+"""Stop sequences: a matcher that cuts streamed text at the first one (the request models check the
+`stop` field: openai_api/generation.py, anthropic_api/messages.py).
 
 The reply ends at the first stop sequence, which is never sent. Text reaches the client in pieces,
 so a piece ending with the start of a stop sequence ("\\nUs" with stop "\\nUser:") is held back until
@@ -12,21 +13,7 @@ the next piece says whether the sequence completes; a whole reply and a stream a
 
 from __future__ import annotations
 
-from .errors import APIError
-
 MAX_STOPS = 4  # OpenAI's limit
-
-
-def stop_sequences(body: dict) -> tuple[str, ...]:
-    """The request's `stop` (a string or a list of up to 4 non-empty strings), checked."""
-    stop = body.get("stop")
-    if stop is None:
-        return ()
-    stops = [stop] if isinstance(stop, str) else stop
-    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops) or len(stops) > MAX_STOPS:
-        raise APIError(400, f"stop must be a non-empty string or a list of at most {MAX_STOPS} non-empty strings",
-                       "stop")
-    return tuple(dict.fromkeys(stops))
 
 
 class StopMatcher:

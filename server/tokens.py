@@ -26,7 +26,7 @@ class TokenEndpoints:
         try:
             body = await self.s.body(request)
             if body.get("model") is not None:
-                self.s.check_model(body)
+                self.s.check_model(body["model"])
             text = body.get("content", body.get("prompt"))
             if not isinstance(text, str):
                 raise APIError(400, "content must be a string", "content")
@@ -42,7 +42,7 @@ class TokenEndpoints:
         try:
             body = await self.s.body(request)
             if body.get("model") is not None:
-                self.s.check_model(body)
+                self.s.check_model(body["model"])
             ids = body.get("tokens")
             vocab = self.s.tok.get_vocab_size()
             if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):

@@ -51,7 +51,7 @@ class ToolUseBlock(RequestModel):
 class ToolResultBlock(RequestModel):
     type: Literal["tool_result"]
     tool_use_id: StrictStr
-    content: Any = None                 # a string or text blocks (messages_request.py reads them)
+    content: Any = None                 # a string or text blocks; parsed: their text (count_tokens.py)
     is_error: StrictBool | None = None
     cache_control: CacheControl | None = None
     toolset_name: StrictStr | None = None
@@ -76,12 +76,12 @@ BLOCKS: dict[str, type[RequestModel]] = {  # the block types this model reads, b
 
 class MessageParam(RequestModel):
     role: Any                           # "user" or "assistant" (a "system" message: the top-level system field)
-    content: Any                        # a string or content blocks (BLOCKS)
+    content: Any                        # a string or content blocks; parsed: the typed blocks (BLOCKS, count_tokens.py)
 
 
 class Tool(RequestModel):
     name: StrictStr
-    input_schema: Any                   # a JSON Schema object with type "object" (messages_request.py)
+    input_schema: Any                   # a JSON Schema object with type "object" (count_tokens.py checks it)
     description: StrictStr | None = None
     type: Literal["custom"] | None = None
     cache_control: CacheControl | None = None
@@ -104,13 +104,13 @@ class Tool(RequestModel):
 
 
 class ToolChoice(RequestModel):
-    type: Any                           # auto, any, tool (with a name) or none
+    type: Any                           # auto, any, tool (with a name) or none (count_tokens.py checks them)
     name: Any = None
     disable_parallel_tool_use: Any = None
 
 
 class Thinking(RequestModel):
-    type: Any                           # enabled (budget_tokens), adaptive, between_tools, disabled
+    type: Any                           # enabled (budget_tokens), adaptive, between_tools, disabled (count_tokens.py)
     budget_tokens: Any = None
     display: Literal["summarized", "omitted"] | None = None
 
