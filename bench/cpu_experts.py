@@ -16,7 +16,7 @@ experts and bf16 activations over (a), S the smallest (best torch time / kernel 
 counts, and G is R's bandwidth per thread.
 
 The side-by-side with other systems' CPU expert kernels (KTransformers' kt-kernel, llama.cpp's ggml) and
-the simulator's kernel table (bench/measured/cpu_expert_kernels.yaml) moved to
+the simulator's kernel tables (bench/measured/cpu_expert_kernels.<isa>.yaml) moved to
 `python -m ostinato.bench.kernel_side_by_side`, which drives each system on whole-layer calls as its own
 benchmark drives it.
 

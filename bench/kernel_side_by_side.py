@@ -32,14 +32,19 @@ extension does not link torch). ggml needs a llama.cpp build with shared ggml li
 finds it: --llama-cpp-build/--llama-cpp-src, $OSTINATO_LLAMA_CPP_BUILD/SRC, or bench/llama_cpp_build.py's
 cache) and a C compiler. A system that cannot run is left out of the table with the reason printed.
 
-`--out FILE` (default bench/measured/cpu_expert_kernels.yaml) writes the table the session simulator prices
-each system's CPU experts with. Memory: ours 3.4 GB, kt's own copy 3.6 GB (its process briefly holds the
+`--out FILE` (default bench/measured/cpu_expert_kernels.<isa>.yaml, the ISA ours is built for) writes the table
+the session simulator prices each system's CPU experts with on boxes of that ISA: one table per ISA
+(bench/simulator/kernels.py picks a box's, or the nearest measured one and says so). kt-kernel is made to load
+its extension for the same ISA (KT_KERNEL_CPU_VARIANT, unless set: avx512 -> avx512_base). No AMX table
+exists yet: measuring one needs an AMX machine (--isa amx there: ours builds its avx512_bf16 path, kt-kernel
+its AMX tile kernels). Memory: ours 3.4 GB, kt's own copy 3.6 GB (its process briefly holds the
 3.4 GB it copies from too), ggml's 3.4 GB, the 2 GiB bandwidth buffer.
 
-`--isa avx2` builds ours for AVX2 on an AVX-512 host; pair it with a ggml build without AVX-512 (--llama-cpp-build)
-to run both AVX2 variants side by side. `--clock cpu` times each call in its process's CPU seconds (all threads,
-spinning included) instead of wall seconds: on a machine others load, a descheduled thread then costs nothing,
-and the rate per core (bytes / CPU seconds) stays comparable between systems; it writes no table.
+`--isa avx2` builds ours (and picks kt-kernel's extension) for AVX2 on an AVX-512 host; pair it with a ggml
+build without AVX-512 (--llama-cpp-build) to run the three AVX2 variants side by side. `--clock cpu` times each
+call in its process's CPU seconds (all threads, spinning included) instead of wall seconds: on a machine others
+load, a descheduled thread then costs nothing, and the rate per core (bytes / CPU seconds) stays comparable
+between systems; it writes no table.
 
 Usage: python -m ostinato.bench.kernel_side_by_side [--threads N] [--rounds R] [--samples S] [--out FILE]
            [--llama-cpp-build DIR --llama-cpp-src DIR] [--isa ISA] [--clock wall|cpu] [--quick]
@@ -63,13 +68,15 @@ from ostinato.isa import ISAS, detect_isa, supports
 
 from .expert_layer import EXPERT_BYTES, MAX_LEN, N_EXPERTS, SEED, TOP_K, D, I, layer_checksum, random_layer
 from .kt_process import KtProcess
+from .simulator.kernels import table_file
 
 UNIFORM_TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 GROUPED_TOKENS = 512
 GROUPED_T = (16, 32, 64)
 QUIET_S = 0.1                        # between systems: spinning threads of the last one go idle
 KT_AGREE = 5e-2                      # ours vs kt on one call: above this, kt is left out
-DEFAULT_OUT = Path(__file__).resolve().parent / "measured" / "cpu_expert_kernels.yaml"
+# kt-kernel's extension for each of our ISAs (its loader's KT_KERNEL_CPU_VARIANT names, kt_kernel/_cpu_detect.py)
+KT_VARIANT = {"avx2": "avx2", "avx512": "avx512_base", "avx512_bf16": "avx512_bf16", "amx": "amx"}
 
 
 # ---- call shapes ----
@@ -300,7 +307,11 @@ HEADER = ("# Each system's CPU MXFP4 expert kernel on whole-layer calls of DeepS
           "# experts, top-6), side by side on one machine. Written by python -m ostinato.bench.kernel_side_by_side\n"
           "# (bench/kernel_side_by_side.py); read by the session simulator (bench/simulator/) to price each\n"
           "# system's CPU experts. per_core: expert-weight bytes/s per computing thread, distinct experts x\n"
-          "# expert_bytes / (median s x threads); ms: median ms per call; shapes ascend in tokens per expert.\n")
+          "# expert_bytes / (median s x threads); ms: median ms per call; shapes ascend in tokens per expert.\n"
+          "# One table per ISA (isa: what the kernels were built for): a box is priced with its host ISA's, else the\n"
+          "# nearest measured one, named (bench/simulator/kernels.py). No AMX table: no AMX machine was available,\n"
+          "# so AMX boxes use the avx512_bf16 table (Ostinato's amx build is that path; kt-kernel's AMX kernels are\n"
+          "# priced at its AVX-512 ones).\n")
 
 
 def write_table(path: str | Path, data: dict) -> None:
@@ -331,7 +342,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--samples", type=int, default=30,
                     help="timed calls per shape for the small shapes, all rounds together; big shapes get fewer, "
                          "at least two a round (default 30)")
-    ap.add_argument("--out", default=str(DEFAULT_OUT), help="the YAML table (default %(default)s; '' for none)")
+    ap.add_argument("--out", default=None, help="the YAML table (default bench/measured/cpu_expert_kernels.<isa>.yaml "
+                                                "for the --isa built; '' for none)")
     ap.add_argument("--llama-cpp-build", default=os.environ.get("OSTINATO_LLAMA_CPP_BUILD"),
                     help="llama.cpp build directory with bin/libggml*.so (default $OSTINATO_LLAMA_CPP_BUILD, else "
                          "bench/llama_cpp_build.py's cache)")
@@ -340,7 +352,8 @@ def main(argv: list[str] | None = None) -> int:
                          "the cache)")
     ap.add_argument("--build-root", default=None, help="kernel build directory (default build/kernels)")
     ap.add_argument("--isa", choices=ISAS, default=None,
-                    help="build our kernel for this ISA (default: this CPU's best); ggml's follows its build "
+                    help="build our kernel for this ISA (default: this CPU's best) and load kt-kernel's for it; ggml's "
+                         "follows its build "
                          "(--llama-cpp-build: e.g. one configured with GGML_NATIVE=OFF GGML_AVX2=ON GGML_AVX512=OFF)")
     ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                     help="wall: seconds per call; cpu: each system's process CPU seconds per call (all its "
@@ -352,16 +365,18 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.threads < 1 or args.rounds < 1 or args.samples < 1:
         ap.error("--threads, --rounds and --samples must be >= 1")
+    if args.isa is not None and not supports(args.isa):
+        ap.error(f"--isa {args.isa}: this CPU cannot run it (it has {detect_isa()})")
+    if args.clock == "cpu" and args.out:
+        ap.error("--clock cpu: the table holds wall seconds; pass --out '' (or no --out)")
+    if args.out is None:
+        args.out = "" if args.clock == "cpu" else str(table_file(args.isa or detect_isa()))
     if args.out:
         out_dir = Path(args.out).resolve().parent
         if not out_dir.is_dir():
             ap.error(f"--out {args.out}: no directory {out_dir}")
-    if args.isa is not None and not supports(args.isa):
-        ap.error(f"--isa {args.isa}: this CPU cannot run it (it has {detect_isa()})")
-    if args.clock == "cpu" and args.out:
-        if args.out != str(DEFAULT_OUT):
-            ap.error("--clock cpu: the table holds wall seconds; pass --out '' (or no --out)")
-        args.out = ""
+    if args.isa is not None and not args.no_kt:  # its child process loads the extension for the same ISA
+        os.environ.setdefault("KT_KERNEL_CPU_VARIANT", KT_VARIANT[args.isa])
     if args.quick:
         args.rounds, args.samples = min(args.rounds, 2), min(args.samples, 4)
     return run(args)
@@ -509,7 +524,9 @@ def run(args) -> int:
     threads_of = {"ostinato": threads, "kt-kernel": kt_workers, "ggml": threads}
     if args.clock == "cpu":  # CPU seconds are core-seconds already
         threads_of = dict.fromkeys(threads_of, 1)
-    reserved_of = {"ostinato": 0, "kt-kernel": 1 if threads > 1 else 0, "ggml": 0}
+    # kt-kernel's queue thread busy-waits on a core of its own wherever it runs (at --threads 1 too, where it
+    # took the core outside the run's one): a host computes with its cores less that one
+    reserved_of = {"ostinato": 0, "kt-kernel": 1, "ggml": 0}
 
     print(f"\nread bandwidth: {m.bandwidth / 1e9:.1f} GB/s ({m.bandwidth / threads / 1e9:.1f} per core); load average "
           f"(1 min) before/after: {load_before:.2f}/{m.load_after:.2f} (after: includes this run's own threads)")

@@ -41,10 +41,11 @@ from pathlib import Path
 
 import httpx
 import numpy as np
+import yaml
 
 from ostinato.bench import llama_cpp_build
 from ostinato.bench.simulator.bench import by_workload
-from ostinato.bench.simulator.kernels import KERNELS_FILE
+from ostinato.bench.simulator.kernels import KERNEL_TABLES
 from ostinato.host import cpu_model
 from ostinato.isa import detect_isa
 from ostinato.plans import plans_dir
@@ -319,8 +320,9 @@ def main(argv=None) -> None:
                                                     "cpu-only preset's 4)")
     p.add_argument("--prefill-chunk", type=int, default=4096, help="Ostinato's prefill chunk (4096; 1024 leaves a "
                                                                    "V4-Flash slice room for hot experts on cpu-only)")
-    p.add_argument("--kernels", type=Path, default=KERNELS_FILE,
-                   help="the side-by-side CPU kernel table the modeled rows price llama.cpp's experts with")
+    p.add_argument("--kernels", type=Path, default=KERNEL_TABLES,
+                   help="the side-by-side CPU kernel tables (a folder, one per ISA: the plan's host ISA's is used) "
+                        "or one table file, the modeled rows price llama.cpp's experts with")
     a = p.parse_args(argv)
     if a.doc and not a.doc.is_file():
         p.error(f"--doc {a.doc}: no such file (run from the repository root, or name the file)")
@@ -333,7 +335,7 @@ def main(argv=None) -> None:
     ckpt = a.checkpoint or _real_vocab(a.out / "real-vocab")
     gguf = llama_cpp_build.convert(src, ckpt, a.cache, a.outtype)
     isa = detect_isa()
-    hardware = _hardware(a.out, a.device_gib, isa)
+    hardware = with_cores(_hardware(a.out, a.device_gib, isa), a.threads)  # the plan's threads: the run's
     dense = a.dense_format or ("bf16" if a.dtype == "bfloat16" else "float32")
     plan, profile = _compile(ckpt, a.sessions, a.out, a.context, a.profile, a.prefill_chunk, hardware, dense)
 
@@ -352,8 +354,11 @@ def main(argv=None) -> None:
     for r in range(a.rounds):
         for name, cls, cmd, port, server_env in systems:
             print(f"== round {r + 1}/{a.rounds}, {name}: starting ({' '.join(cmd[:2])} ...)", flush=True)
-            server = start(cls, cmd, port, a.out / f"{name.replace(', ', '-').replace(' ', '-')}.log", server_env)
+            log = a.out / f"{name.replace(', ', '-').replace(' ', '-')}.log"
+            server = start(cls, cmd, port, log, server_env)
             try:
+                if cls is OstinatoServer:
+                    check_threads(log, a.threads)  # the plan's threads are the run's (llama.cpp's -t)
                 rounds[name].append(measure(server, a, sessions, lambda i: TokenSource(ckpt, vocab, i), probe, eos))
             finally:
                 server.stop()
@@ -434,12 +439,30 @@ def _hardware(out: Path, device_gib: float | None, isa: str) -> str:
     return str(path)
 
 
+def with_cores(hardware: str, threads: int) -> str:
+    """The hardware spec (a file) with host.cores = threads: the plan's cpu_threads, what its engine runs."""
+    path = Path(hardware)
+    spec = yaml.safe_load(path.read_text())
+    spec["host"]["cores"] = threads
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return hardware
+
+
+def check_threads(log: Path, threads: int) -> None:
+    """Ostinato's log says the threads its engine runs: they must be the run's."""
+    text = log.read_text()
+    if f"cpu threads {threads}" not in text:
+        line = next((x for x in text.splitlines() if "cpu threads" in x), "(no 'cpu threads' line)")
+        raise SystemExit(f"Ostinato does not run {threads} threads; its log {log} says: {line}")
+
+
 def _compile(ckpt: Path, sessions: Path, out: Path, context: int, profile: str, chunk: int, hardware: str,
-             dense: str) -> tuple[Path, str]:
+             dense: str, resident: int = 1) -> tuple[Path, str]:
     """(Ostinato's plan for this machine as a user makes it, its profile): `profile` "record" records one on
     sessions the replay does not use (from the 40th on; the plain model dequantizes every expert, too much
     memory for a V4-Flash slice), else a compile profile spec such as "synthetic:1.0"; then the cpu-only
-    spec (4 hot experts per layer, `chunk`-token prefill chunks)."""
+    spec (4 hot experts per layer, `chunk`-token prefill chunks, `resident` sessions' memory: ostinato-compile
+    --sessions, what ostinato-serve --parallel needs)."""
     plan = out / "plan.yaml"
     if profile == "record":
         profile = str(out / "profile.safetensors")
@@ -449,7 +472,8 @@ def _compile(ckpt: Path, sessions: Path, out: Path, context: int, profile: str, 
                             "--scale", "0.1", "--max-generated", "8", "--quiet", "-o", profile], check=True)
     subprocess.run([sys.executable, "-m", "ostinato.compiler.cli.compile", str(ckpt), str(plan), "--hardware",
                     hardware, "--context", str(context), "--profile", profile, "--max-hot-per-layer", "4",
-                    "--prefill-chunk", str(chunk), "--dense-format", dense, "--kernel-dir", str(out / "kernels")],
+                    "--prefill-chunk", str(chunk), "--dense-format", dense, "--kernel-dir", str(out / "kernels"),
+                    "--sessions", str(resident)],
                    check=True, stdout=subprocess.DEVNULL)
     return plan, profile
 

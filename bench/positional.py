@@ -285,7 +285,7 @@ def main(argv=None) -> None:
         _say(f"{ckpt}/config.json: max_position_embeddings raised to the context, {a.context:,}", t0)
     gguf = llama_cpp_build.convert(src, ckpt, a.cache, a.outtype)
     isa = detect_isa()
-    hardware = sbs._hardware(a.out, None, isa)
+    hardware = sbs.with_cores(sbs._hardware(a.out, None, isa), a.threads)  # the plan's threads: the run's
     _say(f"compiling Ostinato's plan (context {a.context:,})", t0)
     dense = "bf16" if a.dtype == "bfloat16" else "float32"
     plan, profile = sbs._compile(ckpt, a.sessions, a.out, a.context, a.profile, a.prefill_chunk, hardware, dense)
@@ -308,7 +308,10 @@ def main(argv=None) -> None:
     try:
         for name, (cls, cmd, port) in cmds.items():
             _say(f"{name}: starting ({' '.join(cmd[:2])} ...)", t0)
-            servers[name] = sbs.start(cls, cmd, port, a.out / f"{name.replace(' ', '-')}.log", env)
+            log = a.out / f"{name.replace(' ', '-')}.log"
+            servers[name] = sbs.start(cls, cmd, port, log, env)
+            if name == OURS:
+                sbs.check_threads(log, a.threads)  # the plan's threads are the run's (llama.cpp's -t)
             servers[name].generate(TokenSource(ckpt, vocab, 10_000).take(64).tolist(), 4)  # one-time setup
             os.kill(servers[name].proc.pid, signal.SIGSTOP)
         for pos in a.positions:

@@ -40,7 +40,7 @@ from ostinato.bench.simulator.bench import (
     modeled_tables,
     run_modeled,
 )
-from ostinato.bench.simulator.kernels import KERNELS_FILE
+from ostinato.bench.simulator.kernels import KERNEL_TABLES
 from ostinato.bench.simulator.world import build_world
 from ostinato.plans import plans_dir
 from ostinato.workload import WorkloadError, read_sessions
@@ -75,9 +75,10 @@ def main(argv=None) -> int:
                    help="sessions per workload in the modeled tables (6)")
     p.add_argument("--sweep-sessions", type=int, default=2, help="sessions per workload in the coverage sweep (2)")
     p.add_argument("--coverages", default="0.5,0.6,0.7,0.8,0.84,0.9,0.95")
-    p.add_argument("--kernels", default=str(KERNELS_FILE),
-                   help="each system's measured CPU kernel times (default: the shipped side-by-side run), or "
-                        "'none' to price every system at Ostinato's kernel speed")
+    p.add_argument("--kernels", default=str(KERNEL_TABLES),
+                   help="each system's measured CPU kernel times: a folder of per-ISA tables (default: the shipped "
+                        "side-by-side runs; the box's ISA's is used), one table file, or 'none' to price every "
+                        "system at Ostinato's kernel speed")
     p.add_argument("--skip-measured", action="store_true")
     p.add_argument("--doc", type=Path, nargs="?", const=DOC, metavar="FILE",
                    help=f"rewrite the modeled tables between their markers in FILE (default {DOC}) and its plot "
@@ -91,17 +92,19 @@ def main(argv=None) -> int:
     if not sessions:
         p.error(f"--sessions {a.sessions}: no sessions in the file")
     kernels = None if a.kernels == "none" else Path(a.kernels)
-    if kernels is not None and not kernels.is_file():
-        p.error(f"--kernels {kernels}: no such file")
+    if kernels is not None and not kernels.exists():
+        p.error(f"--kernels {kernels}: no such file or folder")
     if a.doc and (a.sessions.resolve() not in (SHIPPED.resolve(), AGENT_SCALE.resolve())
                   or a.per_workload != DOC_SESSIONS or a.seed != 0
-                  or kernels is None or kernels.resolve() != KERNELS_FILE.resolve()):
+                  or kernels is None or kernels.resolve() != KERNEL_TABLES.resolve()):
         p.error("--doc: the documented tables are those of the shipped sessions or the agent-scale ones with the "
                 "default --per-workload, --seed and --kernels")
     if a.doc and not a.doc.is_file():
         p.error(f"--doc {a.doc}: no such file (run from the repository root, or name the file)")
     t0 = time.perf_counter()
     world = build_world(kernels=kernels)
+    for note in world.kernels.notes if world.kernels is not None else ():
+        print(f"CPU kernel table: {note}", file=sys.stderr)
     if a.doc and a.sessions.resolve() == AGENT_SCALE.resolve():  # its block: the systems' tables and headline
         block = agent_scale_block(world, sessions)
         a.doc.write_text(doc_with(a.doc.read_text(), block, AGENT_BEGIN, AGENT_END))

@@ -1,10 +1,11 @@
 """The cost model beside published measurements: every row of plans/published/, the model's figure, the ratio.
 
-    python -m ostinato.bench.validate [--rows DIR] [--kernels FILE|none] [--doc [FILE]]
+    python -m ostinato.bench.validate [--rows DIR] [--kernels DIR|FILE|none] [--doc [FILE]]
 
 For each row (bench/published.py) it builds the box's plan for DeepSeek-V4-Flash (with the row's config
 changes), prices the row's system on it with the session simulator (bench/simulator: every system's CPU
-kernel by its measured per-core rates, bench/measured/cpu_expert_kernels.yaml) and prints the model's figure
+kernel by its measured per-core rates, from the table of the box's host ISA, bench/measured/
+cpu_expert_kernels.<isa>.yaml, or the nearest measured one, named under the table) and prints the model's figure
 beside the published one, their score (band_ratio: how far the model's band lies from the published band, 1.00
 only inside it) and whether it is within 1.5x. Rows a constant of the model was set from (Row.calibration) are
 shown apart and left out of the count. `--doc` writes the table into docs/validation.md between its markers (a
@@ -30,7 +31,7 @@ import numpy as np
 from ostinato.bench.published import PUBLISHED_DIR, Bound, Row, box_spec, load_rows
 from ostinato.bench.simulator.bench import DOC_SESSIONS, by_workload, config_runs, doc_with
 from ostinato.bench.simulator.formats import CHECKPOINT, GGUF_MXFP4_MOE
-from ostinato.bench.simulator.kernels import KERNELS_FILE
+from ostinato.bench.simulator.kernels import KERNEL_TABLES
 from ostinato.bench.simulator.ktransformers import (
     KTransformers,
     best_threshold,
@@ -79,6 +80,15 @@ class Boxes:
         world = self.world(row)
         return {w: {n: summarize(r) for n, r in config_runs(world, config, ss, 0).items()}
                 for w, ss in by_workload(self.sessions, DOC_SESSIONS).items()}
+
+    def kernel_tables(self) -> list[str]:
+        """Per box priced so far: its host ISA, the kernel table that priced it and every stand-in row."""
+        seen = {}
+        for (box, _), world in self._worlds.items():
+            k, isa = world.kernels, world.build.hardware.host.isa
+            if k is not None and box not in seen:
+                seen[box] = f"{box} ({isa}): the {k.isa} table" + "".join(f"; {n}" for n in k.notes)
+        return [seen[b] for b in sorted(seen)]
 
 
 def numa_host(host, sockets: int, pools: int):
@@ -225,12 +235,15 @@ def shown(value) -> str:
 @dataclass
 class Validation:
     rows: dict[str, Row]
-    kernels: Path | None = KERNELS_FILE
+    kernels: Path | None = KERNEL_TABLES
+
+    @cached_property
+    def boxes(self) -> Boxes:
+        return Boxes(self.kernels)
 
     @cached_property
     def verdicts(self) -> dict[str, Verdict]:
-        boxes = Boxes(self.kernels)
-        return {rid: verdict(r.value, model_figure(r, boxes)) for rid, r in self.rows.items()}
+        return {rid: verdict(r.value, model_figure(r, self.boxes)) for rid, r in self.rows.items()}
 
     def table(self) -> str:
         out = ["| row | system (box) | metric | published | model's band | score (model / published) | "
@@ -257,6 +270,13 @@ class Validation:
         out.append("")
         out.append("Weights each system is priced with (bench/simulator/formats.py): llama.cpp, "
                    f"{GGUF_MXFP4_MOE.name}; KTransformers and kt-kernel, {CHECKPOINT.name}; Ostinato, its plan's.")
+        tables = self.boxes.kernel_tables()
+        if tables:
+            out.append("")
+            out.append("CPU kernels by box (host ISA): each system's rates from the table of the box's ISA "
+                       "(bench/measured/cpu_expert_kernels.<isa>.yaml), or the stand-in named:")
+            out.append("")
+            out.extend(f"- {t}" for t in tables)
         return "\n".join(out)
 
 
@@ -270,14 +290,16 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rows", type=Path, default=PUBLISHED_DIR,
                    help=f"folder of published rows (default {PUBLISHED_DIR})")
-    p.add_argument("--kernels", default=str(KERNELS_FILE),
-                   help="the side-by-side kernel table, or 'none' for every system at the cost model's own kernel")
+    p.add_argument("--kernels", default=str(KERNEL_TABLES),
+                   help="the side-by-side kernel tables, a folder with one per ISA (default %(default)s: each box "
+                        "gets its host ISA's), one table file for every box, or 'none' for every system at the "
+                        "cost model's own kernel")
     p.add_argument("--doc", type=Path, nargs="?", const=DOC, metavar="FILE",
                    help=f"write the table between its markers in FILE (default {DOC})")
     a = p.parse_args(argv)
     kernels = None if a.kernels == "none" else Path(a.kernels)
-    if kernels is not None and not kernels.is_file():
-        p.error(f"--kernels {kernels}: no such file")
+    if kernels is not None and not kernels.exists():
+        p.error(f"--kernels {kernels}: no such file or folder")
     table = Validation(load_rows(a.rows), kernels).table()
     print(table)
     if a.doc:

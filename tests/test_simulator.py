@@ -271,7 +271,7 @@ def test_a_baselines_kernel_is_priced_by_its_per_core_rate_scaled_to_the_host(tm
     reading 4e4 B/s per core takes 1000 / 4e4 = 25 ms per expert: capped by the 0.8 x 1e5 expert read,
     more cores do not help past 2."""
     table = tmp_path / "k.yaml"
-    table.write_text("source: hand\ncores: 2\nread_bandwidth: 1.0e+5\ntokens_per_expert: [1.0, 4.0]\n"
+    table.write_text("source: hand\nisa: avx2\ncores: 2\nread_bandwidth: 1.0e+5\ntokens_per_expert: [1.0, 4.0]\n"
                      "systems:\n  ostinato: {per_core: [5.0e+4, 5.0e+4]}\n"
                      "  other: {per_core: [4.0e+4, 1.0e+4], reserved_cores: 0}\n")
     speeds = load_kernel_table(table)
@@ -286,12 +286,12 @@ def test_a_baselines_kernel_is_priced_by_its_per_core_rate_scaled_to_the_host(tm
     assert wide.prefill(routing(1, 4, [{2: 1}]), 1).seconds == pytest.approx(EXPERT / (0.8 * 1e5) + 2 * ACT)
     with pytest.raises(KeyError, match="'ggml' has no kernel measurement"):
         speeds.of("ggml")
-    head = "cores: 2\nread_bandwidth: 1.0\ntokens_per_expert: [1, 4]\nsystems:\n"
+    head = "isa: avx2\ncores: 2\nread_bandwidth: 1.0\ntokens_per_expert: [1, 4]\nsystems:\n"
     table.write_text(head + "  other: {per_core: [1, 2]}\n")
-    with pytest.raises(ValueError, match="an 'ostinato' row"):
+    with pytest.raises(ValueError, match="k.yaml: field 'systems': needs an 'ostinato' row"):
         load_kernel_table(table)
     table.write_text(head + "  ostinato: {per_core: [1]}\n")
-    with pytest.raises(ValueError, match="not a kernel table"):
+    with pytest.raises(ValueError, match="k.yaml: field 'systems.ostinato.per_core' against 'tokens_per_expert'"):
         load_kernel_table(table)
 
 

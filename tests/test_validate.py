@@ -6,7 +6,7 @@ import pytest
 
 from ostinato.bench import validate
 from ostinato.bench.published import BOXES_DIR, PUBLISHED_DIR, Bound, RowError, box_spec, load_rows
-from ostinato.bench.simulator.kernels import KERNELS_FILE, OURS, load_kernel_table
+from ostinato.bench.simulator.kernels import KERNEL_TABLES, OURS, load_kernel_table, table_file
 from ostinato.hardware import load_hardware
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -65,7 +65,7 @@ def test_routing_rows_come_from_the_profile_and_the_kernel_rows_from_the_rule():
     """No session replay: the synthetic profile's coverage of its best N experts, and kt-kernel's
     published row priced by its measured per-core rate times the box's workers, capped by the read."""
     rows = load_rows()
-    boxes = validate.Boxes(KERNELS_FILE)
+    boxes = validate.Boxes(KERNEL_TABLES)
     top8 = validate.model_figure(rows["routing-top8"], boxes)
     assert top8[0] == top8[1] and 0.3 < top8[0] < 0.45
     one, four = (validate.model_figure(rows[r], boxes)[0] for r in ("kt-pr2175-kernel-1token",
@@ -75,9 +75,26 @@ def test_routing_rows_come_from_the_profile_and_the_kernel_rows_from_the_rule():
     assert four >= one                                              # more tokens per expert cost more
 
 
+def test_each_box_is_priced_with_its_isas_kernel_table_and_the_table_says_which():
+    """The AVX2 EPYC box gets the avx2 table; the AMX preset the avx512_bf16 one (no AMX table), stated in the
+    validation table's list of boxes."""
+    rows = load_rows()
+    boxes = validate.Boxes(KERNEL_TABLES)
+    epyc, amx = boxes.world(rows["kt-pr2175-kernel-4tokens"]), boxes.world(rows["routing-top8"])
+    assert epyc.build.hardware.host.isa == "avx2" and epyc.kernels.isa == "avx2" and epyc.kernels.notes == ()
+    assert epyc.kernel("kt-kernel") == load_kernel_table(table_file("avx2")).of("kt-kernel")
+    assert amx.build.hardware.host.isa == "amx" and amx.kernels.isa == "avx512_bf16"
+    assert amx.kernel(OURS) == load_kernel_table(table_file("avx512_bf16")).of(OURS)
+    listed = boxes.kernel_tables()
+    assert listed[0] == "boxes/epyc7452x2 (avx2): the avx2 table"
+    assert listed[1].startswith("rtx4090d-x4 (amx): the avx512_bf16 table; no amx kernel table") \
+        and "AMX is not measured" in listed[1]
+
+
 def test_the_presets_kernel_rates_are_the_measured_ostinato_row():
-    """plans/hardware's expert_kernel copies bench/measured/cpu_expert_kernels.yaml's Ostinato row."""
-    ours = load_kernel_table().of(OURS)
+    """plans/hardware's expert_kernel copies the avx2 table's Ostinato row (the compiler's own pricing; the
+    simulator prices each box with its ISA's table, kernels.py)."""
+    ours = load_kernel_table(table_file("avx2")).of(OURS)
     for preset in ("rtx4090d-x4", "h200-x1", "cpu-only"):
         k = load_hardware(preset).host.expert_kernel
         assert k is not None, preset
@@ -127,7 +144,7 @@ def test_the_epyc_box_reads_experts_at_its_published_kernel_rate():
     host = load_hardware(box_spec("boxes/epyc7452x2")).host
     assert host.expert_read_bandwidth == pytest.approx(6 * 13_369_344 / 440e-6, rel=1e-3)
     rows = load_rows()
-    one = validate.model_figure(rows["kt-pr2175-kernel-1token"], validate.Boxes(KERNELS_FILE))[0]
+    one = validate.model_figure(rows["kt-pr2175-kernel-1token"], validate.Boxes(KERNEL_TABLES))[0]
     assert one == pytest.approx(440.0, rel=1e-3)
 
 
@@ -147,5 +164,5 @@ def test_a_row_with_one_pool_on_two_sockets_is_priced_at_half_the_read(tmp_path)
     two = load_rows(tmp_path)["kt-pr2175-kernel-1token"]
     assert two.sockets == 2 and two.system.pools == 2
     one = two.model_copy(update={"system": two.system.model_copy(update={"pools": 1})})
-    boxes = validate.Boxes(KERNELS_FILE)
+    boxes = validate.Boxes(KERNEL_TABLES)
     assert validate.model_figure(one, boxes)[0] == pytest.approx(2 * validate.model_figure(two, boxes)[0])

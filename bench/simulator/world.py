@@ -22,7 +22,7 @@ from ostinato.compiler.compile import DEFAULT_CONTEXT, Build, CompileOptions, co
 from ostinato.compiler.cost_model import CostModel
 
 from .ablation import ablations
-from .kernels import KERNELS_FILE, OURS, KernelTable, load_kernel_table
+from .kernels import KERNEL_TABLES, OURS, KernelTable, kernels_for
 from .ktransformers import (
     BEST_DOCUMENTED,
     DOCUMENTED,
@@ -104,12 +104,14 @@ class World:
 
 def build_world(model: Path = V4_FLASH, hardware: str = "rtx4090d-x4", profile: str = PROFILE,
                 context: int = DEFAULT_CONTEXT, build: Build | None = None,
-                kernels: Path | None = KERNELS_FILE) -> World:
-    """`kernels`: the side-by-side CPU kernel table (kernels.py); None: every system at the cost model's kernel."""
+                kernels: Path | None = KERNEL_TABLES) -> World:
+    """`kernels`: the side-by-side CPU kernel tables, one per ISA (a folder), or one table (a file): the box is
+    priced with its host ISA's (kernels.py kernels_for); None: every system at the cost model's kernel."""
     b = build or compile_plan(CompileOptions(model=model, output=Path("unused.yaml"), hardware=hardware,
                                              profile=profile, context=context, build_kernels=False))
     hot = np.stack([l.hot for l in b.cost.layers])
     shares = np.stack([l.share for l in b.cost.layers])
     budgets = [b.hardware.gpus.usable_bytes - sum(f.values()) for f in b.gpu_fixed]
     fit = layers_that_fit([sum(l.values()) for l in b.layer_bytes], b.cost.expert_bytes, hot.shape[1], budgets)
-    return World(b, hot, shares, fit, load_kernel_table(kernels) if kernels is not None else None)
+    return World(b, hot, shares, fit,
+                 kernels_for(kernels, b.hardware.host.isa) if kernels is not None else None)
