@@ -19,6 +19,17 @@ The one model of the hardware in the project (the session simulator uses it too)
 - split-route prefill: that layer with n tokens' expected routes;
 - upload-once prefill: the distinct cold experts cross the link once, double-buffered against the
   GPU's compute of the layer: the layer takes the longer of upload and compute;
+- sharded upload-once (runtime/engine/sharded_upload.py), on a spec of G >= 2 GPUs: each GPU uploads a 1/G
+  slice of every distinct cold expert (along the intermediate axis) over its own link, all G links at once as
+  fast as the host memory feeds them (upload_time's links), and computes its slice (1/G of the cold experts'
+  bytes and FLOPs) double-buffered against the copies as the single-link upload is; the layer's hidden states
+  x [n, D] (the compute dtype) go out to the G - 1 other GPUs and each one's float32 partial [n, D] comes back
+  to the layer's GPU, added in GPU order (exchange_time). A spec has no peer-access field and the planned
+  GPUs (GeForce cards) have none, so the exchange is priced through the host: x down the layer's GPU's link
+  and up every other one's, the partials down theirs and up the layer's GPU's link one after another. The
+  exchange's host -> device bytes, (G - 1) x n x D x (x's element + 4), share the links with the slices
+  (added to the layer's upload); out and back are on the layer's critical path:
+      layer = dense part before the experts + max(shared + hot + slice, out + slice) + back;
 - decode (one token): the same split as prefill with n = 1, plus one graph launch per GPU; layers run one
   after another (a single sequence has no pipelining).
 
@@ -525,6 +536,60 @@ class CostModel:
         per = [self.upload_layer(l, n, position) for l in range(len(self.layers))]
         return float(self.forward_time(self.pipelined(per), n, decode=False, eager=True))
 
+    # ----- upload-once sharded over every GPU's link (module docstring) ------------------------------
+    @property
+    def shards(self) -> int:
+        """GPUs a sharded upload spreads over: every GPU of the spec (1 on a cpu-only spec: its "links" are
+        copies within host memory)."""
+        return 1 if self.hw.cpu_only else self.hw.gpus.count
+
+    def exchange_bytes(self, n: int) -> tuple[int, int]:
+        """(x, partial): bytes of n tokens' hidden states in the compute dtype (the dense format's element) and
+        of one GPU's float32 partial output, each [n, D]."""
+        elements = n * self.cfg.hidden_size
+        return elements * self.kv_element_bytes, elements * 4
+
+    def exchange_time(self, n: int) -> tuple[float, float]:
+        """(out, back) seconds of a sharded layer's activations through the host (no peer access): x down the
+        layer's GPU's link and up the others' at once; the G - 1 partials down their own links at once and up
+        the layer's GPU's link one after another."""
+        G, link = self.shards, self.hw.link
+        if G < 2:
+            return 0.0, 0.0
+        x, partial = self.exchange_bytes(n)
+        out = 2 * link.latency_s + x / link.d2h_bandwidth + x / link.h2d_bandwidth
+        back = 2 * link.latency_s + partial / link.d2h_bandwidth + (G - 1) * partial / link.h2d_bandwidth
+        return out, back
+
+    def sharded_upload_layer(self, layer: int, n: int, position: int | None = None) -> tuple[float, float]:
+        """(upload seconds, compute seconds) of the sharded upload-once for n tokens after `position`: the slices
+        over all G links (with the exchange's host -> device bytes), each GPU's slice of the cold experts beside
+        the layer's GPU's hot and shared experts, the exchange out and back (module docstring)."""
+        return self.sharded_layer(layer, n, (self.distinct(layer, n, True), self.routes(layer, n, True)),
+                                  (self.distinct(layer, n, False), self.routes(layer, n, False)), position)
+
+    def sharded_layer(self, layer: int, n: int, hot: tuple[float, float], cold: tuple[float, float],
+                      position: int | None = None) -> tuple[float, float]:
+        """sharded_upload_layer with explicit (distinct experts, routes) of the layer's `hot` and `cold` experts
+        (the session simulator feeds sampled traces through it)."""
+        G = self.shards
+        if G < 2:
+            raise ValueError(f"a sharded upload needs 2+ GPUs: {self.hw.name} has "
+                             f"{'none (cpu-only)' if self.hw.cpu_only else G}")
+        x, partial = self.exchange_bytes(n)
+        upload = self.upload_time(cold[0], (G - 1) * (x + partial), links=G)
+        piece = self.gpu_experts_time(cold[0] / G, cold[1] / G)  # each GPU's 1/G of every cold expert
+        home = self.shared_expert_time(layer, n) + self.gpu_experts_time(*hot)
+        out, back = self.exchange_time(n)
+        first = float(self.before_experts_time(layer, n, position))
+        return upload, first + max(home + piece, out + piece) + back
+
+    def sharded_prefill(self, n: int, position: int | None = None) -> float:
+        """Upload-once sharded over every GPU's link: sharded_upload_layer's layers double-buffered as the
+        single-link upload's."""
+        per = [self.sharded_upload_layer(l, n, position) for l in range(len(self.layers))]
+        return float(self.forward_time(self.pipelined(per), n, decode=False, eager=True))
+
     def step_ops_per_layer(self, T: int) -> int | None:
         """Dispatch units per layer of a T-token fixed-shape step on a cpu-only spec (None: the dynamic
         forward's): the compiled decode step's, or an eager step's."""
@@ -608,17 +673,27 @@ class CostModel:
         return float(self.forward_time(layers, B, decode=True, eager=self.decode_is_eager() if eager is None else eager,
                                        ops_per_layer=ops, head_tokens=B))
 
-    def eager_prefill(self, n: int, threshold: int | None, position: int | None = None) -> float:
-        """The dynamic model's forward: split-route up to the threshold, upload-once above it."""
-        if threshold is not None and n > threshold:
-            return self.upload_prefill(n, position)
-        return self.split_prefill(n, position)
+    def eager_mode(self, n: int, threshold: int | None, shard_threshold: int | None = None) -> str:
+        """How the dynamic model runs n tokens under the plan's thresholds (policy.prefill_threshold and
+        policy.shard_threshold): split-route up to the first, upload-once above it, sharded above the second."""
+        if threshold is None or n <= threshold:
+            return "split"
+        return "sharded" if shard_threshold is not None and n > shard_threshold else "upload"
 
-    def prefill(self, n: int, threshold: int | None, buckets: list[int], position: int | None = None) -> float:
+    def eager_prefill(self, n: int, threshold: int | None, position: int | None = None,
+                      shard_threshold: int | None = None) -> float:
+        """The dynamic model's forward in eager_mode's choice."""
+        mode = self.eager_mode(n, threshold, shard_threshold)
+        if mode == "sharded":
+            return self.sharded_prefill(n, position)
+        return self.upload_prefill(n, position) if mode == "upload" else self.split_prefill(n, position)
+
+    def prefill(self, n: int, threshold: int | None, buckets: list[int], position: int | None = None,
+                shard_threshold: int | None = None) -> float:
         """The plan's choice: bucket steps up to the largest bucket (`buckets` ascending), then eager_prefill."""
         if buckets and 0 < n <= buckets[-1]:
             return self.bucket_prefill(n, buckets, position)
-        return self.eager_prefill(n, threshold, position)
+        return self.eager_prefill(n, threshold, position, shard_threshold)
 
     # ----- short prefills as bucket steps -------------------------------------------------------
     def bucket_layer(self, layer: int, T: int, position: int | None = None) -> tuple[float, float, float]:
@@ -646,30 +721,50 @@ class CostModel:
             at += T
         return total
 
-    def crossover(self, limit: int = 1 << 20, position: int | None = None) -> int | None:
+    def crossover(self, limit: int = 1 << 20, position: int | None = None, sharded: bool = False) -> int | None:
         """Largest n for which split-route is still at least as fast as upload-once (None: always), both after
-        `position`. On a cpu-only spec always: its "upload" is a copy within host memory before the same CPU
-        kernel runs."""
+        `position`; `sharded`: as the faster of the single-link and the sharded upload (a plan that holds the
+        slices' staging). On a cpu-only spec always: its "upload" is a copy within host memory before the same
+        CPU kernel runs."""
         if self.hw.cpu_only:
             return None
         split = lambda n: self.split_prefill(n, position)    # noqa: E731
         upload = lambda n: self.upload_prefill(n, position)  # noqa: E731
-        if upload(limit) >= split(limit):
+        if sharded and self.shards > 1:
+            upload = lambda n: min(self.upload_prefill(n, position), self.sharded_prefill(n, position))  # noqa: E731
+        return self._last_win(split, upload, limit)
+
+    def shard_crossover(self, position: int | None = None, limit: int | None = None) -> int | None:
+        """Largest n for which the single-link upload is still at least as fast as the sharded one, both after
+        `position` (0: sharded wins from 1 token); None: sharding does not pay at `limit` tokens (default the
+        plan's prefill chunk, the longest forward the runtime runs: longer prompts run in chunks), or the spec
+        has one GPU (or none)."""
+        if self.shards < 2:
             return None
-        lo, hi = 0, limit  # invariant: split wins at lo (or lo = 0), upload wins at hi
-        if upload(1) < split(1):
+        single = lambda n: self.upload_prefill(n, position)    # noqa: E731
+        sharded = lambda n: self.sharded_prefill(n, position)  # noqa: E731
+        return self._last_win(single, sharded, limit or self.prefill_chunk)
+
+    @staticmethod
+    def _last_win(first, second, limit: int) -> int | None:
+        """Largest n <= limit at which `first` (a function of n) is at least as fast as `second`, found by
+        bisection (the two cross once: a fixed cost against a cheaper rate); None: `second` does not win at
+        `limit`; 0: it wins from 1."""
+        if second(limit) >= first(limit):
+            return None
+        if second(1) < first(1):
             return 0
-        lo = 1
+        lo, hi = 1, limit  # invariant: first wins at lo, second at hi
         while hi - lo > 1:
             mid = (lo + hi) // 2
-            if upload(mid) < split(mid):
+            if second(mid) < first(mid):
                 hi = mid
             else:
                 lo = mid
         return lo
 
     def choose_buckets(self, threshold: int | None, context: int, largest: int = MAX_BUCKET,
-                       position: int | None = None) -> list[int]:
+                       position: int | None = None, shard_threshold: int | None = None) -> list[int]:
         """Powers of two 2..B for the largest B such that every prompt of n <= B tokens after `position` is
         predicted strictly faster as bucket steps than eagerly (none on a cpu-only spec, where both run eagerly),
         B at most `largest`, the threshold (past it upload-once wins) and context / 3 (a step's warm-up and
@@ -678,8 +773,8 @@ class CostModel:
         best, sizes, T = [], [], 2
         while T <= limit:
             sizes = sizes + [T]
-            if any(self.bucket_prefill(n, sizes, position) >= self.eager_prefill(n, threshold, position)
-                   for n in range(1, T + 1)):
+            eager = lambda n: self.eager_prefill(n, threshold, position, shard_threshold)  # noqa: E731
+            if any(self.bucket_prefill(n, sizes, position) >= eager(n) for n in range(1, T + 1)):
                 break
             best, T = list(sizes), 2 * T
         return best

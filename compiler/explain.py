@@ -4,10 +4,14 @@ from __future__ import annotations
 
 from ostinato.plan import Plan
 
+from .cost_model import CostModel
+
 GIB = 1024**3
 
 
-def explain(plan: Plan) -> str:
+def explain(plan: Plan, cost: CostModel | None = None, position: int | None = None) -> str:
+    """The plan as a readable table; with the `cost` model it was priced with (a compile's), the prefill modes'
+    crossover points too, priced at session `position` (the plan's predictions')."""
     m, p, hw = plan.model, plan.predictions, plan.hardware
     # a cpu-only plan's device is the CPU itself: named so (the plan file calls it gpu0 like any device)
     runs_on = (f"the CPU as its {'device' if hw.gpus.count == 1 else f'{hw.gpus.count} devices'}, in host memory"
@@ -43,12 +47,14 @@ def explain(plan: Plan) -> str:
         out.append(f"        one memory on a cpu-only plan: {'the device' if hw.gpus.count == 1 else 'the devices'} "
                    f"{devices / GIB:.3f}G + the host {host.total_bytes / GIB:.3f}G = "
                    f"{(devices + host.total_bytes) / GIB:.3f}G of {host.usable_bytes / GIB:.1f}G")
-    t, buckets = plan.policy.prefill_threshold, plan.policy.prefill_buckets
+    t, s, buckets = plan.policy.prefill_threshold, plan.policy.shard_threshold, plan.policy.prefill_buckets
     steps = (f"captured bucket steps ({', '.join(map(str, buckets))} tokens) up to {buckets[-1]} tokens, "
              if buckets else "no bucket steps (none predicted faster than eager), ")
     out += ["", _context_line(plan),
             f"hot route share (profiled): {p.hot_route_share:.1%}",
-            f"prefill: {steps}split-route up to {t if t is not None else 'any number of'} tokens, upload-once above",
+            f"prefill: {steps}split-route up to {t if t is not None else 'any number of'} tokens, upload-once above"
+            + (f", sharded over the {hw.gpus.count} GPUs' links above {s} tokens" if s is not None else ""),
+            *(crossover_lines(plan, cost, position) if cost is not None else []),
             f"predicted wait after a 120-token tool output: {p.wait_after_tool_output_120_tokens_ms:.1f} ms",
             f"predicted decode: {p.decode_ms_per_token:.2f} ms/token = {p.decode_tokens_per_s:.1f} tokens/s",
             f"MTP speculative decoding ({plan.policy.speculative}): {p.speculative.reason}",
@@ -57,6 +63,29 @@ def explain(plan: Plan) -> str:
             + (" (one compiled call per token, built at the first load)" if plan.policy.cpu_step == "compiled"
                else " (op by op)")]
     return "\n".join(out)
+
+
+def crossover_lines(plan: Plan, cost: CostModel, position: int | None) -> list[str]:
+    """Where the dynamic prefill changes mode (policy.prefill_threshold, policy.shard_threshold), in tokens, with
+    both sides' predicted prefill ms at the last token count of the mode below and the first of the one above."""
+    t, s = plan.policy.prefill_threshold, plan.policy.shard_threshold
+    price = {"split": cost.split_prefill, "upload": cost.upload_prefill, "sharded": cost.sharded_prefill}
+    said = {"split": "split-route", "upload": "upload-once over one link", "sharded": "upload-once sharded"}
+    at = f"session position {position:,d}" if position is not None else "the end of the plan's context"
+    out = []
+    for n in sorted({x for x in (t, s) if x is not None}):
+        below, above = cost.eager_mode(n, t, s), cost.eager_mode(n + 1, t, s)
+        sides = "; ".join(f"{k:,d} tokens {below} {price[below](k, position) * 1e3:,.1f} ms, {above} "
+                          f"{price[above](k, position) * 1e3:,.1f} ms" for k in (n, n + 1))
+        out.append(f"  crossover {said[below]} -> {said[above]} after {n:,d} tokens ({at}): {sides}")
+    if s is not None and s == t:  # no prompt length uploads over one link: where it would take over from split-route
+        one = cost.crossover(position=position)
+        out.append("  (one link alone: " + ("split-route at any size)" if one is None else
+                   f"split-route -> upload-once over one link after {one:,d} tokens: {one + 1:,d} tokens split "
+                   f"{cost.split_prefill(one + 1, position) * 1e3:,.1f} ms, one link "
+                   f"{cost.upload_prefill(one + 1, position) * 1e3:,.1f} ms, sharded "
+                   f"{cost.sharded_prefill(one + 1, position) * 1e3:,.1f} ms)"))
+    return out
 
 
 CONTEXT_KINDS = ("kv_cache", "kv_snapshots", "decode_state")  # the device bytes that grow with the context

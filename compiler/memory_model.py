@@ -11,8 +11,9 @@ Every formula is written out here so that a plan's numbers can be re-derived by 
 - KV cache per session (docs/model.md section 4), rows in the dense format's dtype: every layer a sliding ring of
   `sliding_window` rows of head_dim; compressed layers one row per `ratio` tokens; CSA also
   indexer keys (index_head_dim per 4 tokens); plus the compressors' fp32 partial-window state;
-- decode-graph buffers (1-token workspace plus one context of static KV state), upload staging,
-  prefill workspace and allocator headroom (formulas below);
+- decode-graph buffers (1-token workspace plus one context of static KV state), upload staging (two
+  buffers of upload_group experts per GPU, and when the plan shards uploads, policy.shard_threshold, two of
+  upload_group 1/G slices more: slice_bytes), prefill workspace and allocator headroom (formulas below);
 - host rows of routed experts (host_expert_bytes): every cold expert's, and with re-placement between
   turns (policy.adapt idle, runtime/engine/adapter.py) every hot expert's of the model's layers too: a
   swap moves an expert into the slot of the one it evicts, so every hot pool keeps its size, but the
@@ -27,6 +28,7 @@ import math
 from dataclasses import dataclass
 
 from ostinato.checkpoint.config import ModelConfig
+from ostinato.checkpoint.formats import MXFP4_GROUP
 from ostinato.checkpoint.tensor_specs import TensorSpec, global_specs, layer_specs, mtp_block_specs
 
 # dense format -> bytes per element of the compute dtype (activations and KV rows; FP8 matrices too,
@@ -131,13 +133,15 @@ class MemoryPolicy:
     sessions: int = 1            # sessions whose KV cache stays resident
     prefill_chunk: int = 4096    # largest prefill chunk (tokens) the workspace is sized for
     upload_group: int = 16       # experts per upload staging buffer (two buffers: double buffering)
+    upload_shards: int = 1       # GPUs a sharded upload spreads over (policy.shard_threshold set: every GPU
+                                 # holds two more buffers of upload_group 1/upload_shards slices); 1: none
     snapshots: int = 64          # turn-boundary snapshots a session keeps (the oldest are dropped)
     max_bucket: int = 0          # largest short-prefill step (tokens) reserved for; 0: none
     headroom_fraction: float = 0.05  # allocator fragmentation reserve, of usable bytes
     dense_format: str = "bf16"
 
     def __post_init__(self) -> None:
-        for name in ("context", "sessions", "prefill_chunk", "upload_group", "snapshots"):
+        for name in ("context", "sessions", "prefill_chunk", "upload_group", "upload_shards", "snapshots"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.max_bucket < 0:
@@ -228,7 +232,11 @@ def rollback_bytes(cfg: ModelConfig, layer: int, dense_format: str, tokens: int 
 def gpu_fixed_bytes(cfg: ModelConfig, policy: MemoryPolicy, usable: int, expert_bytes: int, first: bool,
                     last: bool, cuda: bool = True) -> dict[str, int]:
     """Per-GPU bytes independent of which layers it runs (`cuda`: a real GPU, with cuBLAS workspaces)."""
-    fixed = {"upload_staging": 2 * policy.upload_group * expert_bytes,
+    # the single-link upload's two buffers of whole experts, and where uploads are sharded
+    # (runtime/engine/sharded_upload.py) two of slices: an expert's six tensors all scale with its intermediate
+    # axis, so a slice of 1/G of it (whole MXFP4 blocks, slice_bytes) is 1/G of its bytes
+    fixed = {"upload_staging": 2 * policy.upload_group * (expert_bytes + slice_bytes(expert_bytes,
+                                                                                        policy.upload_shards)),
              "workspace": workspace_bytes(cfg, policy.prefill_chunk),
              "headroom": int(usable * policy.headroom_fraction)}
     if cuda:
@@ -244,3 +252,19 @@ def gpu_fixed_bytes(cfg: ModelConfig, policy: MemoryPolicy, usable: int, expert_
     if last:  # the LM head, final norm and hc head run after the last layer
         fixed["head"] = sum(global_bytes(cfg, r, policy.dense_format) for r in ("head", "final_norm", "hc_head"))
     return fixed
+
+
+def slice_bytes(expert_bytes: int, shards: int) -> int:
+    """Bytes of one GPU's slice of an expert when `shards` GPUs share each upload (0: uploads are not sharded)."""
+    if shards <= 1:
+        return 0
+    if expert_bytes % shards:
+        raise ValueError(f"an expert of {expert_bytes:,d} bytes does not cut into {shards} equal slices")
+    return expert_bytes // shards
+
+
+def shardable(cfg: ModelConfig, gpus: int, cpu_only: bool) -> bool:
+    """Whether uploads can be sharded over `gpus` GPUs: 2 or more real ones (a cpu-only spec's "links" are
+    copies in host memory), each slice of the intermediate axis whole MXFP4 blocks (w2's rows are cut in them:
+    runtime/engine/sharded_upload.py slice_width)."""
+    return not cpu_only and gpus >= 2 and cfg.moe_intermediate_size % (gpus * MXFP4_GROUP) == 0

@@ -121,6 +121,9 @@ class Policy(Record):
     context: Count
     sessions: Count
     prefill_threshold: Index | None      # prefills of more tokens use upload-once (0: all do); None: none do
+    shard_threshold: Index | None = None  # ...and of more tokens than this their uploads are sharded over every
+                                          # GPU's link (runtime/engine/sharded_upload.py; at least
+                                          # prefill_threshold); None (or absent: older plans): never sharded
     prefill_chunk: Count
     upload_group: Count
     snapshots: Count                     # turn-boundary snapshots a session keeps (memory: kv_snapshots)
@@ -144,6 +147,14 @@ class Policy(Record):
             raise ValueError(f"field 'policy.prefill_buckets': {error}")
         return self
 
+    @model_validator(mode="after")
+    def _shards_upload(self) -> Policy:
+        s, t = self.shard_threshold, self.prefill_threshold
+        if s is not None and (t is None or s < t):
+            raise ValueError(f"field 'policy.shard_threshold' is {s}: sharding applies to prefills that upload, so it "
+                             f"must be at least policy.prefill_threshold ({t}), or null")
+        return self
+
 
 class KernelEntry(Record):
     name: KernelName
@@ -157,10 +168,11 @@ class KernelEntry(Record):
 
 class PrefillPrediction(Record):
     tokens: Count
-    mode: Literal["bucket", "split", "upload"]
+    mode: Literal["bucket", "split", "upload", "sharded"]
     bucket_ms: Milliseconds | None       # as bucket steps (None: more tokens than the largest bucket)
     split_ms: Milliseconds
     upload_ms: Milliseconds
+    sharded_ms: Milliseconds | None = None  # upload-once sharded over every GPU's link (None: the plan never shards)
     wait_ms: Milliseconds                # prefill in its mode + the first decode step
 
 

@@ -217,13 +217,16 @@ def test_flash_plan_content(in_repo):
     assert (f"on gpu{plan.mtp.gpu} beside the head (sliding): {len(plan.mtp.hot_experts)} hot experts, "
             f"{plan.mtp.hot_route_share:.1%} of its routes") in explain(plan)
     t, buckets = plan.policy.prefill_threshold, plan.policy.prefill_buckets
+    s = plan.policy.shard_threshold  # four GPUs: the longer uploads are sharded (tests/test_shard_plan.py)
     assert (buckets and buckets == [2 ** i for i in range(1, len(buckets) + 1)]
             and 3 * buckets[-1] <= plan.policy.context)
+    assert t is not None and s is not None and s >= t
     for row in plan.predictions.prefill:
         bucketed = row.tokens <= buckets[-1]
-        assert row.mode == ("bucket" if bucketed else "upload" if t is not None and row.tokens > t else "split")
+        eager = "sharded" if row.tokens > s else "upload" if row.tokens > t else "split"
+        assert row.mode == ("bucket" if bucketed else eager)
         assert (row.bucket_ms is not None) == bucketed and (not bucketed or row.bucket_ms < row.split_ms)
-        assert (row.split_ms <= row.upload_ms) == (t is None or row.tokens <= t)
+        assert (row.split_ms <= min(row.upload_ms, row.sharded_ms)) == (row.tokens <= t)
 
 
 def test_compile_is_deterministic(in_repo):

@@ -32,6 +32,7 @@ from ..compile import (
     compile_plan,
 )
 from ..explain import explain
+from ..passes.predictions import predictions_position
 
 
 def _buckets(text: str) -> tuple[int, ...]:
@@ -161,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     for note in build.notes:
         print(f"note: {note}")
     if show:
-        print(explain(build.plan))
+        print(explain(build.plan, build.cost, predictions_position(build)))
     print(f"wrote {options.output} (sha256 {build.plan.sha256[:16]})")
     return 0
 

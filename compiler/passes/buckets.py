@@ -13,10 +13,10 @@ def buckets(b: Build) -> None:
     if o.prefill_buckets is not None:
         b.buckets, b.buckets_from = sorted(set(o.prefill_buckets)), "--prefill-buckets"
         return
-    c = b.cost
-    choices = [(w.name, tuple(c.choose_buckets(b.threshold, o.context, b.bucket_reserve, position=w.median_cached)))
+    c, t, s = b.cost, b.threshold, b.shard_threshold
+    choices = [(w.name, tuple(c.choose_buckets(t, o.context, b.bucket_reserve, w.median_cached, s)))
                for w in b.workloads]
     chosen, b.buckets_from = least_wait(
-        b, choices, lambda w, v, n: c.prefill(n, b.threshold, list(v), w.median_cached),
-        lambda v, n: n <= max(v, default=0), lambda: c.choose_buckets(b.threshold, o.context, b.bucket_reserve))
+        b, choices, lambda w, v, n: c.prefill(n, t, list(v), w.median_cached, s),
+        lambda v, n: n <= max(v, default=0), lambda: c.choose_buckets(t, o.context, b.bucket_reserve, None, s))
     b.buckets = list(chosen)

@@ -38,6 +38,9 @@ class Build:
     placement: Placement | None = None
     cost: CostModel | None = None
     threshold: int | None = None
+    shard_threshold: int | None = None  # uploads of longer prefills are sharded over every GPU's link (cost_model)
+    shard_from: str = ""        # which workloads' crossover it is (said in the notes)
+    slice_reserve: bool | None = None  # the memory pass counts the slices' staging (None: not decided yet)
     workloads: list[WorkloadSummary] = field(default_factory=list)  # read_workloads: the options' workloads
     threshold_from: str = ""    # which workloads' crossover the threshold is (cost_model pass; said in the notes)
     buckets_from: str = ""      # which workloads' choice the buckets are (buckets pass)

@@ -1,5 +1,6 @@
-"""cost_model: the cost model of the placement (compiler/cost_model.py prices it), and the split-route /
-upload-once threshold: its crossover at each workload's median cached prefix (least_wait.py)."""
+"""cost_model: the cost model of the placement (compiler/cost_model.py prices it), the split-route / upload-once
+threshold and, where the memory pass reserved the slices' staging (2+ GPUs), the single-link / sharded upload
+threshold: the crossovers at each workload's median cached prefix (least_wait.py)."""
 
 from __future__ import annotations
 
@@ -39,10 +40,29 @@ def cost_model(b: Build) -> None:
                             _matmul_params(dense), hot, row / row.sum())
     b.cost = CostModel(cfg, b.hardware, layers, model_sizes(cfg).expert_bytes, head, b.options.context,
                        b.options.prefill_chunk, mtp, cpu_step(b.options))
-    c = b.cost
+    c, sharded = b.cost, bool(b.slice_reserve)
+    # split-route up to the threshold, then upload-once: the faster of the single-link and (with the slices'
+    # staging reserved) the sharded upload, each workload's uploads sharded past its own crossover
+    shard_at = {w.name: c.shard_crossover(w.median_cached) if sharded else None for w in b.workloads}
     b.threshold, b.threshold_from = least_wait(
-        b, [(w.name, c.crossover(position=w.median_cached)) for w in b.workloads],
-        lambda w, t, n: c.eager_prefill(n, t, w.median_cached), lambda t, n: t is None or n > t, c.crossover)
+        b, [(w.name, c.crossover(position=w.median_cached, sharded=sharded)) for w in b.workloads],
+        lambda w, t, n: c.eager_prefill(n, t, w.median_cached, _at_least(shard_at[w.name], t)),
+        lambda t, n: t is None or n > t, lambda: c.crossover(sharded=sharded))
+    t = b.threshold
+    b.shard_threshold, b.shard_from = None, ""
+    if sharded and t is not None:  # of the prefills that upload, those past the crossover shard their uploads
+        b.shard_threshold, b.shard_from = least_wait(
+            b, [(w.name, _at_least(shard_at[w.name], t)) for w in b.workloads],
+            lambda w, s, n: c.eager_prefill(n, t, w.median_cached, s), lambda s, n: s is not None and n > s,
+            lambda: _at_least(c.shard_crossover(), t))
+
+
+def _at_least(shard_threshold: int | None, threshold: int | None) -> int | None:
+    """A shard threshold as policy.shard_threshold holds it: no lower than the upload threshold (every upload
+    shards when sharding pays from fewer tokens than uploading does), None where nothing uploads or shards."""
+    if shard_threshold is None or threshold is None:
+        return None
+    return max(shard_threshold, threshold)
 
 
 def _matmul_params(dense) -> int:

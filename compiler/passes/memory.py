@@ -1,6 +1,6 @@
 """memory: what each layer and each GPU holds whatever the placement (dense weights, KV cache, states,
-buffers, the prefill buckets' graph pool), under the plan's memory policy. The re-plan loop runs it again
-when what it reserved changes (compile.py)."""
+buffers, the prefill buckets' graph pool, the sharded upload's slices), under the plan's memory policy. The
+re-plan loop runs it again when what it reserved changes (compile.py, replan.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from ostinato.checkpoint import model_sizes
 from ostinato.hardware import HardwareSpec
 
 from ..cost_model import MAX_BUCKET
-from ..memory_model import MemoryPolicy, gpu_fixed_bytes, layer_resident_bytes, mtp_resident_bytes
+from ..memory_model import MemoryPolicy, gpu_fixed_bytes, layer_resident_bytes, mtp_resident_bytes, shardable
 from .build import Build
 from .options import CompileOptions
 
@@ -18,9 +18,11 @@ def memory(b: Build) -> None:
     o, cfg, hw = b.options, b.config, b.hardware
     if b.bucket_reserve is None:  # first time: room for the largest bucket the plan may get
         b.bucket_reserve = max_bucket(o, hw)
+    if b.slice_reserve is None:  # first time: room for the sharded upload's slices wherever it can run
+        b.slice_reserve = shardable(cfg, hw.gpus.count, hw.cpu_only)
     b.policy = MemoryPolicy(context=o.context, sessions=o.sessions, prefill_chunk=o.prefill_chunk,
-                            upload_group=o.upload_group, snapshots=o.snapshots, dense_format=dense_format(o, hw),
-                            max_bucket=b.bucket_reserve)
+                            upload_group=o.upload_group, upload_shards=hw.gpus.count if b.slice_reserve else 1,
+                            snapshots=o.snapshots, dense_format=dense_format(o, hw), max_bucket=b.bucket_reserve)
     expert = model_sizes(cfg).expert_bytes
     b.layer_bytes = [layer_resident_bytes(cfg, l, b.policy) for l in range(cfg.n_layers)]
     b.mtp_bytes = mtp_resident_bytes(cfg, b.policy) if b.mtp_placed else {}

@@ -24,16 +24,19 @@ def predictions_position(b: Build) -> int:
 
 
 def predictions(b: Build) -> Predictions:
-    c, t, at = b.cost, b.threshold, predictions_position(b)
+    c, t, s, at = b.cost, b.threshold, b.shard_threshold, predictions_position(b)
     decode = c.decode_step(at)
     turns = []
     for n in PREDICTED_TURNS:
         split, upload = c.split_prefill(n, at), c.upload_prefill(n, at)
+        sharded = c.sharded_prefill(n, at) if s is not None else None
         bucket = c.bucket_prefill(n, b.buckets, at) if b.buckets and n <= b.buckets[-1] else None
-        mode = "bucket" if bucket is not None else "upload" if t is not None and n > t else "split"
+        mode = "bucket" if bucket is not None else c.eager_mode(n, t, s)
+        wait = c.prefill(n, t, b.buckets, at, s) + c.decode_step(at + n)
         turns.append(PrefillPrediction(tokens=n, mode=mode, bucket_ms=None if bucket is None else rounded(bucket * 1e3),
                                        split_ms=rounded(split * 1e3), upload_ms=rounded(upload * 1e3),
-                                       wait_ms=rounded((c.prefill(n, t, b.buckets, at) + c.decode_step(at + n)) * 1e3)))
+                                       sharded_ms=None if sharded is None else rounded(sharded * 1e3),
+                                       wait_ms=rounded(wait * 1e3)))
     shares = {}
     for phase in PHASES:
         counts = b.profile.phase_counts((phase,))

@@ -58,7 +58,9 @@ def load_engine_from_args(a: argparse.Namespace):
                          parallel=getattr(a, "parallel", 1))  # ostinato-serve's
     print(f"plan {a.plan}: {engine.plan.model.layers} layers on {engine.plan.hardware.name} "
           f"(devices: {', '.join(sorted({str(d) for d in engine.devices}))}), "
-          f"prefill threshold {engine.plan.policy.prefill_threshold}, decode: {_decode_label(a.decode, engine)}"
+          f"prefill threshold {engine.plan.policy.prefill_threshold}"
+          f"{f', shard threshold {engine.plan.policy.shard_threshold}' if engine.plan.policy.shard_threshold else ''}"
+          f", decode: {_decode_label(a.decode, engine)}"
           f"{' with MTP speculation' if engine.speculative else ''}"
           f"{', hot set re-placed between turns' if engine.adapter else ''}"
           f"{f', {engine.parallel} sessions decoding together' if engine.parallel > 1 else ''}, "

@@ -11,7 +11,9 @@ Modes (set per forward by the engine session, from the plan's policy):
 - `sharded` (longer prefills, on an engine loaded with shard staging: engine/sharded_upload.py): as
   `upload`, but each of the plan's G GPUs uploads and computes a 1/G slice of every distinct cold expert
   over its own link; the partial outputs come back to the layer's device, added in GPU order. An engine
-  loaded with it (OSTINATO_UPLOAD=sharded) runs the session's `upload` prefills sharded (`upload_as`).
+  loaded with a plan that shards (policy.shard_threshold) or with OSTINATO_UPLOAD=sharded holds the slices;
+  the session picks `sharded` past the plan's threshold, and under OSTINATO_UPLOAD=sharded every `upload`
+  runs sharded (`upload_as`).
 - `decode` (one token through the dynamic model): fixed-shape hot launch (top_k route slots,
   padding masked), cold routes on the CPU worker.
 `decode_step` is the expert part of the fixed-shape decode step (model/static_decode) that a CUDA
@@ -138,8 +140,8 @@ class PlacementExecutor:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         mode = self.upload_as if mode == "upload" else mode
         if mode == "sharded" and self.sharded is None:
-            raise ValueError("sharded upload: this engine holds no shard staging (load a plan of 2+ GPUs with "
-                             "OSTINATO_UPLOAD=sharded)")
+            raise ValueError("sharded upload: this engine holds no shard staging (load a plan that shards its "
+                             "uploads, policy.shard_threshold, or set OSTINATO_UPLOAD=sharded on a plan of 2+ GPUs)")
         self.mode = mode
 
     # ----- the contract of the model's MoE block ----------------------------------------------

@@ -127,6 +127,9 @@ def held_memory(engine, sessions=()) -> HeldMemory:
                     held.add(gpu[seg.first_layer], "prefill_graphs", tensors_in(
                         [s.token_in[i], s.streams_in[i], s.streams_out[i], s.expert_ids[i], s.expert_weights[i],
                          s.offsets[i]] + ([s.token, s.logits] if i == len(s.segments) - 1 else [])))
+    if ex.sharded is not None:  # each planned GPU's two buffers of expert slices (the plan's upload_staging counts
+        for g, pair in enumerate(ex.sharded.staging):  # them beside the whole experts' pair when it shards)
+            held.add(f"gpu{g}", "upload_staging", tensors_in(pair))
     for device, staging in ex.staging.items():  # cold-route staging: sized for the largest bucket
         layer = next(l for l, le in enumerate(ex.layers) if le.device == device)
         held.add(gpu[layer], "prefill_graphs", tensors_in(staging.out_device))

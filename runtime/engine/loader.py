@@ -68,7 +68,7 @@ from .held_memory import tensors_in
 from .hot_compute import CpuPoolCompute, TorchPoolCompute, TritonPoolCompute
 from .prefetch import prefetch_mapped
 from .session import EngineSession
-from .sharded_upload import ShardedUpload, slice_width, upload_shards
+from .sharded_upload import ShardedUpload, slice_width, upload_choice, upload_shards
 from .step_runner import StepRunner
 
 DENSE_DTYPES = {"fp8": torch.bfloat16, "bf16": torch.bfloat16, "float32": torch.float32}  # dense_format -> compute
@@ -347,7 +347,8 @@ def place_experts(spec: LoadSpec, disable: bool | None = False, parallel: int = 
     plan, devices, dtype, cfg = spec.plan, spec.devices, spec.dtype, spec.config
     cpu_kernel = CpuExpertKernel(_cpu_kernel_for_this_host(plan))
     threads = spec.cpu_threads
-    shards = upload_shards(plan.hardware.gpus.count)  # 1 unless OSTINATO_UPLOAD=sharded (sharded_upload.py)
+    # the plan's policy.shard_threshold, or $OSTINATO_UPLOAD's override (sharded_upload.py)
+    shards = upload_shards(plan.hardware.gpus.count, plan.policy.shard_threshold)
     width = slice_width(cfg.moe_intermediate_size, shards)  # refused before any weight is placed
     layers = []
     with Checkpoint.open(spec.model_dir) as ckpt, tqdm(total=len(spec.placed), desc="placing experts", unit="layer",
@@ -381,15 +382,18 @@ def place_experts(spec: LoadSpec, disable: bool | None = False, parallel: int = 
                                        cpu_kernel.table(table) if cold else None, staging[lp.gpu]))
             bar.update()
     sharded = None
-    if shards > 1:  # each planned GPU's two buffers of expert slices [I/G]; the torch backend computes them: the
-        # plan's expert kernels are built for the whole width
+    if shards > 1:  # each planned GPU's two buffers of expert slices [I/G] (the plan's upload_staging counts them
+        # when it shards); the torch backend computes them: the plan's expert kernels are built for the whole width
         sharded = ShardedUpload(devices, [[_staging(plan.policy.upload_group, D, width, dev) for _ in range(2)]
                                           for dev in devices], TorchPoolCompute(cfg.swiglu_limit),
-                                [lp.gpu for lp in spec.placed])
-    return PlacementExecutor(layers, compute, cpu_kernel, threads.threads, plan.policy.upload_group,
-                             plan.model.expert_bytes, dtype, cfg.num_experts_per_tok,
-                             sorted({1, *plan.policy.prefill_buckets, *range(2, parallel + 1)}
-                                    | ({2} if spec.speculative else set())), sharded)
+                                [lp.gpu for lp in spec.placed], plan.policy.shard_threshold)
+    executor = PlacementExecutor(layers, compute, cpu_kernel, threads.threads, plan.policy.upload_group,
+                                 plan.model.expert_bytes, dtype, cfg.num_experts_per_tok,
+                                 sorted({1, *plan.policy.prefill_buckets, *range(2, parallel + 1)}
+                                        | ({2} if spec.speculative else set())), sharded)
+    if sharded is not None and upload_choice() != "sharded":  # the plan's choice: prefills up to its shard
+        executor.upload_as = "upload"  # threshold upload over one link, longer ones sharded (prefill_mode)
+    return executor
 
 
 def load_planned_model(spec: LoadSpec, executor: PlacementExecutor, disable: bool | None = False) -> Model:

@@ -66,10 +66,16 @@ class EngineSession:
 
     def prefill_mode(self, n: int, last_only: bool = False) -> str:
         """How a prefill of n tokens runs: bucket steps (only the last logits wanted, n within the largest
-        bucket), else split-route up to the plan's threshold, upload-once above."""
+        bucket), else split-route up to the plan's threshold, upload-once above: sharded over every GPU's link
+        past the plan's shard threshold (policy.shard_threshold, held by the executor's slice staging), else
+        over the layer's own (the executor runs it sharded all the same under OSTINATO_UPLOAD=sharded)."""
         if last_only and self.runner is not None and 0 < n <= self.runner.largest_bucket:
             return "bucket"
-        return "upload" if self.threshold is not None and n > self.threshold else "split"
+        if self.threshold is None or n <= self.threshold:
+            return "split"
+        sharded = self.executor.sharded
+        return "sharded" if sharded is not None and sharded.threshold is not None and n > sharded.threshold \
+            else "upload"
 
     def room_for(self, n: int) -> None:
         """Raise ContextFull unless n more tokens fit the plan's context."""

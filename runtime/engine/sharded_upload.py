@@ -25,9 +25,12 @@ they are generated).
 On the CPU twin every planned GPU is the one CPU device: the twin gives each planned GPU a copy stream of
 its own (streams.py hands out one per device and role), so its log tells the links apart as a GPU's would.
 
-Enabled for now by OSTINATO_UPLOAD=sharded on a plan of 2+ GPUs (upload_shards): the engine's prefills
-that upload then upload sharded (the executor's upload_as); the plan's own choice per prompt length is
-wired in later.
+The plan decides: a plan with policy.shard_threshold (the compiler sets it where the cost model predicts
+sharding pays, and counts the slices' staging) loads with the staging, and the engine's prefills of more
+tokens than the threshold run sharded (engine/session.py prefill_mode), those between policy.prefill_threshold
+and it over the layer's own link. $OSTINATO_UPLOAD overrides the plan for experiments (upload_shards):
+"single" loads no slices and never shards; "sharded" (a plan of 2+ GPUs) shards every prefill that uploads
+(the executor's upload_as), whatever the plan's shard threshold.
 Legend: G shards (planned GPUs), I expert intermediate, W = I/G, D hidden, T tokens, R routes, P slots.
 """
 
@@ -46,21 +49,28 @@ from ..kernels.triton_experts import HotPool
 from .span_timer import SpanTimer
 from .streams import POOL_SIZE, streams_for
 
-ENV = "OSTINATO_UPLOAD"  # "sharded": uploads over every planned GPU's link; "single" (or unset): the layer's own
+ENV = "OSTINATO_UPLOAD"  # "sharded": every planned GPU's link; "single": the layer's own; unset: the plan's
 FIELDS = ("w1", "w1_scale", "w3", "w3_scale", "w2", "w2_scale")
 
 
-def upload_shards(gpus: int) -> int:
-    """How many GPUs share each upload: `gpus` (the plan's hardware.gpus.count) when $OSTINATO_UPLOAD is
-    "sharded", else 1."""
-    choice = os.environ.get(ENV, "single") or "single"
-    if choice not in ("single", "sharded"):
-        raise PlanError(f"{ENV} is {choice!r}: one of single, sharded")
-    if choice == "single":
+def upload_choice() -> str:
+    """$OSTINATO_UPLOAD: "single", "sharded", or "" (unset: the plan decides)."""
+    choice = os.environ.get(ENV, "")
+    if choice not in ("", "single", "sharded"):
+        raise PlanError(f"{ENV} is {choice!r}: one of single, sharded (or unset: the plan's policy.shard_threshold)")
+    return choice
+
+
+def upload_shards(gpus: int, shard_threshold: int | None = None) -> int:
+    """How many GPUs share each upload: `gpus` (the plan's hardware.gpus.count) where the plan shards its
+    uploads (`shard_threshold`: its policy.shard_threshold) or $OSTINATO_UPLOAD is "sharded", else 1."""
+    choice = upload_choice()
+    if choice == "single" or (choice == "" and shard_threshold is None):
         return 1
     if gpus < 2:
-        raise PlanError(f"{ENV}=sharded shares uploads among the plan's GPUs, and it plans {gpus} "
-                        f"(hardware.gpus.count): unset {ENV} or compile for 2+ GPUs")
+        why = f"{ENV}=sharded" if choice else f"policy.shard_threshold ({shard_threshold})"
+        raise PlanError(f"{why} shares uploads among the plan's GPUs, and it plans {gpus} (hardware.gpus.count): "
+                        + (f"unset {ENV} or compile for 2+ GPUs" if choice else "recompile the plan"))
     return gpus
 
 
@@ -108,12 +118,15 @@ def copy_streams(devices: list[torch.device]) -> list:
 class ShardedUpload:
     """The G planned GPUs' staging of slices, and the sharded upload-and-compute of a layer's cold routes."""
 
-    def __init__(self, devices: list[torch.device], staging: list[list[HotPool]], compute, layer_gpus: list[int]):
+    def __init__(self, devices: list[torch.device], staging: list[list[HotPool]], compute, layer_gpus: list[int],
+                 threshold: int | None = None):
         """devices [G]: each planned GPU's torch device; staging [G][2]: its two buffers of slices (w1
-        [P, W, D/2] ..); compute: a pool compute for pools W wide; layer_gpus: each placed layer's GPU."""
+        [P, W, D/2] ..); compute: a pool compute for pools W wide; layer_gpus: each placed layer's GPU;
+        threshold: the plan's policy.shard_threshold, prefills of more tokens run sharded (engine/session.py)."""
         if len(staging) != len(devices) or any(len(pair) != 2 for pair in staging):
             raise ValueError(f"need two staging buffers on each of the {len(devices)} GPUs")
         self.devices, self.staging, self.compute, self.layer_gpus = devices, staging, compute, layer_gpus
+        self.threshold = threshold
         self.group, self.width = staging[0][0].w1.shape[:2]
         self.links = copy_streams(devices)
         self._read_done: dict = {}  # id(staging buffer) -> event after the last compute that read it
