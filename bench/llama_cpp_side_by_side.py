@@ -207,7 +207,8 @@ def modeled(ckpt: Path, plan_options: dict, prompt: int, generate: int, kernels:
     world = build_world(build=build, kernels=kernels)
     cost, k = world.cost, world.build.config.num_experts_per_tok
     systems = {LLAMA: LayerPlacement(cost, 0, world.kernel("ggml")),
-               OURS: Ostinato(cost, world.hot, world.build.threshold, world.build.buckets)}
+               OURS: Ostinato(cost, world.hot, world.build.threshold, world.build.buckets,
+                              shard_threshold=world.build.shard_threshold)}
     out = {}
     for name, policy in systems.items():
         trace = TraceSampler(world.shares, k, seed=0)
@@ -277,6 +278,18 @@ def doc_with(doc: str, text: str, label: str, begin_marker: str = DOC_BEGIN, end
     return doc[:start + len(begin)] + "\n\n" + text + "\n\n" + doc[end:]
 
 
+
+
+def add_ostinato_arguments(p: argparse.ArgumentParser) -> None:
+    """The Ostinato side's options of the benchmarks built on this one (positional, parallel_sessions)."""
+    p.add_argument("--checkpoint", type=Path, help="official-format DeepSeek-V4 checkpoint with the real tokenizer "
+                                                    "(default: write the real-vocab preset into OUT)")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="Ostinato's dtype")
+    p.add_argument("--profile", default="record", help="Ostinato's routing profile: 'record' or a compile spec "
+                                                       "such as synthetic:1.0 (as llama_cpp_side_by_side)")
+    p.add_argument("--prefill-chunk", type=int, default=4096, help="Ostinato's prefill chunk (4096)")
+    p.add_argument("--sessions", type=Path, default=plans_dir() / "workloads" / "agent_turns.csv",
+                   help="sessions a recorded profile is recorded on")
 
 
 def add_llama_cpp_arguments(p: argparse.ArgumentParser) -> None:

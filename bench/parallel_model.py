@@ -67,7 +67,7 @@ def world(preset: str, sessions: int) -> World:
 
 
 def _ostinato(w: World) -> Policy:
-    return Ostinato(w.cost, w.hot, w.build.threshold, w.build.buckets)
+    return Ostinato(w.cost, w.hot, w.build.threshold, w.build.buckets, shard_threshold=w.build.shard_threshold)
 
 
 def _kt(w: World) -> KTransformers:

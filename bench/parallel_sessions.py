@@ -54,7 +54,6 @@ from ostinato.bench import llama_cpp_side_by_side as sbs
 from ostinato.bench.positional import _load, _say
 from ostinato.host import cpu_model, usable_cores
 from ostinato.isa import detect_isa
-from ostinato.plans import plans_dir
 from ostinato.workload import TokenSource
 
 DOC = Path("docs/benchmarks.md")  # --doc's default (from the repository root)
@@ -371,14 +370,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                                                              "it, split across its N slots)")
     p.add_argument("--threads", type=int, default=default_threads(),
                    help=f"both servers' threads (every core but one: {default_threads()} here)")
-    p.add_argument("--checkpoint", type=Path, help="official-format DeepSeek-V4 checkpoint with the real tokenizer "
-                                                    "(default: write the real-vocab preset into OUT)")
-    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="Ostinato's dtype")
-    p.add_argument("--profile", default="record", help="Ostinato's routing profile: 'record' or a compile spec "
-                                                       "such as synthetic:1.0 (as llama_cpp_side_by_side)")
-    p.add_argument("--prefill-chunk", type=int, default=4096, help="Ostinato's prefill chunk (4096)")
-    p.add_argument("--sessions", type=Path, default=plans_dir() / "workloads" / "agent_turns.csv",
-                   help="sessions a recorded profile is recorded on")
+    sbs.add_ostinato_arguments(p)
     sbs.add_llama_cpp_arguments(p)
     p.add_argument("--out", type=Path, default=Path("build/parallel_sessions"))
     p.add_argument("--doc", type=Path, nargs="?", const=DOC, metavar="FILE",

@@ -49,7 +49,6 @@ from ostinato.bench import llama_cpp_side_by_side as sbs
 from ostinato.buckets import decode_contexts
 from ostinato.host import cpu_model
 from ostinato.isa import detect_isa
-from ostinato.plans import plans_dir
 from ostinato.workload import TokenSource
 
 DOC = Path("docs/benchmarks.md")  # --doc's default (from the repository root)
@@ -239,17 +238,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, help="measured rounds per system and position (3; --quick: 2)")
     p.add_argument("--quick", action="store_true", help=f"positions {QUICK_POSITIONS}, 2 rounds, 16 decoded: "
                                                          "a few minutes")
-    p.add_argument("--checkpoint", type=Path, help="official-format DeepSeek-V4 checkpoint with the real tokenizer "
-                                                    "(default: write the real-vocab preset into OUT)")
+    sbs.add_ostinato_arguments(p)
     p.add_argument("--context", type=int, help="both servers' context (default: 262,144, or what the longest "
                                                "position's rounds need)")
     p.add_argument("--threads", type=int, default=os.cpu_count())
-    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="Ostinato's dtype")
-    p.add_argument("--profile", default="record", help="Ostinato's routing profile: 'record' or a compile spec "
-                                                       "such as synthetic:1.0 (as llama_cpp_side_by_side)")
-    p.add_argument("--prefill-chunk", type=int, default=4096, help="Ostinato's prefill chunk (4096)")
-    p.add_argument("--sessions", type=Path, default=plans_dir() / "workloads" / "agent_turns.csv",
-                   help="sessions a recorded profile is recorded on")
     sbs.add_llama_cpp_arguments(p)
     p.add_argument("--out", type=Path, default=Path("build/positional"))
     p.add_argument("--doc", type=Path, nargs="?", const=DOC, metavar="FILE",

@@ -219,15 +219,21 @@ def speculation() -> str:
 
 def flash_prefill_waits() -> str:
     plan = _flash_plan()
-    rows = ["| prompt tokens | mode | bucket ms | split-route ms | upload-once ms | wait ms |",
-            "|---|---|---|---|---|---|"]
+    rows = ["| prompt tokens | mode | bucket ms | split-route ms | upload-once ms | sharded upload ms | wait ms |",
+            "|---|---|---|---|---|---|---|"]
     for r in plan.predictions.prefill:
         bucket = f"{r.bucket_ms:.1f}" if r.bucket_ms is not None else "-"
-        rows.append(f"| {r.tokens:,d} | {r.mode} | {bucket} | {r.split_ms:.1f} | {r.upload_ms:.1f} | {r.wait_ms:.1f} |")
+        sharded = f"{r.sharded_ms:.1f}" if r.sharded_ms is not None else "-"
+        rows.append(f"| {r.tokens:,d} | {r.mode} | {bucket} | {r.split_ms:.1f} | {r.upload_ms:.1f} | {sharded} | "
+                    f"{r.wait_ms:.1f} |")
     buckets = ", ".join(map(str, plan.policy.prefill_buckets)) or "none"
+    shard = plan.policy.shard_threshold
+    upload = (f"switches from split-route to upload-once above {plan.policy.prefill_threshold:,d} tokens"
+              + ("" if shard is None else
+                 f", each upload sharded over the {plan.hardware.gpus.count} GPUs' links above {shard:,d} tokens"))
     return (f"The committed plan ([`{FLASH_PLAN}`](../{FLASH_PLAN}), modeled) keeps bucket steps of {buckets} tokens "
-            f"and switches from split-route to upload-once above {plan.policy.prefill_threshold:,d} tokens; its "
-            f"predicted prefill and wait after a tool output by prompt length:\n\n" + "\n".join(rows))
+            f"and {upload}; its predicted prefill and wait after a tool output by prompt length:\n\n"
+            + "\n".join(rows))
 
 
 BLOCKS = (

@@ -48,7 +48,8 @@ head_dim FLOP per key and query (q.k and p.v). Which rows exist depends on how t
 - a fixed-shape step (the decode step, bucket and verify steps: runtime/model/static_decode) reads and
   scores every row its buffers hold, ceil(context / ratio), masked past the position: the decode step of the
   smallest of buckets.decode_contexts that holds the position (compiled per context on the CPU, captured per
-  context on GPUs), every other step (buckets, verify: one per size) the plan's context (step_context).
+  context on GPUs), the 2-token step (verify, bucket of 2) likewise, every larger step (one per size) the plan's
+  context (step_context).
 `position` None (every method's default) is the end of the plan's context (context - n, at least 0): the
 most a forward of n tokens costs within the plan, the bound the plan's predictions state. The session
 simulator passes each turn's real position.
@@ -309,10 +310,11 @@ class CostModel:
 
     def step_context(self, T: int, position: int | None = None) -> int:
         """The context whose rows a fixed-shape step of T tokens at `position` reads (runtime/engine/step_runner.py):
-        the decode step (T = 1) of the smallest of buckets.decode_contexts that holds the token (compiled per
-        context on the CPU, captured per context on GPUs); every other step (one per size) the plan's context."""
-        if T == 1:
-            after = self.at(1, position) + 1
+        the decode step (T = 1) and the 2-token step (a speculative verify, or the bucket of 2) of the smallest of
+        buckets.decode_contexts that holds its tokens (compiled per context on the CPU, captured per context on
+        GPUs); every other step (one per size) the plan's context."""
+        if T <= 2:
+            after = self.at(T, position) + T
             return next((c for c in decode_contexts(self.context) if after <= c), self.context)
         return self.context
 

@@ -62,6 +62,14 @@ def context(info: ValidationInfo, key: str):
     return (info.context or {}).get(key)
 
 
+def served_model(v, info: ValidationInfo):
+    """A request's `model`, which must be the one the server passes to check() (a 404 naming both otherwise)."""
+    name = context(info, "model")
+    if name is not None and v != name:
+        refuse(f"model {v!r} does not exist; this server has {name!r}", "model", 404, "model_not_found")
+    return v
+
+
 class RequestModel(BaseModel):
     """A request object: every field known, anything else refused (extra="forbid"). Aliases carry field
     names that shadow BaseModel's (`schema`). `check(body, where)` gives APIErrors naming the field at fault."""

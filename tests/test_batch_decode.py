@@ -204,3 +204,31 @@ def test_a_speculating_session_drafts_again_after_batched_steps(compiled, tiny_c
             assert run.session.drafted > before  # it drafted again once alone
     finally:
         engine.close()
+
+
+@pytest.mark.slow  # a speculative engine of its own, its steps run through the capture path
+def test_the_verify_step_has_a_step_per_decode_context_as_decode_does(compiled, tiny_ckpt, monkeypatch):
+    """The 2-token step (a speculative verify) is captured per decode context at load and runs at the smallest
+    that holds its tokens, so speculation reads no more rows than plain decoding; replies stay plain decoding's."""
+    from test_engine_speculative import plain, speculative, speculative_plan
+
+    from ostinato.buckets import decode_contexts
+    from ostinato.runtime.engine import decode_graphs, step_runner
+
+    captured = []
+    monkeypatch.setattr(step_runner, "on_gpu", lambda step: True)
+    monkeypatch.setattr(decode_graphs.SegmentGraphs, "capture",
+                        lambda self, real=decode_graphs.SegmentGraphs.capture: (captured.append(
+                            (type(self.step).__name__, self.step.tokens, getattr(self.step, "context", None))),
+                                                                   real(self))[-1])
+    engine = load_engine(speculative_plan(compiled[0], "mixed", "mixed"), tiny_ckpt, device="cpu")
+    try:
+        contexts = decode_contexts(engine.plan.policy.context)
+        assert {("StaticStep", 2, c) for c in contexts} <= set(captured)
+        prompt = _prompts(1, seed=41)[0]
+        es = engine.new_session()
+        assert speculative(es, prompt, 16) == plain(engine.new_session(), prompt, 16)
+        runner = engine.step_runner
+        assert runner._within(runner.pair_steps, 2).step.context == contexts[0]  # its position is within it
+    finally:
+        engine.close()

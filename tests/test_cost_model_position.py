@@ -123,10 +123,10 @@ def test_a_fixed_shape_step_reads_its_buffers_rows_whatever_the_position():
     gpu = v4_cost("rtx4090d-x4", "fp8")
     assert gpu.decode_step(70_000) == gpu.decode_step(131_072) == gpu.decode_step()  # all within the plan's step
     assert gpu.decode_step(1000) < gpu.decode_step(20_000) < gpu.decode_step()
-    assert (gpu.step_context(1, 1000), gpu.step_context(2, 1000)) == (1024, CONTEXT)
+    assert (gpu.step_context(1, 1000), gpu.step_context(2, 1000), gpu.step_context(4, 1000)) == (1024, 1024, CONTEXT)
     cpu = v4_cost("cpu-only", "float32")
     assert cpu.dense_format == "float32" and cpu.kv_element_bytes == 4
-    assert (cpu.step_context(1, 1000), cpu.step_context(1, 131_072), cpu.step_context(2, 1000)) == (1024, CONTEXT,
+    assert (cpu.step_context(1, 1000), cpu.step_context(1, 131_072), cpu.step_context(4, 1000)) == (1024, CONTEXT,
                                                                                                    CONTEXT)
     host = cpu.hw.host
 

@@ -90,7 +90,7 @@ def test_decode_steps_read_the_smallest_decode_context_that_holds_the_position()
     c = cost(ratio=128, context=262144)
     assert decode_contexts(262144)[:3] == [1024, 4096, 16384]
     assert [c.step_context(1, p) for p in (0, 1023, 1024, 20282, None)] == [1024, 1024, 4096, 65536, 262144]
-    assert c.step_context(2, 20282) == 262144     # buckets and the verify step: one per size
+    assert c.step_context(2, 20282) == 65536 and c.step_context(4, 20282) == 262144  # larger buckets: one
     assert c.batched_before_experts_time(0, [1000, 20282]) == c.batched_before_experts_time(0, [20282, 20282])
     assert c.batched_decode_step([1000, 1000]) < c.batched_decode_step([1000, 20282])
 

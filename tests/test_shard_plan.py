@@ -249,3 +249,27 @@ def test_a_two_gpu_plan_that_shards_holds_what_it_counted(tiny_ckpt, tmp_path, k
     for g in (0, 1):
         assert held.rows[f"gpu{g}"]["upload_staging"] == engine.plan.memory[g].components["upload_staging"]
     engine.close()
+
+
+def test_the_simulator_shards_past_the_plans_threshold_as_the_cost_model_prices_it():
+    """bench/simulator's Ostinato runs a prefill past policy.shard_threshold sharded (sharded_pass: the cost
+    model's sharded_layer over the trace's own counts), one above the prefill threshold and below it over one
+    link; the shard threshold None never shards."""
+    from ostinato.bench.simulator.ostinato_policy import Ostinato
+
+    c = v4_cost(load_hardware("rtx4090d-x4"))
+    L, E = c.cfg.n_layers, c.cfg.n_routed_experts
+    hot = np.stack([l.hot for l in c.layers])
+    rng = np.random.default_rng(0)
+    counts = np.stack([np.bincount(rng.integers(0, E, 6 * 600), minlength=E) for _ in range(L)])  # [L, E]
+    plan = Ostinato(c, hot, threshold=100, shard_threshold=500)
+    sharded, upload = plan.prefill(counts, 600), plan.prefill(counts, 400)
+    assert (sharded.mode, upload.mode) == ("sharded", "upload")
+    per = []
+    for l in range(L):
+        touched = counts[l] > 0
+        per.append(c.sharded_layer(l, 600, (float((touched & hot[l]).sum()), float(counts[l][hot[l]].sum())),
+                                   (float((touched & ~hot[l]).sum()), float(counts[l][~hot[l]].sum())), 0))
+    assert sharded.seconds == pytest.approx(c.forward_time(c.pipelined(per), 600, False, True), rel=1e-12)
+    assert sharded.uploaded == int(((counts > 0) & ~hot).sum())
+    assert Ostinato(c, hot, threshold=100).prefill(counts, 600).mode == "upload"

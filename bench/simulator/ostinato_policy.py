@@ -1,7 +1,8 @@
 """Ostinato as its plan says (runtime/engine/session.py): the plan's hot experts resident on the GPUs;
 prefills of up to the largest of `policy.prefill_buckets` run as captured bucket steps, longer ones
 of up to `policy.prefill_threshold` tokens split-route (hot routes on the GPU, cold routes on
-the host, concurrently), longer ones upload each distinct cold expert once; decode splits too. Its decode,
+the host, concurrently), longer ones upload each distinct cold expert once, over every GPU's link past
+`policy.shard_threshold` (a 1/G slice each: runtime/engine/sharded_upload.py); decode splits too. Its decode,
 bucket and verify steps are fixed-shape (runtime/model/static_decode): their attention reads the rows of their
 buffers (CostModel.step_context), the eager prefills the rows visible at the turn's position.
 With `mtp_acceptance`, decode steps are speculative (runtime/model/speculative.py, depth 1): the MTP block
@@ -16,7 +17,16 @@ import numpy as np
 from ostinato.compiler.cost_model import MTP_ACCEPTANCE, CostModel
 
 from .ktransformers import with_gpu_set
-from .policy import Forward, Policy, bucket_pass, speculative_decode, split_pass, static_decode, upload_pass
+from .policy import (
+    Forward,
+    Policy,
+    bucket_pass,
+    sharded_pass,
+    speculative_decode,
+    split_pass,
+    static_decode,
+    upload_pass,
+)
 
 MTP_NAME = f"Ostinato + MTP ({MTP_ACCEPTANCE:.0%} acceptance)"
 
@@ -30,11 +40,14 @@ class Ostinato(Policy):
     name = "Ostinato"
 
     def __init__(self, cost: CostModel, hot: np.ndarray, threshold: int | None, buckets: list[int] = (),
-                 decode_graphs: bool = True, name: str | None = None, mtp_acceptance: float | None = None):
+                 decode_graphs: bool = True, name: str | None = None, mtp_acceptance: float | None = None,
+                 shard_threshold: int | None = None):
         """`decode_graphs` False: decode steps dispatched op by op (an ablation); `name`: the row's label;
-        `mtp_acceptance`: speculative decoding with the MTP block at that acceptance (None: plain decode)."""
+        `mtp_acceptance`: speculative decoding with the MTP block at that acceptance (None: plain decode);
+        `shard_threshold`: uploads of longer prefills sharded over every GPU's link (None: never)."""
         super().__init__(cost)
         self.hot, self.threshold, self.buckets = hot, threshold, sorted(buckets)  # hot [L, E] bool
+        self.shard_threshold = shard_threshold
         self.decode_graphs = decode_graphs
         self.name = name or self.name
         self.mtp_acceptance = mtp_acceptance
@@ -43,6 +56,8 @@ class Ostinato(Policy):
     def prefill(self, counts: np.ndarray, n: int, position: int = 0) -> Forward:
         if self.buckets and 0 < n <= self.buckets[-1]:
             return bucket_pass(self.cost, counts, n, self.hot, self.buckets, position)
+        if self.shard_threshold is not None and n > self.shard_threshold:
+            return sharded_pass(self.cost, counts, n, self.hot, position)
         if self.threshold is not None and n > self.threshold:
             return upload_pass(self.cost, counts, n, (counts > 0) & ~self.hot, "upload", position=position)
         return split_pass(self.cost, counts, n, self.hot, position=position)

@@ -118,6 +118,20 @@ def upload_pass(cost: CostModel, counts: np.ndarray, n: int, upload: np.ndarray,
                    int(upload.sum()))
 
 
+def sharded_pass(cost: CostModel, counts: np.ndarray, n: int, hot: np.ndarray, position: int = 0) -> Forward:
+    """An upload-once prefill sharded over every GPU's link (cost.sharded_layer with the trace's counts): each GPU
+    uploads and computes a 1/G slice of the layer's distinct cold experts, the hot routes run on the layer's GPU,
+    the activations go out and the partials come back through the host; n tokens after `position`."""
+    per, g_sum, u_sum = [], 0.0, 0.0
+    hot_d, hot_r, cold_d, cold_r = _split_sums(counts, hot)
+    for l in range(counts.shape[0]):
+        up, compute = cost.sharded_layer(l, n, (hot_d[l], hot_r[l]), (cold_d[l], cold_r[l]), position)
+        per.append((up, compute))
+        g_sum, u_sum = g_sum + compute, u_sum + up
+    return Forward(float(cost.forward_time(cost.pipelined(per), n, False, True)), g_sum, 0.0, u_sum, "sharded",
+                   int(((counts > 0) & ~hot).sum()))
+
+
 def bucket_pass(cost: CostModel, counts: np.ndarray, n: int, gpu: np.ndarray, buckets: list[int],
                 position: int = 0) -> Forward:
     """A short prefill as fixed-shape bucket steps (cost.bucket_step with the trace's counts), the first after

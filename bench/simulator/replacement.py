@@ -52,8 +52,8 @@ class AdaptiveOstinato(Ostinato):
     and the link's bytes in idle_s). `moves`: the experts swapped in each idle period of every session replayed."""
 
     def __init__(self, cost: CostModel, hot: np.ndarray, threshold: int | None, buckets: list[int],
-                 adapt: AdaptPolicy, name: str = WITH):
-        super().__init__(cost, hot.copy(), threshold, buckets, name=name)
+                 adapt: AdaptPolicy, name: str = WITH, shard_threshold: int | None = None):
+        super().__init__(cost, hot.copy(), threshold, buckets, name=name, shard_threshold=shard_threshold)
         self.planned = hot.copy()
         self.adapt = adapt
         self.link_bytes_per_s = cost.hw.link.h2d_bandwidth
@@ -94,8 +94,8 @@ def replacement_policies(world, adapt: AdaptPolicy | None = None, idle_s: float 
     adapt = adapt or default_adapt(world.hot, b.hardware.link.h2d_bandwidth, idle_s)
     kt_gpu, kt_threshold = world.kt_at_best
     kt = world.kernel("kt-kernel")
-    return [AdaptiveOstinato(world.cost, world.hot, b.threshold, b.buckets, adapt),
-            Ostinato(world.cost, world.hot, b.threshold, b.buckets, name=WITHOUT),
+    return [AdaptiveOstinato(world.cost, world.hot, b.threshold, b.buckets, adapt, shard_threshold=b.shard_threshold),
+            Ostinato(world.cost, world.hot, b.threshold, b.buckets, name=WITHOUT, shard_threshold=b.shard_threshold),
             KTransformers(world.cost, kt_threshold, kt_gpu, kt, name=KT_FREQUENCY),
             KTransformersDynamic(world.cost, kt_threshold, kt_gpu, kt, name=KT_DYNAMIC)]
 

@@ -81,9 +81,10 @@ class World:
         # GPU experts fill the GPU memory Ostinato's hot set gets: the same count, N per layer
         per_layer = int(self.hot.sum()) // L
         kt, ggml = self.kernel("kt-kernel"), self.kernel("ggml")
-        ours = Ostinato(cost, self.hot, self.build.threshold, self.build.buckets)
+        ours = Ostinato(cost, self.hot, self.build.threshold, self.build.buckets,
+                        shard_threshold=self.build.shard_threshold)
         mtp = Ostinato(cost, self.hot, self.build.threshold, self.build.buckets, name=MTP_NAME,
-                       mtp_acceptance=MTP_ACCEPTANCE)
+                       mtp_acceptance=MTP_ACCEPTANCE, shard_threshold=self.build.shard_threshold)
         if config == "documented":
             return [ours, mtp,
                     KTransformers(cost, DOCUMENTED_THRESHOLD, uniform_placed((L, E), per_layer), kt,
@@ -99,7 +100,8 @@ class World:
                 LruCache(cost, self.hot)]
 
     def ablations(self) -> list[Policy]:
-        return ablations(self.cost, self.hot, self.build.threshold, self.build.buckets, self.kernel("kt-kernel"))
+        return ablations(self.cost, self.hot, self.build.threshold, self.build.buckets, self.kernel("kt-kernel"),
+                         self.build.shard_threshold)
 
 
 def build_world(model: Path = V4_FLASH, hardware: str = "rtx4090d-x4", profile: str = PROFILE,

@@ -12,7 +12,7 @@ from ostinato.plan import SpeculativePrediction
 
 from ..cost_model import MTP_ACCEPTANCE
 from .build import Build, mtp_counts
-from .predictions import rounded
+from .predictions import predictions_position, rounded
 
 # The fewest measured drafts (a recorded profile's mtp_drafts) whose acceptance replaces the published one
 # (MTP_ACCEPTANCE). A rate measured on n drafts has a standard error of at most 0.5 / sqrt(n): 5 points at
@@ -81,13 +81,13 @@ def _percent(x: float) -> str:
 
 def _speculative(b: Build, then: str) -> SpeculativePrediction:
     """Does depth-1 MTP speculation pay here (cost_model.speculative_decode at the acceptance _acceptance
-    gives: measured on the profile or published) with the MTP block as now placed, and why; `then`: what
-    the plan does about it (appended to the reason)."""
+    gives: measured on the profile or published, at the position the plan's decode is priced) with the MTP
+    block as now placed, and why; `then`: what the plan does about it (appended to the reason)."""
     a, source = _acceptance(b)
     if not b.has_mtp:
         return SpeculativePrediction(pays=False, acceptance=rounded(a), decode_tokens_per_s=None, gain=None,
                                      reason="the checkpoint has no MTP block (mtp.0.*) to draft with")
-    plain, step = b.cost.speculative_decode(a)
+    plain, step = b.cost.speculative_decode(a, predictions_position(b))  # where the plan's decode is priced
     gain = step.tokens_per_s / plain
     parts = (f"a step of {step.tokens:.2f} tokens: draft {step.draft_s * 1e3:.3g} ms + 2-token verify "
              f"{step.verify_s * 1e3:.3g} ms + re-run on rejection {step.rerun_s * 1e3:.3g} ms, against "

@@ -25,7 +25,8 @@ others), on one MTP state lent to one drafter at a time as the main state is len
 (`draft()`, `release_drafter()`).
 
 Each position decodes with the step of the smallest context that holds it (`decode_steps`: the plan's context
-divided by powers of 4, buckets.decode_contexts; StaticStep.within): the same buffers, but attention and the
+divided by powers of 4, buckets.decode_contexts; StaticStep.within; the 2-token step, a speculative verify or
+the bucket of 2, likewise: `pair_steps`): the same buffers, but attention and the
 indexer read the compressed rows of that context, not of the plan's whole one (8,192 tokens' 2,048 CSA rows where
 a session holds 600 tokens' 150; at an agent's 20k tokens of a 262,144-token plan, a quarter of them). On GPUs
 each context's decode step is captured at load (a graph per context, in the one pool: only one runs at a time).
@@ -123,6 +124,9 @@ class StepRunner:
         # (context, the decode step within it), ascending: on GPUs each is captured (capture_graphs)
         self.decode_steps = ([(c, SegmentGraphs(self.step.within(c), pool)) for c in contexts[:-1]]
                              + [(max_context, self.graphs[1])])
+        # the 2-token step (a speculative verify, or the bucket of 2) likewise: a decoding session's other step
+        self.pair_steps = ([(c, SegmentGraphs(self.steps[VERIFY_TOKENS].within(c), pool)) for c in contexts[:-1]]
+                           + [(max_context, self.graphs[VERIFY_TOKENS])]) if VERIFY_TOKENS in self.steps else []
         cpu = any(s.device.type == "cpu" for s in self.step.segments)
         self.cpu_step = cpu_step if cpu else "eager"
         # why the decode step runs eagerly on the CPU ("": it does not, or compile_cpu_step will say)
@@ -193,8 +197,8 @@ class StepRunner:
         for T, graphs in self.graphs.items():
             graphs.capture()
             on_step(T)
-        for graphs in (*(g for _, g in self.decode_steps[:-1]), *self.draft_graphs.values(),
-                       *self.rollback_graphs.values()):
+        for graphs in (*(g for _, g in self.decode_steps[:-1]), *(g for _, g in self.pair_steps[:-1]),
+                       *self.draft_graphs.values(), *self.rollback_graphs.values()):
             graphs.capture()
 
     @property
@@ -300,7 +304,8 @@ class StepRunner:
 
     def _run(self, T: int, ids: list[int]) -> torch.Tensor:
         """One step of T tokens -> its logits buffer [V]; counts its routes."""
-        graphs = self._decode_graphs() if T == 1 else self.graphs[T]
+        graphs = (self._decode_graphs() if T == 1 else self._within(self.pair_steps, T) if T == VERIFY_TOKENS
+                  and self.pair_steps else self.graphs[T])
         if T == 1 and self.unbuilt:
             context = next((c for c, g in self.decode_steps if g is graphs), None)
             if context in self.unbuilt:
@@ -311,6 +316,11 @@ class StepRunner:
         logits = graphs.run()  # segments without a captured graph run eagerly
         self.executor.count_decode(step.route_ids(), time.perf_counter() - start)
         return logits
+
+    def _within(self, steps: list[tuple[int, SegmentGraphs]], T: int) -> SegmentGraphs:
+        """Of `steps` (context, graphs), ascending, the smallest context that holds the next T tokens."""
+        after = self.step.position + T
+        return next((graphs for context, graphs in steps if after <= context), steps[-1][1])
 
     def _decode_graphs(self) -> SegmentGraphs:
         """The decode step of the smallest context that holds the next token."""

@@ -14,7 +14,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, StrictStr, ValidationInfo, field_validator
 
-from ..fields import RequestModel, context, refuse, refusing
+from ..fields import RequestModel, refuse, refusing, served_model
 from .parts import BLOCKS, CacheControl, MessageParam, OutputConfig, Thinking, Tool, ToolChoice
 
 TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,128}")
@@ -129,13 +129,7 @@ class CountTokensRequest(RequestModel):
     user_profile_id: StrictStr | None = None      # ignored: Anthropic's account bookkeeping
     workspace_id: StrictStr | None = None         # ignored: likewise
 
-    @field_validator("model", mode="before")
-    @classmethod
-    def _model(cls, v, info: ValidationInfo):
-        name = context(info, "model")
-        if name is not None and v != name:
-            refuse(f"model {v!r} does not exist; this server has {name!r}", "model", 404, "model_not_found")
-        return v
+    _model = field_validator("model", mode="before")(served_model)
 
     @field_validator("system", mode="before")
     @classmethod

@@ -10,7 +10,18 @@ from typing import Any
 
 from pydantic import Field, ValidationInfo, field_validator
 
-from ..fields import RequestModel, StreamOptions, context, count, flag, integer, number, refuse, string
+from ..fields import (
+    RequestModel,
+    StreamOptions,
+    context,
+    count,
+    flag,
+    integer,
+    number,
+    refuse,
+    served_model,
+    string,
+)
 from ..sampling import Sampling
 from ..stop import MAX_STOPS
 
@@ -62,13 +73,7 @@ class GenerationRequest(RequestModel):
     logit_bias: tuple[tuple[int, float], ...] | None = None   # (token id, added to its logit)
     stop: tuple[str, ...] | None = None
 
-    @field_validator("model", mode="before")
-    @classmethod
-    def _model(cls, v, info: ValidationInfo):
-        name = context(info, "model")
-        if name is not None and v != name:
-            refuse(f"model {v!r} does not exist; this server has {name!r}", "model", 404, "model_not_found")
-        return v
+    _model = field_validator("model", mode="before")(served_model)
 
     @field_validator("stream", mode="before")
     @classmethod
