@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ostinato.bench import session_restore
 from ostinato.bench.simulator.kernels import OURS
 from ostinato.bench.simulator.ktransformers import (
     DOCUMENTED_THRESHOLD,
@@ -246,15 +247,8 @@ def peak(cs: list[Cell], preset: str = VERDICT_PRESET) -> str:
 
 
 def doc_with(doc: str, block: str) -> str:
-    """The document with this tool's block replaced by `block`; a document without the block gets it at its end,
-    under its own heading."""
-    i, j = doc.find(DOC_BEGIN), doc.find(DOC_END)
-    if i < 0 and j < 0:
-        return doc.rstrip("\n") + f"\n\n{DOC_HEADING}\n\n{DOC_BEGIN}\n\n{block}\n\n{DOC_END}\n"
-    if i < 0 or j < i:
-        raise ValueError(f"the document's '{DOC_BEGIN}' ... '{DOC_END}' block is broken (one marker without the "
-                         f"other, or in the wrong order)")
-    return doc[:i + len(DOC_BEGIN)] + "\n\n" + block + "\n\n" + doc[j:]
+    """The document with this tool's block replaced by `block` (at its end, under its heading, when it has none)."""
+    return session_restore.doc_with(doc, block, DOC_BEGIN, DOC_END, DOC_HEADING)
 
 
 def shown(doc: str) -> str | None:

@@ -230,16 +230,16 @@ def table(r: Result, machine: str) -> str:
     return "\n".join(lines)
 
 
-def doc_with(doc: str, block: str) -> str:
-    """The document with this tool's block replaced by `block`; a document without the block gets it at its
-    end, under its own heading."""
-    i, j = doc.find(DOC_BEGIN), doc.find(DOC_END)
+def doc_with(doc: str, block: str, begin: str = DOC_BEGIN, end: str = DOC_END, heading: str = DOC_HEADING) -> str:
+    """The document with the block between `begin` and `end` replaced by `block`; a document without it gets it
+    at its end, under `heading` (this tool's markers by default; bench/parallel_model.py passes its own)."""
+    i, j = doc.find(begin), doc.find(end)
     if i < 0 and j < 0:
-        return doc.rstrip("\n") + f"\n\n{DOC_HEADING}\n\n{DOC_BEGIN}\n\n{block}\n\n{DOC_END}\n"
+        return doc.rstrip("\n") + f"\n\n{heading}\n\n{begin}\n\n{block}\n\n{end}\n"
     if i < 0 or j < i:
-        raise ValueError(f"the document's '{DOC_BEGIN}' ... '{DOC_END}' block is broken (one marker without the "
+        raise ValueError(f"the document's '{begin}' ... '{end}' block is broken (one marker without the "
                          f"other, or in the wrong order)")
-    return doc[:i + len(DOC_BEGIN)] + "\n\n" + block + "\n\n" + doc[j:]
+    return doc[:i + len(begin)] + "\n\n" + block + "\n\n" + doc[j:]
 
 
 def machine_line() -> str:

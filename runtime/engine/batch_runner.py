@@ -58,6 +58,7 @@ class BatchRunner:
         self.pool = runner.pool  # the steps never run at the same time: one pool
         self.note = ""  # why batches run eagerly after a compile failed ("": they do not, or none was tried)
         self.steps_run = dict.fromkeys(self.steps, 0)  # batch size -> batched steps run (the server's metrics)
+        self.last_ids: torch.Tensor | None = None  # the last step's expert ids [L, B, k] on the CPU
 
     @property
     def size(self) -> int:
@@ -102,15 +103,12 @@ class BatchRunner:
         start = time.perf_counter()
         step.set_tokens([int(t) for t in token_ids])
         graphs.run()
-        self.executor.count_decode(step.route_ids(), time.perf_counter() - start)
+        self.last_ids = step.route_ids()  # [L, B, k] on the CPU: counted here, each session's added by decode_together
+        self.executor.count_decode(self.last_ids, time.perf_counter() - start)
         self.steps_run[B] += 1
         for s, t in zip(sessions, token_ids):
             s.tokens.append(int(t))
         return [handed_out(row) for row in step.all_logits], step.streams.clone()
-
-    def last_routes(self, B: int) -> torch.Tensor:
-        """The last step of B sessions' expert ids [L, B, k] on the CPU."""
-        return self.steps[B].route_ids()
 
     def _seat(self, sessions: list[Session]) -> None:
         """Session b in slot b: a session already there stays (its buffers are current), any other is stored
@@ -171,7 +169,7 @@ def decode_together(sessions: list, token_ids: list[int]) -> list[torch.Tensor]:
         s.room_for(1)
         s.begin_batched()
     logits, streams = batcher.decode([s.session for s in sessions], token_ids)
-    routes = batcher.last_routes(len(sessions)) if any(s.adapter is not None for s in sessions) else None
+    routes = batcher.last_ids if any(s.adapter is not None for s in sessions) else None
     for b, (s, t) in enumerate(zip(sessions, token_ids)):
         if s.drafter is not None:
             s.drafter.ran([int(t)], streams[b:b + 1])
