@@ -131,11 +131,34 @@ CITED = {
         "what": "ggml_barrier (the CPU backend's per-op thread barrier) measured at about 7% of the CPU graph "
                 "evaluation time in token generation with DeepSeek-Lite; thread count and CPU not stated",
         "source": "https://github.com/ikawrakow/ik_llama.cpp/pull/238"},
+    # the two figures behind ostinato/host_sync.py's growth of the pool's hand-off with its threads (issue #58)
+    "ggml_test_barrier_epyc_openmp_4_threads": {
+        "value": 2504.67, "unit": "ns per graph node",
+        "what": "llama.cpp tests/test-barrier (2000 nodes, each a tiny Q4_0 matrix-vector product followed by a "
+                "barrier; 100 rounds) on an AMD EPYC, OpenMP build, 4 threads (the threadpool build: 1962.74)",
+        "source": "https://github.com/ggml-org/llama.cpp/pull/9598"},
+    "ggml_test_barrier_epyc_openmp_8_threads": {
+        "value": 3158.78, "unit": "ns per graph node",
+        "what": "the same run at 8 threads (the threadpool build: 3039.05); the comment also ran 16, 32 and 64 "
+                "threads, not read here",
+        "source": "https://github.com/ggml-org/llama.cpp/pull/9598"},
+    "core_to_core_latency_epyc7453": {
+        "value": 230.0, "unit": "ns",
+        "what": "one cache-line round between two cores of an AMD EPYC 7453 (28 cores): 24-30 ns within a core "
+                "complex, 136-139 and 225-243 ns across (the table's typical cells)",
+        "source": "https://github.com/nviennot/core-to-core-latency/issues/125"},
+    "cas_shared_line_threadripper5995wx": {
+        "value": 70.9, "unit": "ns",
+        "what": "CAS latency on a single shared cache line between two cores of an AMD Ryzen Threadripper PRO 5995WX "
+                "(64 cores, one socket), mean over core pairs (min 8.0 ns, max 95.0 ns): what each arriving "
+                "thread's atomic decrement of a centralized barrier's counter waits for the line",
+        "source": "https://github.com/nviennot/core-to-core-latency/issues/133"},
 }
 CITED_MISSING = [
-    "a published OpenMP barrier (or fork/join) cost versus thread count, e.g. EPCC syncbench tables: the EPCC "
-    "suite and a scaling study (Iwainsky et al., Euro-Par 2015, 'How Many Threads will be too Many?') were "
-    "found, but no numbers were read in them",
+    "a published OpenMP barrier (or fork/join) cost at 32-64 threads on a many-core x86, e.g. EPCC syncbench "
+    "tables: the EPCC suite, a scaling study (Iwainsky et al., Euro-Par 2015, 'How Many Threads will be too "
+    "Many?') and llama.cpp PR #9598's 16-64-thread test-barrier rows were found, but those numbers were not read; "
+    "ostinato/host_sync.py bounds the growth from the 4- and 8-thread rows",
     "the fraction of peak bandwidth a Triton / CUTLASS / vLLM fused-MoE kernel reaches at decode (1-4 tokens) "
     "on an RTX 4090, H100 or H200 as an absolute figure: vLLM/SGLang tuning PRs report speed-ups, not GB/s",
     "a cudaLaunchHostFunc latency measured on an RTX 4090 or H100/H200 with the driver named",
@@ -575,9 +598,9 @@ def recommend(derived: dict) -> dict:
     return {"value_s": sig3(sum(v for _, v, _ in parts)),
             "components": [{"name": n, "value_s": sig3(v), "from": f} for n, v, f in parts],
             "note": "per layer with cold experts, T=1 decode token, D=4096; the pool part is this machine's "
-                    "hot wake-up (team still spinning, floored at 0) at the run's thread count, not scaled to "
-                    "another core count; the copy fixed overheads are host-issued cudaMemcpy figures (a CUDA "
-                    "graph's memcpy nodes may cost less)"}
+                    "hot wake-up (team still spinning, floored at 0) at the run's thread count; a spec's "
+                    "host.handoff_s grows it to the host's cores (ostinato/host_sync.py); the copy fixed overheads "
+                    "are host-issued cudaMemcpy figures (a CUDA graph's memcpy nodes may cost less)"}
 
 
 def table(doc: dict) -> str:

@@ -1,6 +1,6 @@
 """The cost model beside published measurements: every row of plans/published/, the model's figure, the ratio.
 
-    python -m ostinato.bench.validate [--rows DIR] [--kernels DIR|FILE|none] [--doc [FILE]]
+    python -m ostinato.bench.validate [--rows DIR] [--kernels DIR|FILE|none] [--doc [FILE]] [--readme [FILE]]
 
 For each row (bench/published.py) it builds the box's plan for DeepSeek-V4-Flash (with the row's config
 changes), prices the row's system on it with the session simulator (bench/simulator: every system's CPU
@@ -9,7 +9,9 @@ cpu_expert_kernels.<isa>.yaml, or the nearest measured one, named under the tabl
 beside the published one, their score (band_ratio: how far the model's band lies from the published band, 1.00
 only inside it) and whether it is within 1.5x. Rows a constant of the model was set from (Row.calibration) are
 shown apart and left out of the count. `--doc` writes the table into docs/validation.md between its markers (a
-test regenerates it). Session metrics replay DOC_SESSIONS shipped sessions per workload; their figure is the
+test regenerates it), and the paper's abstract claims beside the model's direction on each (bench/paper_claims.py)
+between their own markers; `--readme` writes the claims' one-line summary between its markers in README.md.
+Session metrics replay DOC_SESSIONS shipped sessions per workload; their figure is the
 range over the workloads (coding, customer service).
 
 Two-socket boxes are priced by one NUMA rule (numa_host).
@@ -28,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ostinato.bench import paper_claims
 from ostinato.bench.published import PUBLISHED_DIR, Bound, Row, box_spec, load_rows
 from ostinato.bench.simulator.bench import DOC_SESSIONS, by_workload, config_runs, doc_with
 from ostinato.bench.simulator.formats import CHECKPOINT, GGUF_MXFP4_MOE
@@ -44,11 +47,12 @@ from ostinato.bench.simulator.policy import Policy, static_decode
 from ostinato.bench.simulator.replay import chunked_prefill, chunks, summarize
 from ostinato.bench.simulator.trace import TraceSampler
 from ostinato.bench.simulator.world import PROFILE, V4_FLASH, World, build_world
-from ostinato.compiler.host_kernel import kernel_time
+from ostinato.compiler.host_kernel import kernel_time, numa_read_share
 from ostinato.workload import read_sessions
 
 SHIPPED = Path(__file__).resolve().parents[1] / "plans" / "workloads" / "agent_turns.csv"
 DOC = Path("docs/validation.md")  # --doc's default (from the repository root)
+README = Path("README.md")        # --readme's default
 DOC_BEGIN = "<!-- validation table: written by python -m ostinato.bench.validate --doc; do not edit -->"
 DOC_END = "<!-- end of the validation table -->"
 WITHIN = 1.5
@@ -92,19 +96,11 @@ class Boxes:
 
 
 def numa_host(host, sockets: int, pools: int):
-    """The host as a CPU kernel of `pools` thread pools reads it on a box of `sockets` sockets (NUMA nodes).
-
-    A box's host.bandwidth is its whole streaming read, each socket's memory read by that socket's threads. A
-    kernel reads all of it only when every socket has a pool reading its own memory: kt-kernel keeps one pool per
-    NUMA node, each with its share of every expert in that node's memory (its docs: --kt-threadpool-count set to
-    the NUMA node count; its log's "Creating AMX_MOE_TP 0 at numa 0" / "1 at numa 1"). With fewer pools the other
-    sockets' share is not read locally: a program that reads a two-socket server without NUMA placement gets
-    about half of what NUMA-aware code gets (D. Lemire, "How much memory bandwidth do large Amazon instances
-    offer?", 2024-01-18: about 130 GB/s on a two-socket Ice Lake server, doubled by NUMA-aware code). The rule:
-    read bandwidth x min(pools, sockets) / sockets."""
-    if sockets < 1 or pools < 1:
-        raise ValueError(f"NUMA rule: sockets {sockets} and pools {pools} must be at least 1")
-    share = min(pools, sockets) / sockets
+    """The host as a CPU kernel of `pools` thread pools reads it on a box of `sockets` sockets (NUMA nodes): its
+    read bandwidth (and its published kernel read, where it has one) x compiler/host_kernel.py numa_read_share,
+    min(pools, sockets) / sockets (kt-kernel's pool per NUMA node reads all of it; one pool across two sockets
+    about half, D. Lemire 2024-01-18, cited there)."""
+    share = numa_read_share(sockets, pools)
     if share == 1:
         return host
     scaled = host.expert_read_bandwidth * share if host.expert_read_bandwidth is not None else None
@@ -279,6 +275,15 @@ class Validation:
             out.extend(f"- {t}" for t in tables)
         return "\n".join(out)
 
+    def claims(self) -> list[paper_claims.ClaimVerdict]:
+        """The paper's abstract claims whose rows are among these rows, each with the model's direction."""
+        v = self.verdicts
+        return paper_claims.verdicts(self.rows, {rid: x.model for rid, x in v.items()},
+                                     {rid: x.within for rid, x in v.items()})
+
+    def claims_table(self) -> str:
+        return paper_claims.claims_table(self.rows, self.claims())
+
 
 def params_text(r: Row) -> str:
     def value(v) -> str:
@@ -295,16 +300,27 @@ def main(argv: list[str] | None = None) -> int:
                         "gets its host ISA's), one table file for every box, or 'none' for every system at the "
                         "cost model's own kernel")
     p.add_argument("--doc", type=Path, nargs="?", const=DOC, metavar="FILE",
-                   help=f"write the table between its markers in FILE (default {DOC})")
+                   help=f"write the table and the paper's claims between their markers in FILE (default {DOC})")
+    p.add_argument("--readme", type=Path, nargs="?", const=README, metavar="FILE",
+                   help=f"write the paper claims' summary line between its markers in FILE (default {README})")
     a = p.parse_args(argv)
     kernels = None if a.kernels == "none" else Path(a.kernels)
     if kernels is not None and not kernels.exists():
         p.error(f"--kernels {kernels}: no such file or folder")
-    table = Validation(load_rows(a.rows), kernels).table()
+    validation = Validation(load_rows(a.rows), kernels)
+    table, claims = validation.table(), validation.claims_table()
     print(table)
+    print()
+    print(claims)
     if a.doc:
-        a.doc.write_text(doc_with(a.doc.read_text(), table, DOC_BEGIN, DOC_END))
-        print(f"wrote the table into {a.doc}", file=sys.stderr)
+        doc = doc_with(a.doc.read_text(), table, DOC_BEGIN, DOC_END)
+        a.doc.write_text(doc_with(doc, claims, paper_claims.CLAIMS_BEGIN, paper_claims.CLAIMS_END))
+        print(f"wrote the table and the paper's claims into {a.doc}", file=sys.stderr)
+    if a.readme:
+        summary = paper_claims.claims_summary(validation.claims())
+        a.readme.write_text(doc_with(a.readme.read_text(), summary, paper_claims.README_BEGIN,
+                                     paper_claims.README_END))
+        print(f"wrote the paper claims' summary into {a.readme}", file=sys.stderr)
     return 0
 
 

@@ -71,6 +71,20 @@ def expert_read_bandwidth(host) -> float:
     return host.expert_read_bandwidth or EXPERT_READ_FRACTION * host.bandwidth
 
 
+def numa_read_share(sockets: int, pools: int) -> float:
+    """The share of a box's streaming read (all its sockets' memory, each read by its own socket's threads) that a
+    CPU kernel of `pools` thread pools reads on a box of `sockets` sockets (NUMA nodes): min(pools, sockets) /
+    sockets. A kernel reads all of it only when every socket has a pool reading its own memory: kt-kernel keeps one
+    pool per NUMA node, each with its share of every expert in that node's memory (its docs: --kt-threadpool-count
+    set to the NUMA node count; its log's "Creating AMX_MOE_TP 0 at numa 0" / "1 at numa 1"). One pool across the
+    sockets reads the others' memory remotely: a program that reads a two-socket server without NUMA placement gets
+    about half of what NUMA-aware code gets (D. Lemire, "How much memory bandwidth do large Amazon instances
+    offer?", 2024-01-18: about 130 GB/s on a two-socket Ice Lake server, doubled by NUMA-aware code)."""
+    if sockets < 1 or pools < 1:
+        raise ValueError(f"NUMA rule: sockets {sockets} and pools {pools} must be at least 1")
+    return min(pools, sockets) / sockets
+
+
 def rates_of_spec(host) -> KernelRates | None:
     """The Ostinato kernel's per-core rates a hardware spec carries (host.expert_kernel), or None."""
     k = host.expert_kernel

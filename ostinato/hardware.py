@@ -15,6 +15,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from .host_sync import barrier_growth_s
 from .isa import ISAS
 from .plans import plans_dir
 from .validation import Bytes, Count, Flag, Name, Rate, Record, SchemaError, Seconds, validate
@@ -68,6 +69,13 @@ class HostSpec(Record):
     expert_read_bandwidth: Rate | None = None  # bytes/s of packed experts read, 1 token per expert, all cores
     expert_flops: Rate | None = None           # FLOP/s at 64 tokens per expert, all cores
     calibration: str | None = None             # how and where those were measured
+
+    @property
+    def handoff_s(self) -> float:
+        """The per-layer hand-off at this host's cores: task_handoff_s (its pool's share measured at 2 threads) plus
+        the pool's synchronizations grown to `cores` threads (host_sync.barrier_growth_s, a bound). What the cost
+        model charges a layer whose cold routes run on the host."""
+        return self.task_handoff_s + barrier_growth_s(self.cores)
 
 
 class LinkSpec(Record):

@@ -198,19 +198,27 @@ def test_each_ablation_removes_one_mechanism():
     assert no_hot.decode(hot_token)[0][0] == pytest.approx(10 * MS + 2 * ACT)
 
 
-def test_lru_cache_evicts_the_least_recently_used_and_big_batches_only_read():
+def test_lru_cache_evicts_the_least_recently_used_computes_misses_on_the_cpu_and_big_batches_skip_it():
+    """llama.cpp's expert cache (llamacpp.py LruCache): a miss is a host-resident expert, so a pass below
+    GGML_OP_OFFLOAD_MIN_BATCH (32) tokens computes it on the CPU (not uploaded on the step's path) and inserts it;
+    a pass of more than 32 tokens skips the cache (the paper's abstract): every expert it uses is uploaded."""
     c = cost()
     lru = LruCache(c, c.layers[0].hot[None].copy())            # capacity 2, warm {0, 1}
     steps, f = lru.decode(np.array([[[1]], [[2]], [[0]]]))
-    assert steps[0] == pytest.approx(1 * MS)                    # hit
-    assert steps[1] == pytest.approx(1 * MS + 100 * MS)         # miss: uploaded and inserted, e0 evicted
-    assert steps[2] == pytest.approx(1 * MS + 100 * MS)         # e0 misses again; e1 (older than e2) evicted
-    assert set(np.flatnonzero(lru.cached[0])) == {0, 2} and f.uploaded == 2
-    big = lru.prefill(routing(1, 4, [{3: 33}]), 33)             # > 32: miss uploaded for the batch only
-    assert big.mode == "read" and big.uploaded == 1 and set(np.flatnonzero(lru.cached[0])) == {0, 2}
-    assert big.seconds == pytest.approx(100 * MS + 1 * MS)
-    small = lru.prefill(routing(1, 4, [{3: 31}]), 31)           # <= 32: inserted, evicting e2 (older than e0)
-    assert small.mode == "fill" and set(np.flatnonzero(lru.cached[0])) == {0, 3}
+    assert steps[0] == pytest.approx(1 * MS)                    # hit: on the GPU
+    assert steps[1] == pytest.approx(10 * MS + 2 * ACT)         # miss: on the CPU, inserted, e0 evicted
+    assert steps[2] == pytest.approx(10 * MS + 2 * ACT)         # e0 misses again; e1 (older than e2) evicted
+    assert set(np.flatnonzero(lru.cached[0])) == {0, 2} and f.uploaded == 2 and f.upload_s == 0.0
+    assert f.cpu_experts_s == pytest.approx(2 * (10 * MS + 2 * ACT)) and f.gpu_experts_s == pytest.approx(1 * MS)
+    big = lru.prefill(routing(1, 4, [{0: 20, 3: 13}]), 33)      # > 32: the cache skipped, both experts uploaded
+    assert big.mode == "skip" and big.uploaded == 2 and set(np.flatnonzero(lru.cached[0])) == {0, 2}
+    assert big.seconds == pytest.approx(2 * 100 * MS + 2 * MS)  # the cached e0 crosses the link too
+    at32 = lru.prefill(routing(1, 4, [{0: 16, 1: 16}]), 32)     # 32: op offload uploads the miss, and it is inserted
+    assert at32.mode == "fill" and at32.uploaded == 1 and at32.seconds == pytest.approx(100 * MS + 2 * MS)
+    assert set(np.flatnonzero(lru.cached[0])) == {0, 1}
+    small = lru.prefill(routing(1, 4, [{0: 20, 3: 11}]), 31)    # < 32: the hit on the GPU, the miss on the CPU
+    assert small.mode == "fill" and set(np.flatnonzero(lru.cached[0])) == {0, 3}   # e1 (older than e0) evicted
+    assert small.seconds == pytest.approx(1 * MS + 10 * MS + 2 * 31 * ACT) and small.upload_s == 0.0
     lru.reset()
     assert set(np.flatnonzero(lru.cached[0])) == {0, 1}
 

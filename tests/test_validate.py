@@ -4,9 +4,16 @@ from pathlib import Path
 
 import pytest
 
-from ostinato.bench import validate
+from ostinato.bench import paper_claims, validate
 from ostinato.bench.published import BOXES_DIR, PUBLISHED_DIR, Bound, RowError, box_spec, load_rows
-from ostinato.bench.simulator.kernels import KERNEL_TABLES, OURS, load_kernel_table, table_file
+from ostinato.bench.simulator.kernels import (
+    KERNEL_TABLES,
+    OURS,
+    load_kernel_table,
+    load_kernel_tables,
+    table_file,
+    table_for_isa,
+)
 from ostinato.hardware import load_hardware
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -91,22 +98,34 @@ def test_each_box_is_priced_with_its_isas_kernel_table_and_the_table_says_which(
         and "AMX is not measured" in listed[1]
 
 
-def test_the_presets_kernel_rates_are_the_measured_ostinato_row():
-    """plans/hardware's expert_kernel copies the avx2 table's Ostinato row (the compiler's own pricing; the
-    simulator prices each box with its ISA's table, kernels.py)."""
-    ours = load_kernel_table(table_file("avx2")).of(OURS)
-    for preset in ("rtx4090d-x4", "h200-x1", "cpu-only"):
-        k = load_hardware(preset).host.expert_kernel
+def test_each_presets_kernel_rates_are_the_ostinato_row_of_its_isas_table():
+    """plans/hardware's expert_kernel (the compiler's own pricing) copies the Ostinato row of the table that prices
+    a box of the preset's host ISA (kernels.py table_for_isa): the AMX presets the avx512_bf16 row (no AMX table;
+    Ostinato's amx build is that path), the AVX2 cpu-only preset the avx2 row, never the AVX2 row for an AMX host."""
+    tables = load_kernel_tables(KERNEL_TABLES)
+    for preset, isa, table in (("rtx4090d-x4", "amx", "avx512_bf16"), ("h200-x1", "amx", "avx512_bf16"),
+                               ("cpu-only", "avx2", "avx2")):
+        host = load_hardware(preset).host
+        assert host.isa == isa, preset
+        ours = table_for_isa(tables, isa).of(OURS)
+        assert ours == tables[table].of(OURS)
+        k = host.expert_kernel
         assert k is not None, preset
         assert tuple(k.tokens_per_expert) == ours.tokens and tuple(k.per_core) == ours.per_core, preset
+        assert table in k.source, preset
 
 
 @pytest.mark.slow
 def test_the_documented_validation_table_is_the_tools_output():
     doc = (ROOT / validate.DOC).read_text()
     block = doc[doc.index(validate.DOC_BEGIN) + len(validate.DOC_BEGIN):doc.index(validate.DOC_END)]
-    table = validate.Validation(load_rows()).table()
-    assert block.strip() == table, f"{validate.DOC}'s table is stale: run python -m ostinato.bench.validate --doc"
+    validation = validate.Validation(load_rows())
+    assert block.strip() == validation.table(), \
+        f"{validate.DOC}'s table is stale: run python -m ostinato.bench.validate --doc"
+    begin, end = paper_claims.CLAIMS_BEGIN, paper_claims.CLAIMS_END
+    claims = doc[doc.index(begin) + len(begin):doc.index(end)]
+    assert claims.strip() == validation.claims_table(), \
+        f"{validate.DOC}'s paper claims are stale: run python -m ostinato.bench.validate --doc"
 
 
 def row_file(folder: Path, name: str, **changes) -> None:
@@ -166,3 +185,93 @@ def test_a_row_with_one_pool_on_two_sockets_is_priced_at_half_the_read(tmp_path)
     one = two.model_copy(update={"system": two.system.model_copy(update={"pools": 1})})
     boxes = validate.Boxes(KERNEL_TABLES)
     assert validate.model_figure(one, boxes)[0] == pytest.approx(2 * validate.model_figure(two, boxes)[0])
+
+
+def test_each_paper_claim_is_priced_by_a_committed_ratio_row_on_its_stated_side():
+    """Every claim of the abstract the claims table checks is a committed row whose published figure lies on the
+    side of 1 the claim states (so the table cannot call a claim right that the paper does not make)."""
+    rows = load_rows()
+    assert len(paper_claims.CLAIMS) == 4
+    for c in paper_claims.CLAIMS:
+        value = rows[c.row].value
+        if isinstance(value, Bound):                 # "< x": the paper's side is below 1 when x is at most 1
+            assert c.side == "below 1" and value.below <= 1.0, c.row
+        else:
+            assert paper_claims.direction_right(c.side, tuple(value)), c.row
+        assert rows[c.row].source.startswith("arXiv 2611.11533"), c.row
+
+
+@pytest.mark.parametrize("side, model, right", [
+    ("below 1", (0.5, 0.9), True),
+    ("below 1", (0.5, 1.1), False),     # a band across 1 is not the paper's direction
+    ("above 1", (1.2, 3.0), True),
+    ("above 1", (0.7, 0.7), False),
+])
+def test_a_claims_direction_is_right_only_when_the_whole_band_is_on_its_side(side, model, right):
+    assert paper_claims.direction_right(side, model) is right
+    with pytest.raises(ValueError, match="side 'sideways'"):
+        paper_claims.direction_right("sideways", model)
+
+
+def test_the_claims_table_says_wrong_with_the_rows_reason_and_counts_the_right_ones():
+    rows = load_rows()
+    claims = {c.row: c for c in paper_claims.CLAIMS}
+    wait, decode = "paper-llamacpp-layers-wait", "paper-llamacpp-layers-decode"
+    rows[wait] = rows[wait].model_copy(update={"why_off": "the reason, with its source"})
+    found = [paper_claims.ClaimVerdict(claims[wait], (1.05, 1.15), False, False, rows[wait].why_off),
+             paper_claims.ClaimVerdict(claims[decode], (1.7, 1.7), True, True, "")]
+    table = paper_claims.claims_table(rows, found)
+    line = next(x for x in table.splitlines() if wait in x)
+    assert "**wrong** (the paper: below 1)" in line and "the reason, with its source" in line and "1.05-1.15" in line
+    assert "right (above 1)" in next(x for x in table.splitlines() if decode in x)
+    assert "right on 1 of 2" in table and f"Wrong: {wait}" in table
+
+
+def test_validation_gives_each_claim_its_rows_model_band():
+    rows = load_rows()
+    v = validate.Validation(rows)
+    v.__dict__["verdicts"] = {rid: validate.verdict(r.value, (0.5, 0.5) if rid.startswith("paper-") else (1, 1))
+                              for rid, r in rows.items()}
+    found = {f.claim.row: f for f in v.claims()}
+    assert set(found) == {c.row for c in paper_claims.CLAIMS}
+    assert found["paper-llamacpp-layers-wait"].right and not found["paper-ostinato-sessions"].right
+    assert found["paper-ostinato-sessions"].why == rows["paper-ostinato-sessions"].why_off
+
+
+def test_readme_gets_the_claims_summary_between_its_markers(tmp_path, monkeypatch):
+    readme = tmp_path / "README.md"
+    readme.write_text(f"intro\n{paper_claims.README_BEGIN}\nold\n{paper_claims.README_END}\nrest\n")
+    rows = load_rows()
+    fixed = {rid: validate.verdict(r.value, (1.0, 1.0)) for rid, r in rows.items()}
+    monkeypatch.setattr(validate.Validation, "verdicts", fixed)
+    assert validate.main(["--readme", str(readme)]) == 0
+    text = readme.read_text()
+    assert "old" not in text and text.startswith("intro\n") and text.endswith("rest\n")
+    assert "The model's direction is right on 0 of 4" in text
+    readme.write_text("no markers\n")
+    with pytest.raises(ValueError, match="paper claims summary"):
+        validate.main(["--readme", str(readme)])
+
+
+def test_the_llama_cpp_expert_cache_computes_its_misses_with_ggmls_kernel():
+    """The LRU cache computes its misses on the CPU (bench/simulator/llamacpp.py), so it is priced with ggml's
+    measured rates like llama.cpp's other placements, not with Ostinato's."""
+    world = validate.Boxes(KERNEL_TABLES).world(load_rows()["routing-top8"])
+    for config in ("documented", "best"):
+        by_name = {p.name: p for p in world.policies(config)}
+        lru, layers = by_name["llama.cpp LRU cache"], by_name["llama.cpp layers"]
+        assert lru.cost.host_kernel == world.kernel("ggml") == layers.cost.host_kernel != world.kernel(OURS)
+
+
+def test_the_two_socket_h200_preset_reads_experts_by_the_numa_rule():
+    """Ostinato runs one expert pool across both sockets of h200-x1 (cold experts round-robin over the NUMA nodes):
+    the preset's expert read is the NUMA rule's share for one pool on two sockets, as a published row's would be."""
+    from ostinato.compiler.host_kernel import EXPERT_READ_FRACTION, expert_read_bandwidth, numa_read_share
+    host = load_hardware("h200-x1").host
+    assert numa_read_share(2, 1) == 0.5 and numa_read_share(2, 2) == numa_read_share(1, 1) == numa_read_share(2, 4) == 1
+    assert expert_read_bandwidth(host) == pytest.approx(EXPERT_READ_FRACTION * host.bandwidth * numa_read_share(2, 1),
+                                                        rel=1e-3)
+    one_socket = load_hardware("rtx4090d-x4").host          # one socket: the whole read, 0.8 of it
+    assert expert_read_bandwidth(one_socket) == pytest.approx(EXPERT_READ_FRACTION * one_socket.bandwidth)
+    with pytest.raises(ValueError, match="pools 0"):
+        numa_read_share(2, 0)

@@ -9,16 +9,20 @@ expert in host memory. `--n-cpu-moe N` with N < L keeps only the first N layers'
 the last L - N layers' experts stay on the GPUs (the tuned form of the recipe: as many whole layers of
 experts as the GPU memory left over holds). A layer's GPU and CPU splits run one after another (no overlap); batches
 below 32 tokens compute the experts on the CPU, the activations crossing the link both ways.
-Both: host-resident weights are copied to the GPU Host-resident weights are copied to the GPU
-for an op whose batch is >= GGML_OP_OFFLOAD_MIN_BATCH (32) tokens ("op offload"): the host layers'
-dense weights and the experts the batch uses; smaller batches compute them on the CPU. The scheduler copies
-a split's inputs before running it, so upload and compute are serial here. Its graphs are built and
-run in C, so no per-op Python dispatch is added (cost.dispatch_time applies to PyTorch systems).
+Both: host-resident weights are copied to the GPU for an op whose batch is >= GGML_OP_OFFLOAD_MIN_BATCH (32)
+tokens ("op offload"): the host layers' dense weights and the experts the batch uses; smaller batches compute
+them on the CPU. The scheduler copies a split's inputs before running it, so upload and compute are serial
+here. Its graphs are built and run in C, so no per-op Python dispatch is added (cost.dispatch_time applies to
+PyTorch systems).
 
 LRU expert cache (`--moe-cache-mib`): dense parts on the GPUs, experts on the host, a GPU cache of
 experts (here: as many per layer as Ostinato's hot set, the same bytes), warm-started with that hot
-set. Batches of <= 32 tokens read and fill it: misses are uploaded and inserted, least recently used
-evicted. Batches of > 32 tokens only read it: misses are uploaded for that batch and not inserted.
+set. Batches of <= 32 tokens read and fill it: hits computed on the GPU, misses inserted (least recently
+used evicted). A miss is a host-resident expert, so below GGML_OP_OFFLOAD_MIN_BATCH (32) tokens it is
+computed on the CPU, as every host-resident weight is (the op offload rule above), after the GPU's hits,
+and its copy into the cache does not hold up the step; at 32 tokens it is uploaded. Passes of more than
+32 tokens skip the cache (the paper, arXiv 2611.11533, abstract: "skips forward passes of more than 32
+tokens"): op offload uploads every expert the pass uses, as without a cache, and nothing is inserted.
 
 Every configuration reads llama.cpp's own weights: the DeepSeek-V4-Flash GGUF as ggml-org publishes it
 (formats.py GGUF_MXFP4_MOE: the dense matrices and the head in Q8_0, not the plan's formats).
@@ -173,8 +177,10 @@ class LruCache(Policy):
     name = "llama.cpp LRU cache"
     weights = GGUF_MXFP4_MOE.name
 
-    def __init__(self, cost: CostModel, warm: np.ndarray, capacity: np.ndarray | None = None):
-        super().__init__(gguf_cost(cost))
+    def __init__(self, cost: CostModel, warm: np.ndarray, capacity: np.ndarray | None = None, kernel=None):
+        """`kernel`: ggml's measured kernel rates, which compute the misses on the CPU (KernelRates, kernels.py;
+        None: the cost model's own)."""
+        super().__init__(gguf_cost(cost, kernel))
         self.warm = warm                                         # [L, E] bool: the cache's starting content
         self.cap = capacity if capacity is not None else warm.sum(axis=1)   # [L]
         self.reset()
@@ -207,17 +213,24 @@ class LruCache(Policy):
     def prefill(self, counts: np.ndarray, n: int, position: int = 0) -> Forward:
         c = self.cost
         used = counts > 0
-        miss = used & ~self.cached
-        total = g_sum = u_sum = 0.0
+        fills = n <= CACHE_FILL_MAX_BATCH
+        miss = used & ~self.cached if fills else used      # a bigger pass skips the cache: every used expert is
+        on_cpu = n < OP_OFFLOAD_MIN_BATCH                   # host-resident; below op offload's batch the CPU computes
+        total = g_sum = h_sum = u_sum = 0.0
         for l in range(self.L):
-            g = c.gpu_experts_time(float(used[l].sum()), float(counts[l].sum()))
-            u = c.upload_time(float(miss[l].sum()))
-            total += u + c.attention_time(l, n, position) + g
-            g_sum, u_sum = g_sum + g, u_sum + u
-        if n <= CACHE_FILL_MAX_BATCH:
+            hits = used[l] & ~miss[l]
+            g = c.gpu_experts_time(float(hits.sum()), float(counts[l][hits].sum()))
+            if on_cpu:
+                h, u = c.cpu_experts_time(n, float(miss[l].sum()), float(counts[l][miss[l]].sum())), 0.0
+            else:
+                h, u = 0.0, c.upload_time(float(miss[l].sum()))
+                g = c.gpu_experts_time(float(used[l].sum()), float(counts[l].sum()))
+            total += u + c.attention_time(l, n, position) + g + h
+            g_sum, h_sum, u_sum = g_sum + g, h_sum + h, u_sum + u
+        if fills:
             self._touch(used)
-        mode = "fill" if n <= CACHE_FILL_MAX_BATCH else "read"
-        return Forward(total + c.forward_overheads(n, False), g_sum, 0.0, u_sum, mode, int(miss.sum()))
+        mode = "fill" if fills else "skip"
+        return Forward(total + c.forward_overheads(n, False), g_sum, h_sum, u_sum, mode, int(miss.sum()))
 
     def _decode_misses(self, ids: np.ndarray) -> np.ndarray:
         """[T, L] misses of each decode step whose ids [T, L, k] are distinct per layer; every step filling
@@ -246,11 +259,11 @@ class LruCache(Policy):
         return misses
 
     def decode(self, ids: np.ndarray, position: int = 0) -> tuple[np.ndarray, Forward]:
+        """Each step's hits on the GPU, then its misses on the CPU (1 token: below op offload's batch), one layer
+        after the other; the misses' copies into the cache run beside the CPU's work, off the step's path."""
         c, T, L, k = self.cost, *ids.shape
         at = position + np.arange(T)   # [T]: each step's attention reads the rows visible then
-        base = (sum(c.attention_time(l, 1, at) + c.gpu_experts_time(k, k) for l in range(L))
-                + c.forward_overheads(1, True))
-        per_miss, lat = c.expert_bytes / c.hw.link.h2d_bandwidth, c.hw.link.latency_s
+        base = sum(c.attention_time(l, 1, at) for l in range(L)) + c.forward_overheads(1, True)   # [T]
         rows = np.arange(L)[:, None]
         if T and (np.diff(np.sort(ids, axis=2), axis=2) == 0).any():   # repeated ids in a step: the general path
             misses = np.empty((T, L), dtype=np.int64)
@@ -261,7 +274,10 @@ class LruCache(Policy):
                 self._touch(used)
         else:
             misses = self._decode_misses(ids)
-        steps = base + (misses * per_miss + (misses > 0) * lat).sum(axis=1)   # [T]
-        uploaded = int(misses.sum())
-        g = T * L * c.gpu_experts_time(k, k)
-        return steps, Forward(float(steps.sum()), g, 0.0, float(steps.sum() - np.sum(base)), "decode", uploaded)
+        # seconds of a layer with m of its k routes missing: k - m experts on the GPU, m on the CPU (hand-off and
+        # the token's activations both ways included)
+        on_gpu = np.array([c.gpu_experts_time(k - m, k - m) for m in range(k + 1)])
+        on_cpu = np.array([c.cpu_experts_time(1, m, m) for m in range(k + 1)])
+        g, h = on_gpu[misses].sum(axis=1), on_cpu[misses].sum(axis=1)   # [T]
+        steps = base + g + h
+        return steps, Forward(float(steps.sum()), float(g.sum()), float(h.sum()), 0.0, "decode", int(misses.sum()))

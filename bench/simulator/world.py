@@ -89,7 +89,8 @@ class World:
             return [ours, mtp,
                     KTransformers(cost, DOCUMENTED_THRESHOLD, uniform_placed((L, E), per_layer), kt,
                                   reuses_prefix=False, name=DOCUMENTED),
-                    LayerPlacement(cost, self.gpu_layers, ggml), CpuExperts(cost, ggml), LruCache(cost, self.hot)]
+                    LayerPlacement(cost, self.gpu_layers, ggml), CpuExperts(cost, ggml),
+                    LruCache(cost, self.hot, kernel=ggml)]
         kt_gpu, kt_threshold = self.kt_at_best
         # llama.cpp --n-cpu-moe N: the same GPU memory as whole layers of experts (the last L - N layers)
         n_cpu_moe = L - int(self.hot.sum()) // E
@@ -97,7 +98,7 @@ class World:
                 KTransformers(cost, kt_threshold, kt_gpu, kt, name=BEST_DOCUMENTED),
                 KTransformers(cost, kt_threshold, kt_gpu, kt, reuses_prefix=True, name=WITH_PREFIX_CACHE),
                 LayerPlacement(cost, self.gpu_layers, ggml), CpuExperts(cost, ggml, n_cpu_moe),
-                LruCache(cost, self.hot)]
+                LruCache(cost, self.hot, kernel=ggml)]
 
     def ablations(self) -> list[Policy]:
         return ablations(self.cost, self.hot, self.build.threshold, self.build.buckets, self.kernel("kt-kernel"),
