@@ -1,7 +1,7 @@
 """Torch ops per layer that a plan's engine dispatches on the CPU: split-route prefills of 1, 16 and 128
 tokens after a 300-token context (tool outputs), a decode step, and a fixed-shape 2-token step when the plan
 has one (a bucket, or the speculative verify). These are the figures behind the cost model's
-EAGER_OPS_PER_LAYER and EAGER_STEP_OPS_PER_LAYER (compiler/cost_model.py); `--sources` adds where the ops
+EAGER_OPS_PER_LAYER and EAGER_STEP_OPS_PER_LAYER (compiler/cost_model/forward.py); `--sources` adds where the ops
 come from. Plain decoding (speculation off): the decode step as every plan runs it.
 
 Usage: python -m ostinato.bench.count_ops PLAN [--sources] [--top N]

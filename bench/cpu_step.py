@@ -5,7 +5,7 @@
 
 Per step: milliseconds (median of the rounds), Python torch calls (op_count.PythonTorchCalls) and, for the
 eager step, aten ops (op_count.OpCounter). The last line is what the cost model's cpu-only decode pricing
-takes from here (compiler/cost_model.py, COMPILED_STEP_OPS_PER_LAYER): the compiled step's time per layer
+takes from here (compiler/cost_model/forward.py, COMPILED_STEP_OPS_PER_LAYER): the compiled step's time per layer
 in the units the spec's host.op_dispatch_s is measured in, the eager step's time per aten op, i.e.
     compiled_step_ops_per_layer = aten ops per layer (eager) x compiled ms / eager ms.
 """

@@ -1,5 +1,5 @@
 """MEASURED on this machine's CPU: what the CSA lightning indexer's selection costs per (query, compressed row),
-set beside what the cost model prices for it (compiler/cost_model.py, indexer_time).
+set beside what the cost model prices for it (compiler/cost_model/indexer.py, indexer_time).
 
     python -m ostinato.bench.indexer_cost [--points 1x30000,128x7500,128x30000,800x7500] [--repeats 3]
         [--dims tiny,v4-flash] [--threads 1]

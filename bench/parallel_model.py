@@ -3,7 +3,7 @@ each batches, on the hardware presets with GPUs, DeepSeek-V4-Flash sizes.
 
     python -m ostinato.bench.parallel_model [--doc [FILE]]
 
-Each system's step of B running sessions, one token each, is priced by the cost model (compiler/cost_model.py,
+Each system's step of B running sessions, one token each, is priced by the cost model (compiler/cost_model/decode.py,
 batched_decode_step and the module docstring's "Several sessions decoding at once") through its simulator policy
 (bench/simulator, Policy.batched_step): Ostinato's fixed-shape batched step (one graph per batch size); KTransformers
 as its DeepSeek-V4-Flash recipe serves (--max-running-requests and --cuda-graph-bs, ktransformers.py); llama.cpp's

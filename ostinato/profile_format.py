@@ -25,7 +25,7 @@ token decoded)) was compared with the main model's own greedy pick there, teache
 recorded greedy path: `mtp_drafts` drafts, `mtp_agreed` of them equal, i.e. kept by depth-1 greedy
 speculative decoding. Prompts are not counted (their tokens are not the model's picks). Merging adds
 the counts; imported, synthetic and uniform profiles have none, and the compiler then assumes the
-published acceptance (compiler/cost_model.py, MTP_ACCEPTANCE).
+published acceptance (compiler/cost_model/speculation.py, MTP_ACCEPTANCE).
 
 A profile made elsewhere (another engine, a synthetic generator) has no passes (P = 0) and may
 have no fingerprint; its shape must still match the model it is used for.

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from simulator_helpers import HW, MS
 
 from ostinato import host_sync
 from ostinato.bench import handoff
@@ -61,3 +62,17 @@ def test_the_resolved_hand_off_is_no_field_of_the_spec():
     assert "handoff_s" not in hw.host.model_dump()
     again = hw.host.replace(task_handoff_s=hw.host.task_handoff_s)
     assert again.handoff_s == hw.host.handoff_s
+
+
+def test_a_many_core_hosts_layer_pays_its_pools_barrier_growth():
+    """cpu_experts_time charges the hand-off the spec resolves for its cores (HostSpec.handoff_s, #58): the measured
+    2-thread hand-off, plus host_sync's growth on 32 cores; nothing more on 2."""
+    from test_simulator import cost as hand_cost
+    few, many = hand_cost(), hand_cost()
+    few.hw = HW.replace(host=HW.host.replace(cores=2, task_handoff_s=3 * MS))
+    many.hw = HW.replace(host=HW.host.replace(cores=32, task_handoff_s=3 * MS))
+    assert few.cpu_experts_time(1, 1.0, 1.0) - few.host_experts_time(1.0, 1.0) == pytest.approx(
+        3 * MS + 2 * few.hw.link.latency_s + 2 * 4 / 1e4)
+    grown = many.cpu_experts_time(1, 1.0, 1.0) - many.host_experts_time(1.0, 1.0)
+    assert grown - (few.cpu_experts_time(1, 1.0, 1.0) - few.host_experts_time(1.0, 1.0)) == pytest.approx(
+        host_sync.barrier_growth_s(32))

@@ -24,6 +24,7 @@ import pytest
 import yaml
 from allocation_helpers import TWO_GPUS, _check, _compile, _filled_session
 from engine_helpers import IDS, _close, _variant, on_gpus
+from test_pinned_arena import force_pinning
 
 from ostinato.checkpoint.config import ModelConfig
 from ostinato.checkpoint.tensor_specs import layer_specs
@@ -123,9 +124,9 @@ def test_the_flash_plan_on_four_gpus_shards_its_longer_uploads(tmp_path):
     for turn in p.predictions.prefill:
         assert turn.sharded_ms is not None
         assert (turn.mode == "sharded") == (turn.tokens > max(s, *p.policy.prefill_buckets)), turn
-        # up to a prefill chunk (the runtime's longest forward) the sharded upload is the faster; the cost model
-        # prices a longer prompt as one forward, whose exchange grows with its tokens where its uploads do not
-        if turn.mode == "sharded" and turn.tokens <= p.policy.prefill_chunk:
+        # where the plan shards, the sharded upload is the faster, past the prefill chunk too (16,384 tokens: four
+        # chunk forwards, each uploading and exchanging its own, as the runtime runs them)
+        if turn.mode == "sharded":
             assert turn.sharded_ms < turn.upload_ms, turn
     assert any(turn.mode == "sharded" for turn in p.predictions.prefill)
     # past the threshold (at the workloads' position) the sharded upload is the faster upload
@@ -240,6 +241,7 @@ def test_a_two_gpu_plan_that_shards_holds_what_it_counted(tiny_ckpt, tmp_path, k
     plan = _compile(tiny_ckpt, tmp_path, SLOW_LINKS, kernel_dir, context=context, prefill_chunk=64,
                     max_hot_per_layer=5, dense_format="float32", speculative="off")
     assert plan.policy.shard_threshold is not None and {lp.gpu for lp in plan.layers} == {0, 1}
+    force_pinning(monkeypatch)  # as on GPUs: host rows pinned, so the down matrices' shard-major copy is made
     engine = load_engine(tmp_path / "plan.yaml", device="cpu")
     assert engine.executor.sharded is not None
     session = _filled_session(engine, context)
@@ -248,6 +250,8 @@ def test_a_two_gpu_plan_that_shards_holds_what_it_counted(tiny_ckpt, tmp_path, k
     held = held_memory(engine, [session])
     for g in (0, 1):
         assert held.rows[f"gpu{g}"]["upload_staging"] == engine.plan.memory[g].components["upload_staging"]
+    host = next(m for m in engine.plan.memory if m.device == "host").components
+    assert held.rows["host"]["shard_major_down"] == host["shard_major_down"] > 0
     engine.close()
 
 

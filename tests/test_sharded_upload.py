@@ -10,35 +10,52 @@ Every planned GPU is the CPU here (the CPU twin), each with a copy stream of its
   host row by stream; the staging holds GPU g's slice g), the copies and computes ordered per buffer;
 - the partials come back and are added in GPU order 0, 1, .. (partials that cancel only in that order);
 - whole engines on 2- and 4-GPU plans loaded with OSTINATO_UPLOAD=sharded: prefill logits equal the
-  single-link upload's (float32), greedy tokens of a multi-turn bf16 session are identical.
+  single-link upload's (float32), greedy tokens of a multi-turn bf16 session are identical;
+- the plan's Triton prefill kernels (Triton's interpreter) compute pools of slices I/G wide: each slice as the
+  float32 reference over its own rows and columns, a sharded upload on them as the single-link upload, and a
+  triton-backend engine computes its slices with them;
+- where the host rows are pinned (with GPUs; forced here), every tensor a GPU copies is one contiguous run of
+  pinned bytes (w2's slices from the shard-major copy, shard_rows.py), with the same results;
+- the bench (bench/sharded_upload.py) measures the exchange the cost model prices: the same bytes.
 """
 
 from __future__ import annotations
+
+import os
 
 import pytest
 import torch
 from engine_helpers import IDS, _close, _variant, on_gpus
 from graph_safety import storage_of
 from stream_order import StreamWork, races
+from test_pinned_arena import force_pinning
 
 from ostinato.checkpoint.reader import PackedExpert
+from ostinato.compiler.codegen.kernels import TritonExpertParams, render_triton_experts
+from ostinato.hardware import load_hardware
 from ostinato.plan import PlanError
+from ostinato.runtime.engine import pinned_arena
 from ostinato.runtime.engine.counters import Counters
-from ostinato.runtime.engine.hot_compute import TorchPoolCompute
+from ostinato.runtime.engine.hot_compute import CpuPoolCompute, TorchPoolCompute, TritonPoolCompute
 from ostinato.runtime.engine.loader import load_engine
+from ostinato.runtime.engine.pinned_arena import NumaNode, pinned_experts
+from ostinato.runtime.engine.shard_rows import held_bytes, shard_major_down
 from ostinato.runtime.engine.sharded_upload import (
     ENV,
     FIELDS,
     ShardedUpload,
     expert_slice,
+    slice_compute,
     slice_width,
     upload_shards,
 )
 from ostinato.runtime.engine.span_timer import SpanTimer
 from ostinato.runtime.engine.streams import CPU_STREAMS, TwinStream
 from ostinato.runtime.kernels.mxfp4 import Mxfp4Table, dequantize
+from ostinato.runtime.kernels.reference import moe_experts_reference
+from ostinato.runtime.kernels.routes import group_flat_routes
 from ostinato.runtime.kernels.testing import random_packed_expert
-from ostinato.runtime.kernels.triton_experts import HotPool
+from ostinato.runtime.kernels.triton_experts import HotPool, load_triton_module, prefill_experts
 
 D, I, E, LIMIT, GROUP = 64, 128, 12, 7.0, 2  # GROUP slices per staging buffer: several groups per layer
 
@@ -172,6 +189,70 @@ def test_every_shard_is_uploaded_once_on_its_own_gpus_copy_stream(G):
             assert torch.equal(getattr(sharded.staging[g][0], n)[0], getattr(want, n).view(torch.uint8)), (g, n)
 
 
+class _PinRecorder:
+    """Stands in for pinned_arena.pin: an identity that keeps the byte ranges it page-locked."""
+
+    def __init__(self, monkeypatch):
+        self.ranges = []
+        monkeypatch.setattr(pinned_arena, "pin", self)
+
+    def __call__(self, buffer):
+        self.ranges.append((buffer.data_ptr(), buffer.data_ptr() + buffer.nbytes))
+        return buffer
+
+    def holds(self, t: torch.Tensor) -> bool:
+        """t's bytes lie in one pinned buffer."""
+        lo = t.data_ptr()
+        return any(a <= lo and lo + t.nbytes <= b for a, b in self.ranges)
+
+
+def _copied(monkeypatch, sharded: ShardedUpload) -> list[tuple[int, PackedExpert]]:
+    """Records (GPU, source slice) of every copy ShardedUpload queues."""
+    copies, real = [], sharded._copy_group
+
+    def recorded(g, slices, pool, timer):
+        copies.extend((g, src) for src in slices)
+        return real(g, slices, pool, timer)
+
+    monkeypatch.setattr(sharded, "_copy_group", recorded)
+    return copies
+
+
+@pytest.mark.parametrize("G", [2, 4])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_every_shard_copy_is_one_contiguous_run_of_pinned_bytes(G, dtype, monkeypatch):
+    """Host rows in a pinned arena (the loader's, with GPUs) and their down matrices shard-major
+    (shard_rows.py): every tensor each GPU copies is contiguous in a pinned buffer, GPU g's w2 slice holds
+    exactly the row's columns g*W.., and the output is the single-link upload's. Without the shard-major
+    copy, w2's slices are strided views (what torch stages through pageable memory)."""
+    pins = _PinRecorder(monkeypatch)
+    source = _experts(40 + G)
+    rows = pinned_experts([source], [NumaNode(0, frozenset(os.sched_getaffinity(0)))])[0]
+    down = shard_major_down([rows], [list(range(E))], G)
+    assert held_bytes([rows], [list(range(E))]) == E * (rows[0].w2.nbytes + rows[0].w2_scale.nbytes)
+    sharded = ShardedUpload([torch.device("cpu")] * G, [[_staging(GROUP, slice_width(I, G)) for _ in range(2)]
+                                                         for _ in range(G)], TorchPoolCompute(LIMIT), [0], down=down)
+    copies = _copied(monkeypatch, sharded)
+    token, expert, weight = _routes(T=8, k=3, seed=G, experts=[1, 3, 5, 8, 11])
+    x = torch.randn(8, D, generator=torch.Generator().manual_seed(5)).to(dtype)
+    ours, ref = _run(sharded, rows, x, token, expert, weight), _single_link(rows, x, token, expert, weight)
+    tol = 1e-4 if dtype == torch.float32 else 2 ** -7
+    assert (ours - ref).abs().max() <= tol * ref.abs().max()
+    assert sorted(g for g, _ in copies) == sorted(list(range(G)) * 5)  # each GPU copied each of the 5 experts once
+    for g, src in copies:
+        for name in FIELDS:
+            t = getattr(src, name)
+            assert t.is_contiguous() and pins.holds(t), f"GPU {g}'s {name}: strided or not pinned"
+    W = sharded.width
+    for e in (1, 11):  # the shard-major bytes are the row's own columns
+        for g in range(G):
+            want = expert_slice(rows[e], g, W)
+            held = sharded.source(0, rows, e, g)
+            assert torch.equal(held.w2, want.w2) and torch.equal(held.w2_scale, want.w2_scale)
+    sharded.down = None  # a CPU run's sources: the rows' strided views
+    assert not expert_slice(rows[1], 0, W).w2.is_contiguous() and not sharded.source(0, rows, 1, 0).w2.is_contiguous()
+
+
 class _Constant:
     """A pool compute that adds one number per GPU (by staging buffer) to every element of its partial."""
 
@@ -198,6 +279,60 @@ def test_partials_come_back_and_are_added_in_gpu_order(G):
     assert torch.equal(out, torch.zeros(3, D)), out[0, :4]
     # x out to the G - 1 other GPUs and their float32 partials back
     assert sharded.bytes_exchanged == (G - 1) * (x.numel() * 4 + out.numel() * 4)
+
+
+# ----- the plan's Triton kernels on slices (Triton's interpreter) ------------------------------------------
+@pytest.fixture(scope="module")
+def triton_prefill(kernel_dir):
+    """The prefill module as the compiler renders it for experts I wide (the interpreter: conftest)."""
+    params = TritonExpertParams(D, I, "prefill", block_m=16, block_n=32, block_k=32, swiglu_limit=LIMIT)
+    return load_triton_module(render_triton_experts(params, kernel_dir).path)
+
+
+@pytest.mark.slow  # Triton's interpreter
+@pytest.mark.parametrize("G", [2, 4])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_the_triton_kernels_compute_each_slice_as_the_float32_reference(triton_prefill, G, dtype):
+    """Pools of slices W = I/G wide (what a GPU's staging holds) through the module rendered for I: each
+    slice's output equals the float32 reference over that slice's own rows and columns (float32 x: to
+    float32 rounding; fp16 x holds h in fp16, rounded once: 2^-10 of the scale), and the slices add up to
+    the whole experts'."""
+    rows = _experts(20 + G)
+    token, expert, weight = _routes(T=9, k=3, seed=G, experts=list(range(5)))
+    routes = group_flat_routes(token, expert, weight, 5)
+    x = torch.randn(9, D, generator=torch.Generator().manual_seed(3)).to(dtype)
+    W, parts = slice_width(I, G), []
+    for g in range(G):
+        pieces = [PackedExpert(*(t.contiguous() for t in vars(expert_slice(rows[e], g, W)).values())) for e in range(5)]
+        ours = prefill_experts(triton_prefill, x, routes, HotPool.stack(pieces), torch.zeros(9, D))
+        ref = moe_experts_reference(x.float(), routes, pieces, torch.zeros(9, D), limit=LIMIT)
+        tol = 1e-5 if dtype == torch.float32 else 2 ** -10
+        assert (ours - ref).abs().max() <= tol * ref.abs().max(), f"slice {g}: {(ours - ref).abs().max()}"
+        parts.append(ours)
+    whole = moe_experts_reference(x.float(), routes, rows[:5], torch.zeros(9, D), limit=LIMIT)
+    tol = 1e-5 if dtype == torch.float32 else 2 ** -9
+    assert (sum(parts) - whole).abs().max() <= tol * whole.abs().max()
+
+
+@pytest.mark.slow  # Triton's interpreter
+@pytest.mark.parametrize("G", [2, 4])
+def test_a_sharded_upload_on_the_triton_kernels_equals_the_single_link_upload(triton_prefill, G):
+    rows = _experts(30 + G)
+    token, expert, weight = _routes(T=7, k=3, seed=G, experts=[0, 3, 4, 6, 10])
+    x = torch.randn(7, D, generator=torch.Generator().manual_seed(4))
+    compute = TritonPoolCompute(triton_prefill, None)
+    assert slice_compute(compute, LIMIT) is compute
+    ours = _run(_sharded(G, compute=compute), rows, x, token, expert, weight)
+    _close(ours, _single_link(rows, x, token, expert, weight))
+
+
+def test_the_slices_are_computed_by_the_hot_backend_where_it_takes_their_width():
+    """Triton and torch take any width; the cpu backend's kernel is compiled for the plan's I: torch there."""
+    torch_compute = TorchPoolCompute(LIMIT)
+    assert slice_compute(torch_compute, LIMIT) is torch_compute
+    cpu = CpuPoolCompute.__new__(CpuPoolCompute)  # no kernel needed to ask
+    chosen = slice_compute(cpu, LIMIT)
+    assert isinstance(chosen, TorchPoolCompute) and chosen.limit == LIMIT
 
 
 # ----- whole engines ----------------------------------------------------------------------------------------
@@ -247,6 +382,37 @@ def test_a_sharded_engine_prefills_as_the_single_link_upload(compiled, tiny_ckpt
     plain.close()
 
 
+@pytest.mark.slow  # the compiled plan's engine (C++ kernels)
+def test_a_pinned_sharded_engine_copies_each_slice_from_contiguous_pinned_bytes(compiled, tiny_ckpt, monkeypatch):
+    """Loaded as on GPUs (the pinned arenas forced, test_pinned_arena.force_pinning), 2 planned GPUs: the
+    rows' down matrices are held shard-major in one more pinned buffer of a third of the pinned rows'
+    bytes (what the memory model must count); every tensor each GPU copies is contiguous in a pinned buffer,
+    and the prefill equals the single-link upload's."""
+    pins = force_pinning(monkeypatch)
+    engine = _sharded_engine(compiled, tiny_ckpt, 2, monkeypatch)
+    ex, sharded = engine.executor, engine.executor.sharded
+    E_plan = engine.plan.model.routed_experts
+    dma = [sorted(set(range(E_plan)) - set(lp.hot_experts)) for lp in engine.plan.layers]  # no re-placing layers
+    rows = [le.cold for le in ex.layers]
+    assert [sorted(held) for held in sharded.down] == dma
+    extra = held_bytes(rows, dma)
+    assert extra * 3 == sum(len(d) for d in dma) * engine.plan.model.expert_bytes  # a third of each pinned row
+    assert extra in [n for _, n in pins.arenas] and sum(n for _, n in pins.arenas) == extra * 4
+
+    def pinned(t):
+        return any(p <= t.data_ptr() and t.data_ptr() + t.nbytes <= p + n for p, n in pins.arenas)
+
+    copies = _copied(monkeypatch, sharded)
+    logits = engine.new_session().prefill(IDS[:100])
+    assert ex.mode == "sharded" and {g for g, _ in copies} == {0, 1}
+    bad = [(g, n) for g, src in copies for n in FIELDS
+           if not getattr(src, n).is_contiguous() or not pinned(getattr(src, n))]
+    assert not bad, f"{len(bad)} strided or unpinned sources, first {bad[0]}"
+    ex.upload_as = "upload"
+    _close(logits, engine.new_session().prefill(IDS[:100]))
+    engine.close()
+
+
 @pytest.mark.slow  # the compiled plan
 def test_a_width_that_does_not_split_into_whole_blocks_is_refused_at_load(compiled, tiny_ckpt, monkeypatch):
     monkeypatch.setenv(ENV, "sharded")  # tiny's 128 over 3 GPUs: 42.7 values each
@@ -255,9 +421,14 @@ def test_a_width_that_does_not_split_into_whole_blocks_is_refused_at_load(compil
 
 
 @pytest.mark.slow  # the compiled plan's engine in bf16
-@pytest.mark.parametrize("gpus", [2, 4])
-def test_greedy_tokens_of_a_sharded_bf16_engine_are_the_single_link_ones(compiled, tiny_ckpt, gpus, monkeypatch):
+@pytest.mark.parametrize(("gpus", "pinned"), [(2, False), (4, False), (2, True)], ids=["2", "4", "2-pinned"])
+def test_greedy_tokens_of_a_sharded_bf16_engine_are_the_single_link_ones(compiled, tiny_ckpt, gpus, pinned,
+                                                                         monkeypatch):
+    """pinned: loaded as on GPUs, w2's slices copied from the shard-major pinned copy."""
+    if pinned:
+        force_pinning(monkeypatch)
     engine = _sharded_engine(compiled, tiny_ckpt, gpus, monkeypatch, dtype=torch.bfloat16)
+    assert (engine.executor.sharded.down is not None) == pinned
     turns = [IDS[:40], IDS[40:100]]  # two prefills that upload, with replies between
 
     def greedy(upload_as: str) -> list[int]:
@@ -275,3 +446,46 @@ def test_greedy_tokens_of_a_sharded_bf16_engine_are_the_single_link_ones(compile
     assert engine.executor.sharded.bytes_uploaded[0] > before
     assert sharded == greedy("upload")
     engine.close()
+
+
+@pytest.mark.slow  # the compiled plan's engine, its Triton kernels in the interpreter
+def test_a_sharded_engine_on_the_triton_backend_computes_its_slices_with_the_plans_kernels(compiled, tiny_ckpt,
+                                                                                           reference, monkeypatch):
+    """The 2-GPU plan, hot backend triton: the slices go through the plan's prefill kernels (the engine's own
+    compute, launched at I/2), and the prefill stays exact."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setenv(ENV, "sharded")
+    engine = load_engine(on_gpus(_variant(compiled[0], "mixed", 4), 2), tiny_ckpt, device="cpu", hot_backend="triton")
+    monkeypatch.delenv(ENV)
+    ex, sharded = engine.executor, engine.executor.sharded
+    assert isinstance(ex.compute, TritonPoolCompute) and sharded.compute is ex.compute
+    widths, real = [], ex.compute.prefill
+
+    def recorded(pool, *args):
+        widths.append(pool.w1.shape[1])
+        return real(pool, *args)
+
+    monkeypatch.setattr(ex.compute, "prefill", recorded)
+    _close(engine.new_session().prefill(IDS[:9]), reference.new_session().prefill(IDS[:9]))
+    assert ex.mode == "sharded" and sharded.width * 2 == ex.layers[0].staging[0].w1.shape[1]  # I/2
+    assert sharded.width in widths and sum(sharded.bytes_uploaded) > 0
+    engine.close()
+
+
+# ----- the bench ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("G", [2, 4])
+def test_the_bench_sets_the_exchange_it_measures_beside_the_cost_models_price_of_the_same_bytes(G):
+    """bench/sharded_upload.py: the bytes the runtime's exchange moved (ShardedUpload.bytes_exchanged) are what
+    the cost model's exchange_bytes prices, and the modeled times are its exchange_time and upload_time on a
+    spec of G GPUs."""
+    from ostinato.bench.sharded_upload import _experts as bench_experts
+    from ostinato.bench.sharded_upload import cost_model, measure
+
+    hw = load_hardware("rtx4090d-x4")
+    experts = bench_experts(2, 64, 128)
+    row = measure(G, 7, experts, hw, rounds=1)
+    assert row["exchange_bytes"] == row["model_exchange_bytes"] == (G - 1) * 7 * 64 * (2 + 4)  # x bf16, partial f32
+    model = cost_model(hw, G, 64, 128)
+    assert model.shards == G and model.expert_bytes == experts[0].nbytes
+    assert row["model_exchange_s"] == sum(model.exchange_time(7)) > 0
+    assert row["model_upload_s"] == model.upload_time(2, links=G)

@@ -34,6 +34,7 @@ from ostinato.compiler.codegen.hc_mix import HcMixParams, render_triton_hc_mix
 from ostinato.compiler.codegen.kernels import render_triton_experts
 from ostinato.compiler.codegen.plan_kernels import triton_expert_params
 from ostinato.runtime.engine.hot_compute import TritonPoolCompute
+from ostinato.runtime.engine.sharded_upload import slice_width
 from ostinato.runtime.kernels.dense_ops import HEAD_BLOCK
 from ostinato.runtime.kernels.testing import random_packed_expert
 from ostinato.runtime.kernels.triton_experts import HotPool
@@ -52,17 +53,20 @@ TRITON_DTYPE = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "b
 
 
 class _Recorder:
-    """Stands in for a jitted kernel: kernel[grid](*args) keeps each argument's Triton type."""
+    """Stands in for a jitted kernel: kernel[grid](*args, **constexprs) keeps each argument's Triton type
+    (a keyword argument is a tl.constexpr: prefill's pool width I) and the constexprs' values."""
 
     types: list[str] | None = None
+    constexprs: dict | None = None
 
     def __getitem__(self, grid):
         return self
 
-    def __call__(self, *args):
+    def __call__(self, *args, **constexprs):
         if not all(isinstance(a, torch.Tensor) for a in args):
             raise TypeError("the kernels take only tensors (a scalar would be specialized by value)")
-        self.types = ["*" + TRITON_DTYPE[a.dtype] for a in args]
+        self.types = ["*" + TRITON_DTYPE[a.dtype] for a in args] + ["constexpr"] * len(constexprs)
+        self.constexprs = constexprs
 
 
 def launcher_signatures(dtype: torch.dtype = torch.bfloat16, limit: float = 10.0) -> dict[str, dict[str, list[str]]]:
@@ -82,18 +86,36 @@ def launcher_signatures(dtype: torch.dtype = torch.bfloat16, limit: float = 10.0
     return {v: {name: getattr(s, name).types for name in KERNELS} for v, s in stubs.items()}
 
 
+def launcher_constexprs(I: int) -> dict[str, dict[str, dict]]:
+    """{variant: {kernel: constexprs}} as TritonPoolCompute launches them over a pool of experts I wide
+    (prefill passes the width: a sharded upload's slices are I/G)."""
+    stubs = {v: SimpleNamespace(VARIANT=v, D=64, I=64, BLOCK_M=16, BLOCK_N=32, BLOCK_K=32, MAX_ROUTES=2, LIMIT=10.0,
+                                gate_up_kernel=_Recorder(), down_kernel=_Recorder()) for v in ("prefill", "decode")}
+    pool = HotPool.stack([random_packed_expert(64, I, torch.Generator().manual_seed(0))], "meta")
+    x, out = torch.empty(1, 64, device="meta"), torch.empty(1, 64, device="meta")
+    token, slot, weight = torch.zeros(2, dtype=torch.int64), torch.zeros(2, dtype=torch.int64), torch.full((2,), 0.5)
+    TritonPoolCompute(stubs["prefill"], stubs["decode"]).prefill(pool, x, token, slot, weight, out)
+    return {"prefill": {name: getattr(stubs["prefill"], name).constexprs for name in KERNELS}}
+
+
 def compile_jobs(signatures: dict, root: Path, activations: torch.dtype = torch.bfloat16) -> list[dict]:
     """One job per (shape, variant, kernel, arch), the kernels rendered with the compiler's own parameters;
-    `signatures` as launcher_signatures(activations) gives them."""
+    `signatures` as launcher_signatures(activations) gives them. Prefill also at the slice widths a sharded
+    upload over 2 and 4 GPUs launches it with (I/2, I/4: runtime/engine/sharded_upload.py)."""
     jobs = []
     for shape, cfg in (("tiny", preset_config("tiny")), ("flash", official_flash_config())):
         D, I, k = cfg["hidden_size"], cfg["moe_intermediate_size"], cfg["num_experts_per_tok"]
         for params in triton_expert_params(D, I, k, float(cfg["swiglu_limit"])):
             path = render_triton_experts(params, root).path
-            jobs += [{"label": f"{shape} D={D} I={I} {params.variant}", "path": path, "kernel": kernel,
-                      "signature": signatures[params.variant][kernel], "arch": arch,
-                      "activations": TRITON_DTYPE[activations]}
-                     for kernel in KERNELS for arch in ARCHS]
+            for G in (1, 2, 4) if params.variant == "prefill" else (1,):
+                W = slice_width(I, G)
+                width = f" I/{G}={W}" if G > 1 else ""
+                jobs += [{"label": f"{shape} D={D} I={I}{width} {params.variant}", "path": path, "kernel": kernel,
+                          "signature": signatures[params.variant][kernel], "arch": arch,
+                          "constexprs": launcher_constexprs(W)[params.variant][kernel]
+                          if params.variant == "prefill" else None,
+                          "activations": TRITON_DTYPE[activations]}
+                         for kernel in KERNELS for arch in ARCHS]
     return jobs
 
 
@@ -106,7 +128,7 @@ def prefill_dtype_jobs(root: Path) -> list[dict]:
     path = render_triton_experts(params, root).path
     return [{"label": f"flash D={D} I={I} prefill {TRITON_DTYPE[dtype]} x", "path": path, "kernel": kernel,
              "signature": launcher_signatures(dtype, params.swiglu_limit)["prefill"][kernel], "arch": arch,
-             "activations": TRITON_DTYPE[dtype]}
+             "constexprs": launcher_constexprs(I)["prefill"][kernel], "activations": TRITON_DTYPE[dtype]}
             for dtype in (torch.float16, torch.float32) for kernel in KERNELS for arch in ARCHS]
 
 
@@ -299,10 +321,21 @@ def test_launcher_passes_the_planned_types(dtype):
     decode's h stays float32 (its GEMV runs float32 on the CUDA cores whatever x is)."""
     sig, x = launcher_signatures(dtype), TRITON_DTYPE[dtype]
     pool = ["*u8"] * 4  # w1, s1, w3, s3 (down: w2, s2): MXFP4 bytes and e8m0 scales, as stored
-    assert sig["prefill"] == {"gate_up_kernel": [f"*{x}", *pool, f"*{x}", "*i64", "*i32", "*i32", "*i32"],
-                              "down_kernel": [f"*{x}", *pool[:2], "*fp32", "*i64", "*fp32", "*i32", "*i32", "*i32"]}
+    assert sig["prefill"] == {"gate_up_kernel": [f"*{x}", *pool, f"*{x}", "*i64", "*i32", "*i32", "*i32", "constexpr"],
+                              "down_kernel": [f"*{x}", *pool[:2], "*fp32", "*i64", "*fp32", "*i32", "*i32", "*i32",
+                                              "constexpr"]}
     assert sig["decode"] == {"gate_up_kernel": [f"*{x}", *pool, "*fp32", "*i32", "*i32"],
                              "down_kernel": ["*fp32", *pool[:2], "*fp32", "*i32", "*i32", "*fp32"]}
+
+
+def test_prefill_launches_at_the_pools_width():
+    """A sharded upload's staging holds slices I/G wide: prefill's kernels get the pool's width as their
+    constexpr I (one specialization per width), not the module's I; a width that is not whole row blocks
+    and contraction steps is refused before any launch."""
+    for W in (64, 32):
+        assert launcher_constexprs(W) == {"prefill": {"gate_up_kernel": {"I": W}, "down_kernel": {"I": W}}}
+    with pytest.raises(ValueError, match="pool width 48: .* BLOCK_N 32"):
+        launcher_constexprs(48)
 
 
 def test_fp16_h_stays_float32_when_swiglu_could_pass_fp16_max():

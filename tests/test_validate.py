@@ -126,6 +126,11 @@ def test_the_documented_validation_table_is_the_tools_output():
     claims = doc[doc.index(begin) + len(begin):doc.index(end)]
     assert claims.strip() == validation.claims_table(), \
         f"{validate.DOC}'s paper claims are stale: run python -m ostinato.bench.validate --doc"
+    readme = (ROOT / "README.md").read_text()
+    begin, end = paper_claims.README_BEGIN, paper_claims.README_END
+    summary = readme[readme.index(begin) + len(begin):readme.index(end)]
+    assert summary.strip() == paper_claims.claims_summary(validation.claims()).strip(), \
+        "README.md's paper claims summary is stale: run python -m ostinato.bench.validate --readme"
 
 
 def row_file(folder: Path, name: str, **changes) -> None:

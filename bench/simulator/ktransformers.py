@@ -215,4 +215,4 @@ def best_threshold(cost: CostModel, gpu: np.ndarray, kernel=None, largest: int =
     layerwise prefill is expected to beat its CPU path, by this cost model with kt-kernel's rates."""
     c = with_gpu_set(kt_cost(cost, kernel), gpu)
     sizes = sorted({m for p in range(7, largest.bit_length()) for m in (1 << p, 3 << (p - 1))})
-    return next((n for n in sizes if layerwise_prefill(c, gpu, n) < c.split_prefill(n)), largest)
+    return next((n for n in sizes if layerwise_prefill(c, gpu, n) < c.split_forward(n)), largest)

@@ -1,4 +1,4 @@
-"""cost_model: the cost model of the placement (compiler/cost_model.py prices it), the split-route / upload-once
+"""cost_model: the cost model of the placement (compiler/cost_model/ prices it), the split-route / upload-once
 threshold and, where the memory pass reserved the slices' staging (2+ GPUs), the single-link / sharded upload
 threshold: the crossovers at each workload's median cached prefix (least_wait.py)."""
 

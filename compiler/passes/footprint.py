@@ -37,7 +37,7 @@ def host_components(b: Build, expert: int) -> dict[str, int]:
     n_hot = sum(len(h) for h in b.placement.hot)  # the model's layers: the MTP block's experts never move
     # Host rows of experts (memory_model.host_expert_bytes): the checkpoint's mapped pages on a CPU run,
     # pinned copies with GPUs; with re-placement the hot ones' rows too.
-    return {**host_expert_bytes(n_cold, n_hot, expert, adapt_policy(b).mode),
+    return {**host_expert_bytes(n_cold, n_hot, expert, adapt_policy(b).mode, b.shard_threshold is not None),
             "cpu_workspace": workspace_bytes(cfg, b.policy.prefill_chunk)}
 
 

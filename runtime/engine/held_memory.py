@@ -130,6 +130,8 @@ def held_memory(engine, sessions=()) -> HeldMemory:
     if ex.sharded is not None:  # each planned GPU's two buffers of expert slices (the plan's upload_staging counts
         for g, pair in enumerate(ex.sharded.staging):  # them beside the whole experts' pair when it shards)
             held.add(f"gpu{g}", "upload_staging", tensors_in(pair))
+        if ex.sharded.down is not None:  # the pinned rows' down matrices, shard-major (engine/shard_rows.py)
+            held.add("host", "shard_major_down", tensors_in(ex.sharded.down))
     for device, staging in ex.staging.items():  # cold-route staging: sized for the largest bucket
         layer = next(l for l, le in enumerate(ex.layers) if le.device == device)
         held.add(gpu[layer], "prefill_graphs", tensors_in(staging.out_device))

@@ -5,7 +5,8 @@ Three backends compute the same function:
   plan's CPU expert kernel over the pool's packed bytes, one call per forward (as the Triton kernels
   are one or two launches on a GPU), instead of torch's dequantize-and-matmul per expert;
 - `triton`: the generated Triton kernels (MXFP4 dequantized in-kernel); the GPU path, and on a
-  CPU-only machine the same kernels under TRITON_INTERPRET=1 (slow: tests use small inputs);
+  CPU-only machine the same kernels under TRITON_INTERPRET=1 (slow: tests use small inputs); its
+  prefill takes pools of any width the kernels tile (`any_width`: a sharded upload's slices, I/G);
 - `torch`: the reference on any device (`hot_backend="torch"`). It holds nothing but the packed
   pool: a call dequantizes only the experts it is about to use, one expert at a time and one matrix
   at a time (its gate|up rows [2I, D], then its down matrix [D, I]), each dropped as soon as its
@@ -30,6 +31,7 @@ from ..model.experts import swiglu
 
 class TorchPoolCompute:
     name = "torch"
+    any_width = True  # pools of slices I/G wide too (a sharded upload's staging): it reads the pool's shapes
 
     def __init__(self, limit: float):
         self.limit = limit
@@ -90,6 +92,7 @@ class CpuPoolCompute:
     """Pools on the host, computed by the plan's CPU expert kernel (`n_threads` threads)."""
 
     name = "cpu"
+    any_width = False  # the kernel is compiled for the plan's I: a sharded upload's slices need another backend
 
     def __init__(self, kernel: CpuExpertKernel, n_threads: int):
         self.kernel, self.n_threads = kernel, n_threads
@@ -145,6 +148,7 @@ class CpuPoolCompute:
 
 class TritonPoolCompute:
     name = "triton"
+    any_width = True  # prefill launches at the pool's width (a constexpr: compiled once per width, I and I/G)
 
     def __init__(self, prefill_module, decode_module):
         self.prefill_mod, self.decode_mod = prefill_module, decode_module

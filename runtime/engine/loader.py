@@ -68,7 +68,8 @@ from .held_memory import tensors_in
 from .hot_compute import CpuPoolCompute, TorchPoolCompute, TritonPoolCompute
 from .prefetch import prefetch_mapped
 from .session import EngineSession
-from .sharded_upload import ShardedUpload, slice_width, upload_choice, upload_shards
+from .shard_rows import shard_major_down
+from .sharded_upload import ShardedUpload, slice_compute, slice_width, upload_choice, upload_shards
 from .step_runner import StepRunner
 
 DENSE_DTYPES = {"fp8": torch.bfloat16, "bf16": torch.bfloat16, "float32": torch.float32}  # dense_format -> compute
@@ -191,6 +192,13 @@ def _packed(ckpt: Checkpoint, layer: int, experts: list[int]) -> list[PackedExpe
     return out
 
 
+def _dma_rows(placed: list[LayerPlan], E: int, adapted: int) -> list[list[int]]:
+    """[placed layer] the experts whose host rows are DMA sources (pinned with GPUs), by id: the cold ones, and
+    every one in the first `adapted` layers (see _expert_rows)."""
+    return [list(range(E)) if i < adapted else sorted(set(range(E)) - set(lp.hot_experts))
+            for i, lp in enumerate(placed)]
+
+
 def _expert_rows(ckpt: Checkpoint, placed: list[LayerPlan], devices: list[torch.device], adapted: int,
                  disable: bool | None) -> list[list[PackedExpert]]:
     """[placed layer][E] every expert's host row, by id: views of the checkpoint's mmap (a CPU run copies
@@ -203,8 +211,7 @@ def _expert_rows(ckpt: Checkpoint, placed: list[LayerPlan], devices: list[torch.
     rows = [_packed(ckpt, lp.layer, list(range(E))) for lp in placed]  # views of the mapped files: no copies
     if not pinned_arena.pinning(devices):
         return rows
-    pinned = [list(range(E)) if i < adapted else sorted(set(range(E)) - set(lp.hot_experts))
-              for i, lp in enumerate(placed)]  # [placed layer] the experts whose rows are pinned, by id
+    pinned = _dma_rows(placed, E, adapted)
     sources = [[row[e] for e in experts] for row, experts in zip(rows, pinned)]
     total = sum(e.nbytes for experts in sources for e in experts)
     with tqdm(total=total, desc="pinning host experts", unit="B", unit_scale=True, unit_divisor=1024,
@@ -383,10 +390,13 @@ def place_experts(spec: LoadSpec, disable: bool | None = False, parallel: int = 
             bar.update()
     sharded = None
     if shards > 1:  # each planned GPU's two buffers of expert slices [I/G] (the plan's upload_staging counts them
-        # when it shards); the torch backend computes them: the plan's expert kernels are built for the whole width
+        # when it shards), computed by the hot backend where it takes that width (slice_compute)
+        # where the rows are DMA sources, their down matrices shard-major too: each w2 slice one contiguous copy
+        down = (shard_major_down([le.cold for le in layers], _dma_rows(spec.placed, E, adapted), shards)
+                if pinned_arena.pinning(devices) else None)
         sharded = ShardedUpload(devices, [[_staging(plan.policy.upload_group, D, width, dev) for _ in range(2)]
-                                          for dev in devices], TorchPoolCompute(cfg.swiglu_limit),
-                                [lp.gpu for lp in spec.placed], plan.policy.shard_threshold)
+                                          for dev in devices], slice_compute(compute, cfg.swiglu_limit),
+                                [lp.gpu for lp in spec.placed], plan.policy.shard_threshold, down)
     executor = PlacementExecutor(layers, compute, cpu_kernel, threads.threads, plan.policy.upload_group,
                                  plan.model.expert_bytes, dtype, cfg.num_experts_per_tok,
                                  sorted({1, *plan.policy.prefill_buckets, *range(2, parallel + 1)}

@@ -13,14 +13,19 @@ its own link, so a layer's upload takes all G links at once:
   whole blocks of each row only when W is a multiple of 32, so W must be (slice_width refuses otherwise);
 - each GPU copies on its own copy stream into two staging buffers of slices (the plan's upload_group
   slices each), double-buffered as the single-link upload is: group i+1's copy overlaps group i's compute;
+  with GPUs each of its copies is from one contiguous run of pinned bytes: w1/w3 slices are runs of the
+  pinned host row, and w2's come from a shard-major copy of the pinned rows' down matrices (shard_rows.py:
+  host memory beyond the rows, a third of each pinned expert);
 - the hidden states x [T, D] reach every GPU (a copy: a peer copy on GPUs, a real copy on the CPU twin so
   the exchange costs what it moves); each GPU computes its partial [T, D] float32 over all the layer's
   cold routes; the partials come back to the layer's device and are added to its output in GPU order
   0, 1, .. (a fixed order: the same sums whatever finishes first).
 
-The slices are computed by a pool compute whose kernels take any width (the torch backend), until the
-plan carries expert kernels built for W (the compiler's part: the Triton and CPU kernels fix I when
-they are generated).
+The slices are computed by the engine's own pool compute where it takes any width (slice_compute): on
+GPUs the plan's Triton prefill kernels, whose width I is a constexpr argument (templates/triton: Triton
+compiles them once for I and once for W, the same code as a module rendered for W); the torch backend
+otherwise (the cpu backend's kernel is compiled for the plan's I: the CPU twin's default computes its
+slices with torch).
 
 On the CPU twin every planned GPU is the one CPU device: the twin gives each planned GPU a copy stream of
 its own (streams.py hands out one per device and role), so its log tells the links apart as a GPU's would.
@@ -46,6 +51,7 @@ from ostinato.checkpoint.reader import PackedExpert
 from ostinato.plan import PlanError
 
 from ..kernels.triton_experts import HotPool
+from .hot_compute import TorchPoolCompute
 from .span_timer import SpanTimer
 from .streams import POOL_SIZE, streams_for
 
@@ -80,6 +86,12 @@ def slice_width(intermediate: int, shards: int) -> int:
         raise ValueError(f"moe_intermediate_size {intermediate} does not split into {shards} slices of whole "
                          f"MXFP4 blocks ({MXFP4_GROUP} values): it must be a multiple of {shards * MXFP4_GROUP}")
     return intermediate // shards
+
+
+def slice_compute(compute, swiglu_limit: float):
+    """What computes the slices: the engine's pool compute where it takes pools of any width (any_width:
+    triton, torch), else the torch backend."""
+    return compute if compute.any_width else TorchPoolCompute(swiglu_limit)
 
 
 def expert_slice(expert: PackedExpert, shard: int, width: int) -> PackedExpert:
@@ -119,14 +131,17 @@ class ShardedUpload:
     """The G planned GPUs' staging of slices, and the sharded upload-and-compute of a layer's cold routes."""
 
     def __init__(self, devices: list[torch.device], staging: list[list[HotPool]], compute, layer_gpus: list[int],
-                 threshold: int | None = None):
+                 threshold: int | None = None, down: list[dict[int, tuple[torch.Tensor, torch.Tensor]]] | None = None):
         """devices [G]: each planned GPU's torch device; staging [G][2]: its two buffers of slices (w1
         [P, W, D/2] ..); compute: a pool compute for pools W wide; layer_gpus: each placed layer's GPU;
-        threshold: the plan's policy.shard_threshold, prefills of more tokens run sharded (engine/session.py)."""
+        threshold: the plan's policy.shard_threshold, prefills of more tokens run sharded (engine/session.py);
+        down: [placed layer] {host row: (w2 [G, D, W/2], w2_scale [G, D, W/32])}, the pinned rows' down matrices
+        shard-major (shard_rows.py), what GPU g copies its w2 slices from; None, or a row it lacks: strided
+        views of the row (a CPU run, whose rows are not DMA sources)."""
         if len(staging) != len(devices) or any(len(pair) != 2 for pair in staging):
             raise ValueError(f"need two staging buffers on each of the {len(devices)} GPUs")
         self.devices, self.staging, self.compute, self.layer_gpus = devices, staging, compute, layer_gpus
-        self.threshold = threshold
+        self.threshold, self.down = threshold, down
         self.group, self.width = staging[0][0].w1.shape[:2]
         self.links = copy_streams(devices)
         self._read_done: dict = {}  # id(staging buffer) -> event after the last compute that read it
@@ -157,7 +172,7 @@ class ShardedUpload:
         for g, device in enumerate(self.devices):  # activations out: every GPU has its own x
             xs.append(x if g == home else self._exchange(x, device))
             partials.append(torch.zeros(out.shape, dtype=torch.float32, device=device))  # [T, D]
-        sources = [[expert_slice(rows[int(row_of[e])], g, self.width) for e in ids] for g in range(self.shards)]
+        sources = [[self.source(layer, rows, int(row_of[e]), g) for e in ids] for g in range(self.shards)]
         ready = [[self._copy_group(g, sources[g][:len(listed[0])], self.staging[g][0], timer)]
                  for g in range(self.shards)]
         for i, (tok, slot, wgt) in enumerate(groups):
@@ -175,6 +190,16 @@ class ShardedUpload:
         for g, partial in enumerate(partials):  # partials back, added in GPU order
             out += partial if g == home else self._exchange(partial, out.device)
         return len(ids)
+
+    def source(self, layer: int, rows: list[PackedExpert], row: int, shard: int) -> PackedExpert:
+        """What GPU `shard` copies of host row rows[row]: its slice's w1/w3 rows (contiguous runs of the row) and
+        its w2 columns, from the shard-major copy where one is held (contiguous), else strided views."""
+        piece = expert_slice(rows[row], shard, self.width)
+        held = self.down[layer].get(row) if self.down is not None else None
+        if held is None:
+            return piece
+        w2, w2_scale = held
+        return PackedExpert(piece.w1, piece.w1_scale, piece.w3, piece.w3_scale, w2[shard], w2_scale[shard])
 
     @staticmethod
     def _routes(group: torch.Tensor, token, expert, weight, experts: int):
@@ -201,9 +226,9 @@ class ShardedUpload:
             for j, src in enumerate(slices):
                 for name in FIELDS:
                     dst = getattr(pool, name)[j]
-                    # w2's slices are strided views of its rows: torch gathers a strided host source into a
-                    # pageable temporary before the DMA, which then holds the host thread (unmeasured on GPUs;
-                    # a 2-D copy, cudaMemcpy2DAsync, would DMA the rows straight from the pinned row)
+                    # with GPUs every source is one contiguous run of pinned bytes (source(): w2 from the
+                    # shard-major copy), so each is one async DMA; a strided one would be gathered by torch
+                    # into a pageable temporary first, a copy that holds the host thread
                     dst.copy_(getattr(src, name).view(dst.dtype), non_blocking=True)
                     self.bytes_uploaded[g] += dst.numel()
         return s.record(stream)

@@ -3,7 +3,8 @@
 The runtime imports the rendered module from its build path; it needs neither jinja2 nor the
 compiler. On a machine without a GPU, set TRITON_INTERPRET=1 before the module is loaded and pass
 CPU tensors.
-Legend: T = tokens, D = hidden, I = expert intermediate, P = pool slots, R = routes, B = route blocks.
+Legend: T = tokens, D = hidden, I = expert intermediate (W: a pool's, I or a slice's I/G), P = pool slots,
+R = routes, B = route blocks.
 """
 
 from __future__ import annotations
@@ -81,20 +82,39 @@ def prefill_h_dtype(mod: ModuleType, x_dtype: torch.dtype) -> torch.dtype:
     return x_dtype if fits else torch.float32
 
 
+def pool_width(mod: ModuleType, pool: HotPool) -> int:
+    """The intermediate width of `pool`'s experts, I: the module's own, or a sharded upload's slice width
+    I/G (prefill's kernels take it as a constexpr: one compiled specialization per width). Refused unless
+    the six tensors agree on it and it is whole row blocks and contraction steps of the module."""
+    P, W = pool.w1.shape[:2]
+    want = {"w1": (P, W, mod.D // 2), "w1_scale": (P, W, mod.D // 32), "w3": (P, W, mod.D // 2),
+            "w3_scale": (P, W, mod.D // 32), "w2": (P, mod.D, W // 2), "w2_scale": (P, mod.D, W // 32)}
+    for name, shape in want.items():
+        if tuple(getattr(pool, name).shape) != shape:
+            raise ValueError(f"pool {name}: need {shape} for experts {W} wide at D={mod.D}, "
+                             f"got {tuple(getattr(pool, name).shape)}")
+    if W <= 0 or W % mod.BLOCK_N or W % mod.BLOCK_K:
+        raise ValueError(f"pool width {W}: the prefill kernels need a positive multiple of BLOCK_N {mod.BLOCK_N} and "
+                         f"BLOCK_K {mod.BLOCK_K} (the module's I is {mod.I})")
+    return W
+
+
 def prefill_experts(mod: ModuleType, x: torch.Tensor, routes: GroupedRoutes, pool: HotPool,
                     out: torch.Tensor) -> torch.Tensor:
-    """out [T, D] float32 += sum over routes of weight * expert(x[token]); routes grouped by pool slot."""
+    """out [T, D] float32 += sum over routes of weight * expert(x[token]); routes grouped by pool slot. The
+    pool's experts may be slices of I/G rows (pool_width): then out gets each slice's part of the output."""
     _check(mod, "prefill", x, out)
     dev = x.device
     slot, start, end = (t.to(dev) for t in route_blocks(routes, mod.BLOCK_M))
     if slot.numel() == 0:
         return out
+    W = pool_width(mod, pool)
     tok, wgt = routes.token.to(dev), routes.weight.to(dev)
-    h = torch.empty(routes.token.numel(), mod.I, dtype=prefill_h_dtype(mod, x.dtype), device=dev)  # [R, I]
-    launch(mod.gate_up_kernel, (slot.numel(), mod.I // mod.BLOCK_N), x, pool.w1, pool.w1_scale, pool.w3, pool.w3_scale,
-           h, tok, slot, start, end)
+    h = torch.empty(routes.token.numel(), W, dtype=prefill_h_dtype(mod, x.dtype), device=dev)  # [R, W]
+    launch(mod.gate_up_kernel, (slot.numel(), W // mod.BLOCK_N), x, pool.w1, pool.w1_scale, pool.w3, pool.w3_scale,
+           h, tok, slot, start, end, I=W)
     launch(mod.down_kernel, (slot.numel(), mod.D // mod.BLOCK_N), h, pool.w2, pool.w2_scale, out, tok, wgt, slot, start,
-           end)
+           end, I=W)
     return out
 
 
