@@ -75,9 +75,9 @@ def test_a_decode_token_at_128k_reads_the_kv_and_index_keys_of_128k_tokens_not_1
         got = c.before_experts_time(layer, 1, late) - c.before_experts_time(layer, 1, early)
         if kind == "csa":   # at 1k the dense mode reads its 256 rows whole: picks = rows, the same bytes
             assert early // 4 * 64 <= CSA_DENSE_MAX_RATIO * (early // 4) * 512
-            # ...and the indexer's float32 intermediates, passes of their own after the max(): per (query, row)
-            # 64 heads x 32 bytes (matmul out, relu, scale, head weights, sum) + 25 (sum out, mask, top-k)
-            more += ((late + 1) // 4 - (early + 1) // 4) * (64 * 32 + 25)
+            # ...and the fused GPU indexer's scores, passes of their own after the max(): per (query, row) its
+            # float32 score written (4) and top-k's passes over it (4 + 5 + 2); its q read is the same at both ends
+            more += ((late + 1) // 4 - (early + 1) // 4) * (4 + 4 + 5 + 2)
         assert got == pytest.approx(more / bw, rel=1e-9), kind
     assert expected_reads("csa", late + 1) - expected_reads("csa", early + 1) == 2 * (32_768 - 256) * 128 \
         + 2 * (512 - 256) * 512

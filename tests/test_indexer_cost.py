@@ -15,6 +15,9 @@ from ostinato.runtime.model.indexer import select
 PER_HEAD = 4 + 8 + 8 + 8 + 4
 # bytes per (query, row): sum write 4, mask 1, masked_fill 4+1+4, topk read 4, kept mask 4+1, nonzero 2
 PER_ROW = 4 + 1 + 9 + 4 + 5 + 2
+# ...and on a GPU, one fused kernel (runtime/kernels/triton_indexer.py): its scores written 4, then top-k's passes
+# (read 4, kept mask 4+1, nonzero 2); no per-head bytes, no mask pass; besides, each query's HI x dI q read once
+FUSED_PER_ROW = 4 + 4 + 5 + 2
 
 
 @pytest.mark.parametrize("hardware", ["rtx4090d-x4", "cpu-only"])
@@ -33,24 +36,31 @@ def test_a_csa_layers_price_grows_with_its_rows_by_the_indexers_counted_bytes(ha
     dense = (l.dense_bytes - shared_bytes, 2 * n * (l.dense_params - shared_params))
     bound = [max((dense[0] + kv) / g.bandwidth, (dense[1] + f) / g.matmul_flops) for f, kv in ((f1, kv1), (f2, kv2))]
     grown = c.before_experts_time(CSA, n, position=p2) - c.before_experts_time(CSA, n, position=p1)
-    scratch = n * rows * (64 * PER_HEAD + PER_ROW)
-    assert scratch == n * rows * 2073
+    if c.hw.cpu_only:  # torch's materialized tensors
+        scratch = n * rows * (64 * PER_HEAD + PER_ROW)
+        assert scratch == n * rows * 2073
+    else:  # the fused kernel's scores (its q read is the same at both positions)
+        scratch = n * rows * FUSED_PER_ROW
     assert grown == pytest.approx(bound[1] - bound[0] + scratch / g.bandwidth, rel=1e-9)
     assert c.indexer_scratch_bytes(HCA, n, p2 + n) == 0
 
 
 def test_the_decode_step_prices_the_indexer_over_every_row_of_its_buffers():
-    """A fixed-shape step scores ceil(context / 4) rows whatever the position: its indexer bytes are those rows'."""
+    """A fixed-shape step scores ceil(context / 4) rows whatever the position: its indexer bytes are those rows'
+    (on the GPU the fused kernel's, plus its one query's q read; on the host torch's materialized tensors)."""
     c = v4_cost("rtx4090d-x4", "bf16")
     rows = -(-c.context // 4)
-    assert c.indexer_scratch_bytes(CSA, 1, c.context, fixed_shape=True) == rows * (64 * PER_HEAD + PER_ROW)
+    fused = rows * FUSED_PER_ROW + 64 * 128 * 2
+    assert c.indexer_scratch_bytes(CSA, 1, c.context, fixed_shape=True) == fused
+    assert c.indexer_scratch_bytes(CSA, 1, c.context, fixed_shape=True, on_host=True) == rows * (64 * PER_HEAD
+                                                                                                   + PER_ROW)
     f, kv = c.attention_work(CSA, 1, c.context, fixed_shape=True)
     l, g = c.layers[CSA], c.hw.gpus
     shared_bytes, shared_params = c._shared[CSA]
     bound = max((l.dense_bytes - shared_bytes + kv) / g.bandwidth, (2 * (l.dense_params - shared_params) + f)
                 / g.matmul_flops)
     assert c.before_experts_time(CSA, 1, step_context=c.context) == pytest.approx(
-        bound + rows * (64 * PER_HEAD + PER_ROW) / g.bandwidth, rel=1e-9)
+        bound + fused / g.bandwidth, rel=1e-9)
 
 
 def _inputs(T: int, HI: int, dI: int, n: int, seed: int):

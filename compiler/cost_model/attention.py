@@ -32,7 +32,7 @@ import numpy as np
 
 from ostinato.buckets import decode_contexts
 
-from .indexer import indexer_bytes
+from .indexer import fused_indexer_bytes, indexer_bytes
 
 if TYPE_CHECKING:
     from .model import CostModel
@@ -46,7 +46,7 @@ KV_ELEMENT_BYTES = 2  # a KV row's element when the dense format is not known: b
 
 class AttentionPricing:
     """CostModel's dense part by position (it sets cfg, hw, layers, context, kv_element_bytes, the shared
-    expert's part of each layer _shared, csa_dense_max_ratio and indexer_materializes)."""
+    expert's part of each layer _shared, csa_dense_max_ratio, indexer_materializes and indexer_fuses_on_gpu)."""
 
     def at(self, n: int, position: int | None) -> int:
         """The position a forward of n tokens starts at: `position` (tokens already in the session), or for
@@ -132,7 +132,7 @@ class AttentionPricing:
         g = self.hw.host if on_host else self.hw.gpus
         att_flops, kv_bytes = self.attention_work(layer, n, rows_context, fixed_shape)
         # the indexer's intermediates are passes of their own after its matmul: added (indexer_time)
-        scratch = self.indexer_scratch_bytes(layer, n, rows_context, fixed_shape)
+        scratch = self.indexer_scratch_bytes(layer, n, rows_context, fixed_shape, on_host)
         tokens = n
         if per_session:
             att_flops, kv_bytes, scratch = float(np.sum(att_flops)), float(np.sum(kv_bytes)), float(np.sum(scratch))
@@ -140,13 +140,17 @@ class AttentionPricing:
         flops = 2 * tokens * dense_params + att_flops
         return np.maximum((dense_bytes + kv_bytes) / g.bandwidth, flops / g.matmul_flops) + scratch / g.bandwidth
 
-    def indexer_scratch_bytes(self, layer: int, n, rows_context, fixed_shape: bool = False):
-        """Bytes of the CSA indexer's intermediates (indexer_bytes) for n queries of `layer` over the rows
-        attention_work scores (0 on a layer without an indexer). Elementwise over arrays of rows_context."""
+    def indexer_scratch_bytes(self, layer: int, n, rows_context, fixed_shape: bool = False, on_host: bool = False):
+        """Bytes of the CSA indexer's intermediates for n queries of `layer` over the rows attention_work scores
+        (0 on a layer without an indexer): on a GPU the fused kernel's scores (fused_indexer_bytes, while
+        indexer_fuses_on_gpu), on the host and a cpu-only spec torch's materialized tensors (indexer_bytes).
+        Elementwise over arrays of rows_context."""
         ctx = np.asarray(rows_context)
         if self.cfg.compress_ratio(layer) != 4 or not self.indexer_materializes:
             return 0 * ctx
         rows = -(-ctx // 4) if fixed_shape else ctx // 4
+        if self.indexer_fuses_on_gpu and not on_host and not self.hw.cpu_only:
+            return fused_indexer_bytes(self.cfg.index_n_heads, self.cfg.index_head_dim, n, rows, KV_ELEMENT_BYTES)
         return indexer_bytes(self.cfg.index_n_heads, n, rows)
 
     def with_csa_picks_only(self) -> CostModel:

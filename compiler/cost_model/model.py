@@ -23,12 +23,13 @@ from .forward import EAGER_OPS_PER_LAYER, ForwardPricing
 from .inputs import LayerCostInputs, MtpCostInputs, held_format, shared_expert_part
 from .layers import LayerComposition
 from .plan_policy import PlanPolicy
+from .pool_threads import PoolThreads
 from .sharded import ShardedUpload
 from .speculation import SpeculationPricing
 
 
 class CostModel(DevicePricing, AttentionPricing, ForwardPricing, LayerComposition, ShardedUpload, PromptChunks,
-                DecodePricing, BucketSteps, PlanPolicy, SpeculationPricing):
+                DecodePricing, BucketSteps, PlanPolicy, SpeculationPricing, PoolThreads):
     """Predicted seconds of the plan's forwards (prefill in every mode, decode, speculation) on `hw`, from each
     layer's placement and route shares (`layers`), the checkpoint's shapes (`cfg`) and the plan's context."""
 
@@ -56,6 +57,7 @@ class CostModel(DevicePricing, AttentionPricing, ForwardPricing, LayerCompositio
         self.eager_ops_per_layer = EAGER_OPS_PER_LAYER
         self.csa_dense_max_ratio = CSA_DENSE_MAX_RATIO   # the runtime's rule (attention_work)
         self.indexer_materializes = True   # the runtime's indexer writes its score tensors (indexer_bytes)
+        self.indexer_fuses_on_gpu = True   # ...on a GPU only its [T, n] scores: one kernel (fused_indexer_bytes)
         k = cfg.num_experts_per_tok
         self.expert_flops = EXPERT_FLOPS_PER_TOKEN_FACTOR * cfg.hidden_size * cfg.moe_intermediate_size
         self._q = [np.minimum(1.0, k * l.share) for l in layers]

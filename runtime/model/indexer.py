@@ -9,12 +9,20 @@ equal scores is unspecified (it depends on the tensor's shape and the kernel), s
 the k-th place the two may keep different, equally scored, rows; the exactness tests keep
 index_topk >= the visible entries where they compare logits, and check selection apart.
 
+On a GPU the scores are one Triton kernel (kernels/triton_indexer.py): it keeps the sum over heads in
+registers and writes only [T, n] float32, the -inf mask applied there too, where the torch path below
+passes several [T, HI, n] float32 tensors through memory (the matmul, its relu, the scaled and weighted
+copies). On the CPU the torch path stays, its blocks small enough to stay in the cache. Both compute the
+same scores up to float32 summation order, and both go through `masked_index_scores`.
+
 Legend: T queries, HI indexer heads, dI index head dim, n compressed entries, k picks, ql q_lora_rank.
 """
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass
+from functools import cache
 
 import torch
 
@@ -30,6 +38,9 @@ SCORE_BLOCK_ELEMENTS = 1 << 24
 # elements) they stay in the cache and the allocator's heap. Measured by bench/indexer_cost.py: a tiny-dims
 # select of 800 queries over 7,500 rows 0.42 -> 0.24 s (1 thread). Blocking over queries changes no score.
 CPU_SCORE_BLOCK_ELEMENTS = 1 << 20
+# Device types whose scores the fused Triton kernel computes (GPUs); tests add "cpu" to run it in Triton's
+# interpreter through the same calls.
+FUSED_SCORE_DEVICES = ("cuda",)
 
 
 @dataclass(frozen=True)
@@ -51,10 +62,47 @@ def index_queries(w: IndexerWeights, qr: torch.Tensor, x: torch.Tensor, cos: tor
     return q, weights
 
 
+@cache
+def _has_triton() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
+def fuses_scores(device: torch.device) -> bool:
+    """Whether scores over keys on `device` are the fused Triton kernel's (on a GPU) rather than torch's."""
+    return device.type in FUSED_SCORE_DEVICES and _has_triton()
+
+
 def index_scores(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
     """q [T, HI, dI], weights [T, HI], keys [n, dI] -> scores [T, n] float32."""
+    if fuses_scores(keys.device):
+        from ..kernels.triton_indexer import fused_index_scores  # Triton only where there is a GPU
+        return fused_index_scores(q, weights, keys)
     s = torch.relu(torch.matmul(q.float(), keys.float().T)) * q.shape[-1] ** -0.5  # [T, HI, n]
     return (s * weights.unsqueeze(-1)).sum(dim=1)  # [T, n]
+
+
+def masked_index_scores(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor, visible: torch.Tensor,
+                        row_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """index_scores, -inf where entry w is not complete at query t (w >= visible[t]): visible [T] integer;
+    row_ids [n] = arange(n) (a caller's buffer, or made here) -> [T, n] float32. The selection of the
+    prefill and of the static decode step both score here: on a GPU one kernel, mask included."""
+    if fuses_scores(keys.device):
+        from ..kernels.triton_indexer import fused_index_scores
+        return fused_index_scores(q, weights, keys, visible)
+    if row_ids is None:
+        row_ids = torch.arange(keys.shape[0], device=keys.device)  # [n]
+    return index_scores(q, weights, keys).masked_fill(row_ids >= visible[:, None], float("-inf"))  # [T, n]
+
+
+def score_block(heads: int, n: int, device: torch.device, limit: int | None = None) -> int:
+    """Queries scored at once over n entries: the torch path's [Tb, HI, n] float32 intermediates kept under
+    `limit` elements (default: CPU_SCORE_BLOCK_ELEMENTS on the CPU, to stay in the cache, else
+    SCORE_BLOCK_ELEMENTS); the fused kernel's scores are only [Tb, n] (top-k's tensors beside them)."""
+    if fuses_scores(device):
+        return max(1, SCORE_BLOCK_ELEMENTS // max(1, n))
+    if limit is None:
+        limit = CPU_SCORE_BLOCK_ELEMENTS if device.type == "cpu" else SCORE_BLOCK_ELEMENTS
+    return max(1, limit // max(1, heads * n))
 
 
 def top_k_earliest(scores: torch.Tensor, k: int) -> torch.Tensor:
@@ -94,12 +142,10 @@ def select(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor, positions
     n = keys.shape[0]
     k = min(topk, n)
     visible = (positions + 1) // ratio  # [T] number of complete windows at t
-    limit = CPU_SCORE_BLOCK_ELEMENTS if keys.device.type == "cpu" else SCORE_BLOCK_ELEMENTS
-    block = max(1, limit // max(1, h * n))
+    block = score_block(h, n, keys.device)
     picks = []
     for s in range(0, t, block):
-        scores = index_scores(q[s:s + block], weights[s:s + block], keys)  # [Tb, n]
-        future = torch.arange(n, device=keys.device) >= visible[s:s + block, None]  # [Tb, n]
-        idx = top_k_earliest_by_topk(scores.masked_fill(future, float("-inf")), k)  # [Tb, k]
+        scores = masked_index_scores(q[s:s + block], weights[s:s + block], keys, visible[s:s + block])  # [Tb, n]
+        idx = top_k_earliest_by_topk(scores, k)  # [Tb, k]
         picks.append(torch.where(idx >= visible[s:s + block, None], -1, idx))
     return torch.cat(picks)  # [T, k]
