@@ -57,12 +57,23 @@ def explain(plan: Plan, cost: CostModel | None = None, position: int | None = No
             *(crossover_lines(plan, cost, position) if cost is not None else []),
             f"predicted wait after a 120-token tool output: {p.wait_after_tool_output_120_tokens_ms:.1f} ms",
             f"predicted decode: {p.decode_ms_per_token:.2f} ms/token = {p.decode_tokens_per_s:.1f} tokens/s",
+            _decode_threads_line(plan, cost),
             f"MTP speculative decoding ({plan.policy.speculative}): {p.speculative.reason}",
             _adapt_line(plan.policy.adapt, hw.link.h2d_bandwidth),
             f"decode step on the CPU: {plan.policy.cpu_step}"
             + (" (one compiled call per token, built at the first load)" if plan.policy.cpu_step == "compiled"
                else " (op by op)")]
     return "\n".join(out)
+
+
+def _decode_threads_line(plan: Plan, cost: CostModel | None) -> str:
+    """policy.decode_cpu_threads, with the cost model's reason when the compile's model is at hand."""
+    d, cores = plan.policy.decode_cpu_threads, plan.policy.cpu_threads
+    if d is None:
+        return f"decode CPU expert pool: all {cores} threads (a plan without policy.decode_cpu_threads)"
+    if cost is not None and cost.decode_pool_threads == d:
+        return cost.decode_threads_reason()
+    return f"decode runs the CPU expert pool on {d} of {cores} threads (policy.decode_cpu_threads)"
 
 
 def crossover_lines(plan: Plan, cost: CostModel, position: int | None) -> list[str]:

@@ -131,6 +131,10 @@ class Policy(Record):
     prefill_buckets: list[Count]         # token counts of the captured short-prefill steps (ascending powers of
                                          # two); prompts up to the largest run as those steps, exactly
     cpu_threads: Count
+    decode_cpu_threads: Count | None = None  # the CPU expert pool's threads in decode-sized calls (decode, batched
+                                             # decode, the MTP draft and verify), at most cpu_threads: the cost
+                                             # model's choice (compiler/cost_model/pool_threads.py); None (or
+                                             # absent: older plans): every call runs cpu_threads
     objective_phases: list[Phase]
     adapt: AdaptPolicy                   # re-placement between turns (mode off, or idle: its budget and blend)
     speculative: Literal["off", "mtp"]   # decode drafts with the MTP block and verifies 2 tokens per step
@@ -145,6 +149,14 @@ class Policy(Record):
         error = bucket_rule_error(self.prefill_buckets, self.context)
         if error:
             raise ValueError(f"field 'policy.prefill_buckets': {error}")
+        return self
+
+    @model_validator(mode="after")
+    def _decode_pool_within_the_pool(self) -> Policy:
+        d = self.decode_cpu_threads
+        if d is not None and d > self.cpu_threads:
+            raise ValueError(f"field 'policy.decode_cpu_threads' is {d}: the decode calls' share of the CPU expert "
+                             f"pool, at most policy.cpu_threads ({self.cpu_threads})")
         return self
 
     @model_validator(mode="after")

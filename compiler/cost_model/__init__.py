@@ -15,6 +15,7 @@ module's docstring saying how it prices its part:
     buckets.py      short prefills as fixed-shape bucket steps
     speculation.py  speculative decoding with the MTP block
     plan_policy.py  Ostinato's policy: the mode each prompt runs in, the crossovers, the buckets
+    pool_threads.py the CPU expert pool's threads for decode-sized calls
     model.py        CostModel, composed of the pricing classes above
 
 The baselines (bench/simulator/) price their systems with the same CostModel and their own policies.

@@ -14,20 +14,24 @@ from ostinato.buckets import bucket_pieces
 class BucketSteps:
     """CostModel's fixed-shape prefill steps (from device pricing, attention by position and the forward)."""
 
-    def bucket_layer(self, layer: int, T: int, position: int | None = None) -> tuple[float, float, float]:
+    def bucket_layer(self, layer: int, T: int, position: int | None = None,
+                     threads: int | None = None) -> tuple[float, float, float]:
         """(seconds before the experts, GPU seconds, CPU seconds) of a layer in a T-token step after `position`:
         its attention reads the step's rows (step_context); hot routes each read their expert on a GPU (the
-        decode kernel's per-route programs; the CPU kernel groups them), cold ones split-route."""
+        decode kernel's per-route programs; the CPU kernel groups them), cold ones split-route, the CPU expert
+        pool at `threads` (None: every core, a prefill's)."""
         hot_routes = self.routes(layer, T, True)
         reads = self.distinct(layer, T, True) if self.hw.cpu_only else hot_routes
-        gpu = self.shared_expert_time(layer, T) + self.gpu_experts_time(reads, hot_routes)
+        gpu = self.shared_expert_time(layer, T) + self.gpu_experts_time(reads, hot_routes, threads)
         first = self.before_experts_time(layer, T, position, step_context=self.step_context(T, position))
-        return float(first), gpu, self.cpu_experts_time(T, self.distinct(layer, T, False), self.routes(layer, T, False))
+        return float(first), gpu, self.cpu_experts_time(T, self.distinct(layer, T, False), self.routes(layer, T, False),
+                                                        threads)
 
-    def bucket_step(self, T: int, position: int | None = None) -> float:
+    def bucket_step(self, T: int, position: int | None = None, threads: int | None = None) -> float:
         """One T-token step after `position`: replayed graphs on GPUs (on a cpu-only spec step_ops_per_layer(T):
-        eager, EAGER_STEP_OPS_PER_LAYER a layer, for T >= 2), the head once."""
-        layers = sum(self.layer_seconds(*self.bucket_layer(l, T, position)) for l in range(len(self.layers)))
+        eager, EAGER_STEP_OPS_PER_LAYER a layer, for T >= 2), the head once; the CPU expert pool at `threads`
+        (None: every core)."""
+        layers = sum(self.layer_seconds(*self.bucket_layer(l, T, position, threads)) for l in range(len(self.layers)))
         return float(self.forward_time(layers, T, decode=True, eager=self.decode_is_eager(),
                                        ops_per_layer=self.step_ops_per_layer(T)))
 

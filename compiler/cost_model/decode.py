@@ -2,7 +2,8 @@
 
 Decode (one token): the same split as prefill with n = 1, plus one graph launch per GPU; layers run one
 after another (a single sequence has no pipelining). Its attention reads the rows of the decode step of
-step_context(1, position) (attention.py).
+step_context(1, position) (attention.py). Its host side runs the CPU expert pool at the model's decode threads
+(pool_threads.py: every core unless a policy chose fewer), as does the batched step's.
 
 Several sessions decoding at once (batched_decode_step; runtime/model/static_decode/batch_step.py): B sessions
 decode one token each in one fixed-shape step. Everything that does not read a session's own cache runs once over
@@ -35,8 +36,9 @@ class DecodePricing:
             if sessions < 1:
                 raise ValueError(f"sessions {sessions}: the sessions decoding in the step, at least 1")
             return self.batched_decode_step([position] * sessions)
-        context = self.step_context(1, position)
-        layers = sum(self.layer_seconds(*self.split_layer(l, 1, position, context)) for l in range(len(self.layers)))
+        context, threads = self.step_context(1, position), self.decode_pool_threads
+        layers = sum(self.layer_seconds(*self.split_layer(l, 1, position, context, threads))
+                     for l in range(len(self.layers)))
         return float(self.forward_time(layers, 1, decode=True, eager=self.decode_is_eager(),
                                        ops_per_layer=self.step_ops_per_layer(1)))
 
@@ -73,12 +75,13 @@ class DecodePricing:
         each: the shared expert over the B tokens; each token's hot routes read their experts on a GPU (the decode
         kernel's per-route programs, as bucket_layer prices them: B times one token's distinct hot experts), or,
         `grouped_hot` (a kernel that groups the step's routes by expert) and on a cpu-only spec, each distinct hot
-        expert of the B tokens once; the cold routes of all B tokens in one host task over their distinct experts."""
-        B = len(positions)
+        expert of the B tokens once; the cold routes of all B tokens in one host task over their distinct experts,
+        the CPU expert pool at the decode threads (pool_threads.py)."""
+        B, threads = len(positions), self.decode_pool_threads
         hot_routes = self.routes(layer, B, True)
         reads = self.distinct(layer, B, True) if grouped_hot or self.hw.cpu_only else B * self.distinct(layer, 1, True)
-        gpu = self.shared_expert_time(layer, B) + self.gpu_experts_time(reads, hot_routes)
-        cpu = self.cpu_experts_time(B, self.distinct(layer, B, False), self.routes(layer, B, False))
+        gpu = self.shared_expert_time(layer, B) + self.gpu_experts_time(reads, hot_routes, threads)
+        cpu = self.cpu_experts_time(B, self.distinct(layer, B, False), self.routes(layer, B, False), threads)
         return self.batched_before_experts_time(layer, positions, fixed_shape), gpu, cpu
 
     def batched_decode_step(self, positions, fixed_shape: bool = True, grouped_hot: bool = False,

@@ -9,9 +9,14 @@ policy. Per layer:
 - an expert computed on a device costs max(its weight bytes / memory bandwidth, its routes'
   FLOPs / matmul rate): streaming the weights once bounds short batches, compute bounds long ones;
 - an expert computed on the host costs what compiler/host_kernel.py's rule says: the kernel's measured
-  per-core rate at the layer's tokens per expert times the host's cores, capped by the host's expert
-  read bandwidth (the spec's host.expert_kernel; a calibrated host, or a spec without it, falls back
-  to the same max() of bytes and FLOPs at the host's rates).
+  per-core rate at the layer's tokens per expert times the expert pool's threads, capped by the host's
+  expert read bandwidth (the spec's host.expert_kernel; a calibrated host, or a spec without it, falls back
+  to the same max() of bytes and FLOPs at the host's all-core rates, scaled by threads / cores: those rates
+  are all-core figures, and a share of the cores is priced at that share of them, which never credits a
+  smaller pool with the memory's saturation below all cores: conservative for a small pool);
+- the pool's threads are every core unless a caller says otherwise (decode-sized calls: pool_threads.py), and
+  so is the per-layer hand-off to the host task: task_handoff_s grown to the pool's threads by
+  ostinato/host_sync.py's bound (at every core, host.handoff_s).
 Hidden states move between GPUs over the link once per GPU boundary. On a cpu-only spec the
 "GPU" and the host are the same cores, so their parts add up instead of overlapping.
 """
@@ -23,7 +28,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..host_kernel import KernelRates, kernel_time
+from ostinato.host_sync import barrier_growth_s
+
+from ..host_kernel import KernelRates, expert_read_bandwidth
 
 if TYPE_CHECKING:
     from .model import CostModel
@@ -39,6 +46,17 @@ def host_expert_rates(host) -> tuple[float, float]:
 
 def is_calibrated(host) -> bool:
     return host.expert_read_bandwidth is not None and host.expert_flops is not None
+
+
+def pool_kernel_time(rates: KernelRates, host, distinct: float, routes: float, expert_bytes: int,
+                     threads: int) -> float:
+    """host_kernel.kernel_time's rule with the pool's `threads` in place of the host's cores: `distinct` experts and
+    their `routes` at min(threads x per_core(routes / distinct), the host's expert read). At threads = host.cores it
+    is kernel_time."""
+    if distinct <= 0:
+        return 0.0
+    rate = rates.rate(max(routes / distinct, 1.0), threads, expert_read_bandwidth(host))
+    return distinct * expert_bytes / rate
 
 
 class DevicePricing:
@@ -60,29 +78,51 @@ class DevicePricing:
         return max(distinct * self.expert_bytes / bandwidth, routes * self.expert_flops / flops)
 
     # ----- explicit counts: the session simulator feeds sampled traces through these -------------
-    def gpu_experts_time(self, distinct: float, routes: float) -> float:
+    def gpu_experts_time(self, distinct: float, routes: float, threads: int | None = None) -> float:
         """Experts computed on a GPU; on a cpu-only spec the "GPU" is the host, whose hot pools run through
-        the same CPU kernel as its cold experts, so they are priced alike."""
+        the same CPU kernel as its cold experts, so they are priced alike (at the pool's `threads`, None: every
+        core; a GPU ignores it)."""
         if self.hw.cpu_only and self.host_kernel is not None:
-            return kernel_time(self.host_kernel, self.hw.host, distinct, routes, self.expert_bytes)
+            return self.host_experts_time(distinct, routes, threads)
         g = self.hw.gpus
         return self._experts_time(distinct, routes, g.bandwidth, g.matmul_flops)
 
-    def host_experts_time(self, distinct: float, routes: float) -> float:
-        """The host's expert kernel over `distinct` experts and their `routes` (host_kernel.py's rule with
-        this model's kernel rates; another system's with with_host_kernel)."""
-        if self.host_kernel is not None:
-            return kernel_time(self.host_kernel, self.hw.host, distinct, routes, self.expert_bytes)
-        return self._experts_time(distinct, routes, *host_expert_rates(self.hw.host))
+    def pool_threads_of(self, threads: int | None) -> int:
+        """The expert pool's threads a price is for: `threads`, checked against the host's cores (None: all)."""
+        cores = self.hw.host.cores
+        if threads is None:
+            return cores
+        if not 1 <= threads <= cores:
+            raise ValueError(f"threads {threads}: the expert pool's threads on {self.hw.name}, 1 to its {cores} cores")
+        return threads
 
-    def cpu_experts_time(self, n: int, distinct: float, routes: float) -> float:
-        """Routes computed by the host's expert kernels, plus the layer's hand-off to the host task and n
-        tokens' activations over the link both ways."""
+    def host_experts_time(self, distinct: float, routes: float, threads: int | None = None) -> float:
+        """The host's expert kernel over `distinct` experts and their `routes` on a pool of `threads` threads
+        (None: every core): host_kernel.py's rule with this model's kernel rates (another system's with
+        with_host_kernel), or the host's all-core rates scaled to the pool's share of the cores."""
+        threads = self.pool_threads_of(threads)
+        if self.host_kernel is not None:
+            return pool_kernel_time(self.host_kernel, self.hw.host, distinct, routes, self.expert_bytes, threads)
+        share = threads / self.hw.host.cores
+        bandwidth, flops = host_expert_rates(self.hw.host)
+        return self._experts_time(distinct, routes, bandwidth * share, flops * share)
+
+    def handoff_time(self, threads: int | None = None) -> float:
+        """A layer's hand-off to the host task with a pool of `threads` threads (None: every core, host.handoff_s):
+        the measured task_handoff_s plus the pool's synchronizations grown to its threads (host_sync.py's bound)."""
+        if threads is None:
+            return self.hw.host.handoff_s
+        return self.hw.host.task_handoff_s + barrier_growth_s(self.pool_threads_of(threads))
+
+    def cpu_experts_time(self, n: int, distinct: float, routes: float, threads: int | None = None) -> float:
+        """Routes computed by the host's expert kernels on a pool of `threads` threads (None: every core), plus
+        the layer's hand-off to the host task at those threads and n tokens' activations over the link both
+        ways."""
         if routes <= 0:
             return 0.0
         link = self.hw.link
         act = n * self.cfg.hidden_size * 4
-        return (self.host_experts_time(distinct, routes) + self.hw.host.handoff_s
+        return (self.host_experts_time(distinct, routes, threads) + self.handoff_time(threads)
                 + 2 * link.latency_s + act / link.d2h_bandwidth + act / link.h2d_bandwidth)
 
     def upload_time(self, experts: float, extra_bytes: int = 0, links: int = 1) -> float:

@@ -29,14 +29,15 @@ class LayerComposition:
         side (cold experts with their hand-off) concurrently, unless they share the same cores (cpu-only)."""
         return first + self.overlap(gpu, cpu)
 
-    def split_layer(self, layer: int, n: int, position: int | None = None,
-                    step_context: int | None = None) -> tuple[float, float, float]:
+    def split_layer(self, layer: int, n: int, position: int | None = None, step_context: int | None = None,
+                    threads: int | None = None) -> tuple[float, float, float]:
         """(seconds before the experts, GPU seconds, CPU seconds) of split-route for n tokens after `position`:
-        the layer takes layer_seconds of them. `step_context`: a fixed-shape step's (before_experts_time)."""
+        the layer takes layer_seconds of them. `step_context`: a fixed-shape step's (before_experts_time);
+        `threads`: the CPU expert pool's (None: every core; a decode step's: pool_threads.py)."""
         gpu = self.shared_expert_time(layer, n) + self.gpu_experts_time(self.distinct(layer, n, True),
-                                                                        self.routes(layer, n, True))
+                                                                        self.routes(layer, n, True), threads)
         return (float(self.before_experts_time(layer, n, position, step_context=step_context)), gpu,
-                self.cpu_experts_time(n, self.distinct(layer, n, False), self.routes(layer, n, False)))
+                self.cpu_experts_time(n, self.distinct(layer, n, False), self.routes(layer, n, False), threads))
 
     def upload_layer(self, layer: int, n: int, position: int | None = None) -> tuple[float, float]:
         """(upload seconds, GPU compute seconds) of upload-once for n tokens after `position`: every route runs on

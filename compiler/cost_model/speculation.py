@@ -74,14 +74,14 @@ class SpeculationPricing:
         shared_bytes, shared_params = self._shared[index]
         first = float(self._dense_time(index, m.dense_bytes - shared_bytes, m.dense_params - shared_params, 1,
                                        self.step_context(1), True))
-        shared = self.shared_expert_time(index, 1)
+        shared, threads = self.shared_expert_time(index, 1), self.decode_pool_threads   # a decode-sized call's pool
         if m.hot is not None:
             q, k = np.minimum(1.0, self.cfg.num_experts_per_tok * m.share), self.cfg.num_experts_per_tok
             split = [(float(q[mask].sum()), float(k * m.share[mask].sum())) for mask in (m.hot, ~m.hot)]
-            experts = [(self.gpu_experts_time(*split[0]), self.cpu_experts_time(1, *split[1]))]
+            experts = [(self.gpu_experts_time(*split[0], threads), self.cpu_experts_time(1, *split[1], threads))]
         else:
-            experts = [(self.gpu_experts_time(self.distinct(l, 1, True), self.routes(l, 1, True)),
-                        self.cpu_experts_time(1, self.distinct(l, 1, False), self.routes(l, 1, False)))
+            experts = [(self.gpu_experts_time(self.distinct(l, 1, True), self.routes(l, 1, True), threads),
+                        self.cpu_experts_time(1, self.distinct(l, 1, False), self.routes(l, 1, False), threads))
                        for l in range(len(self.layers))]
         layer = float(np.mean([self.layer_seconds(first, shared + g, c) for g, c in experts]))
         busy = layer + self._head_time(1)
@@ -91,8 +91,9 @@ class SpeculationPricing:
 
     def verify_step(self, T: int, position: int | None = None) -> float:
         """The verify forward of T tokens: a fixed-shape step of T tokens, which the engine makes whether or not
-        T is a prefill bucket (runtime/engine/step_runner.py), captured on GPUs."""
-        return self.bucket_step(T, position)
+        T is a prefill bucket (runtime/engine/step_runner.py), captured on GPUs; a decode-sized call, its CPU
+        expert pool at the decode threads (pool_threads.py)."""
+        return self.bucket_step(T, position, self.decode_pool_threads)
 
     def graph_verify_step(self, T: int, position: int | None = None) -> float:
         """A verify forward of T tokens after `position` captured as a graph with split routes (an EAGLE-style

@@ -40,6 +40,7 @@ def cost_model(b: Build) -> None:
                             _matmul_params(dense), hot, row / row.sum())
     b.cost = CostModel(cfg, b.hardware, layers, model_sizes(cfg).expert_bytes, head, b.options.context,
                        b.options.prefill_chunk, mtp, cpu_step(b.options))
+    b.cost = b.cost.with_decode_threads(b.cost.choose_decode_threads())   # policy.decode_cpu_threads (pool_threads.py)
     c, sharded = b.cost, bool(b.slice_reserve)
     # split-route up to the threshold, then upload-once: the faster of the single-link and (with the slices'
     # staging reserved) the sharded upload, each workload's uploads sharded past its own crossover

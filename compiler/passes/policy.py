@@ -26,7 +26,8 @@ def policy(b: Build) -> None:
             context=o.context, sessions=o.sessions, prefill_threshold=b.threshold, shard_threshold=b.shard_threshold,
             prefill_chunk=o.prefill_chunk,
             upload_group=o.upload_group, snapshots=o.snapshots, decode_graph_routes=cfg.num_experts_per_tok,
-            prefill_buckets=list(b.buckets), cpu_threads=hw.host.cores, objective_phases=list(o.objective_phases),
+            prefill_buckets=list(b.buckets), cpu_threads=hw.host.cores, decode_cpu_threads=b.cost.decode_pool_threads,
+            objective_phases=list(o.objective_phases),
             speculative="mtp" if b.mtp_placed else "off", adapt=adapt_policy(b).model_dump(), cpu_step=cpu_step(o),
             chat_encoding=b.chat_encoding),
             "the plan's policy")

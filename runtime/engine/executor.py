@@ -79,12 +79,17 @@ MIN_TASK_BYTES_PER_THREAD = 1 << 20
 class PlacementExecutor:
     def __init__(self, layers: list[LayerExperts], pool_compute, cpu_kernel: CpuExpertKernel | None, cpu_threads: int,
                  upload_group: int, expert_bytes: int, compute_dtype: torch.dtype, top_k: int,
-                 step_tokens: list[int] = (1,), sharded: ShardedUpload | None = None):
+                 step_tokens: list[int] = (1,), sharded: ShardedUpload | None = None, decode_threads: int | None = None,
+                 decode_tokens=(1,)):
         """`step_tokens`: the token counts of the fixed-shape steps (1: decode; the plan's prefill buckets),
         what the cold bridges' staging is sized and laid out for. `sharded`: every planned GPU's staging of
-        expert slices (mode `sharded`); None: uploads go over the layer's own GPU's link only."""
+        expert slices (mode `sharded`); None: uploads go over the layer's own GPU's link only. `decode_threads`:
+        the CPU kernel's threads in calls of `decode_tokens` tokens (the decode-sized ones: cpu_threads.py;
+        None: cpu_threads in every call)."""
         self.layers, self.compute, self.cpu_kernel = layers, pool_compute, cpu_kernel
         self.cpu_threads, self.upload_group, self.expert_bytes = cpu_threads, upload_group, expert_bytes
+        self.decode_threads = cpu_threads if decode_threads is None else min(decode_threads, cpu_threads)
+        self.decode_tokens = frozenset(decode_tokens)
         self.dtype, self.top_k = compute_dtype, top_k
         self.mode = "split"
         self.sharded = sharded
@@ -103,7 +108,7 @@ class PlacementExecutor:
             streams_for(le.device).named(le.device, "copy")
         self.staging = {le.device: ColdStaging(cpu_kernel.D, top_k, list(step_tokens), compute_dtype, le.device)
                         for le in layers if le.cold_table is not None}  # one per device, shared by its layers
-        self.bridges = [ColdBridge(cpu_kernel, le.cold_table, le.cold_of, self.staging[le.device], cpu_threads)
+        self.bridges = [ColdBridge(cpu_kernel, le.cold_table, le.cold_of, self.staging[le.device], self.pool_threads)
                         if le.cold_table is not None else None for le in layers]
         # device -> [max_step_tokens * k] int64: route slot r's token, r // k; a T-token step uses its first T * k
         self._route_token = {le.device: torch.arange(max_step_tokens, device=le.device).repeat_interleave(top_k)
@@ -213,7 +218,7 @@ class PlacementExecutor:
         if sums is None:  # [hot, cold] float32 [T, D] each, overwritten by each call's tasks
             sums = self._host_sums[T] = tuple(torch.empty(2, T, D).unbind(0))
         hot_table = self.compute.pool_table(le.hot_pool) if le.hot_pool.w1.shape[0] else None
-        threads = self.task_threads(expert_ids.numel())
+        threads = self.task_threads(expert_ids.numel(), self.pool_threads(T))
         for part, (row_of, table) in enumerate(((le.slot_of, hot_table), (le.cold_of, le.cold_table))):
             if table is None:
                 sums[part].zero_()
@@ -223,10 +228,16 @@ class PlacementExecutor:
         out = torch.add(*sums)  # [T, D] float32, a new tensor (the op's result)
         return out if x.dtype == torch.float32 else out.to(x.dtype)
 
-    def task_threads(self, routes: int) -> int:
+    def task_threads(self, routes: int, pool: int | None = None) -> int:
         """Threads for a host task over `routes` routes: one per MIN_TASK_BYTES_PER_THREAD of experts it may
-        read, at least 1, at most the plan's."""
-        return max(1, min(self.cpu_threads, routes * self.expert_bytes // MIN_TASK_BYTES_PER_THREAD))
+        read, at least 1, at most `pool` (None: the plan's, clamped: cpu_threads)."""
+        pool = self.cpu_threads if pool is None else pool
+        return max(1, min(pool, routes * self.expert_bytes // MIN_TASK_BYTES_PER_THREAD))
+
+    def pool_threads(self, tokens: int) -> int:
+        """The CPU kernel's threads in a call of `tokens` tokens: the plan's decode threads in decode-sized calls
+        (a decode step, a batched one, the verify step: decode_tokens), the whole pool otherwise (prefill)."""
+        return self.decode_threads if tokens in self.decode_tokens else self.cpu_threads
 
     def decode_op(self, layer: int, x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """decode_step as one torch op (what a compiled step calls)."""
@@ -307,7 +318,7 @@ class PlacementExecutor:
         start = time.perf_counter()
         out = torch.zeros(x_host.shape[0], x_host.shape[1], dtype=torch.float32)  # [T, D] host
         routes = group_flat_routes(token, le.cold_of[expert], weight, len(le.cold))
-        self.cpu_kernel(x_host, routes, le.cold_table, out, self.cpu_threads)
+        self.cpu_kernel(x_host, routes, le.cold_table, out, self.pool_threads(x_host.shape[0]))
         self._counters.cold_s += time.perf_counter() - start  # the worker thread's own time: the kernel is synchronous
         return out
 

@@ -344,7 +344,8 @@ def read_plan(plan: str | Path | Plan, model_dir: str | Path | None = None, devi
         raise PlanError("the triton hot backend on the CPU needs TRITON_INTERPRET=1 (or use the torch backend)")
     placed = [*plan.layers, plan.mtp] if spec else list(plan.layers)  # the MTP block is layer index model.layers
     return LoadSpec(plan, model_dir, ModelConfig.from_json(model_dir / "config.json"), devices, cuda, dtype, backend,
-                    spec, adapt_policy, cpu_threads(plan.policy.cpu_threads, cuda), placed)
+                    spec, adapt_policy,
+                    cpu_threads(plan.policy.cpu_threads, cuda, decode=plan.policy.decode_cpu_threads), placed)
 
 
 def place_experts(spec: LoadSpec, disable: bool | None = False, parallel: int = 1) -> PlacementExecutor:
@@ -397,10 +398,13 @@ def place_experts(spec: LoadSpec, disable: bool | None = False, parallel: int = 
         sharded = ShardedUpload(devices, [[_staging(plan.policy.upload_group, D, width, dev) for _ in range(2)]
                                           for dev in devices], slice_compute(compute, cfg.swiglu_limit),
                                 [lp.gpu for lp in spec.placed], plan.policy.shard_threshold, down)
+    # the decode-sized calls' token counts: a decode step (and the MTP draft), a batched one of up to `parallel`
+    # sessions, the 2-token verify step; their cold tasks run on the plan's decode threads (cpu_threads.py)
+    decode_tokens = {1, *range(2, parallel + 1)} | ({2} if spec.speculative else set())
     executor = PlacementExecutor(layers, compute, cpu_kernel, threads.threads, plan.policy.upload_group,
                                  plan.model.expert_bytes, dtype, cfg.num_experts_per_tok,
-                                 sorted({1, *plan.policy.prefill_buckets, *range(2, parallel + 1)}
-                                        | ({2} if spec.speculative else set())), sharded)
+                                 sorted({*plan.policy.prefill_buckets} | decode_tokens), sharded,
+                                 decode_threads=threads.decode, decode_tokens=decode_tokens)
     if sharded is not None and upload_choice() != "sharded":  # the plan's choice: prefills up to its shard
         executor.upload_as = "upload"  # threshold upload over one link, longer ones sharded (prefill_mode)
     return executor

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+from collections.abc import Callable
 
 import torch
 
@@ -107,8 +108,11 @@ class ColdBridge:
     """One layer's cold routes in a fixed-shape step of T tokens (T <= the staging's max_tokens), k routes each."""
 
     def __init__(self, kernel: CpuExpertKernel, table: ExpertTable, cold_of: torch.Tensor, staging: ColdStaging,
-                 n_threads: int):
-        self.kernel, self.table, self.staging, self.n_threads = kernel, table, staging, n_threads
+                 n_threads: int | Callable[[int], int]):
+        """`n_threads`: the kernel's threads, or a function of a step's T giving them (the executor's pool_threads:
+        decode-sized steps run fewer than prefill buckets); fixed per T in the task struct a graph captures."""
+        self.kernel, self.table, self.staging = kernel, table, staging
+        self.threads_of = n_threads if callable(n_threads) else lambda T: n_threads
         self.device = staging.device
         self.cold_of = cold_of.to("cpu", torch.int64).contiguous()  # [E]
         self.tasks: dict[int, ColdTask] = {}  # T -> its task struct (a captured host node keeps its address)
@@ -131,7 +135,7 @@ class ColdBridge:
                                      st.ids.data_ptr(), st.weights.data_ptr(), self.cold_of.data_ptr(),
                                      self.cold_of.numel(), self.table.n_experts,
                                      ctypes.cast(self.table.ptrs, ctypes.c_void_p), st.out.data_ptr(),
-                                     self.n_threads, 0)
+                                     self.threads_of(T), 0)
         return self.tasks[T]
 
     def start(self, x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor) -> None:
