@@ -1,13 +1,13 @@
 """ostinato-compile as one visible, ordered list of named passes: (model, profile, hardware) -> plan.
 
-  read_model -> read_profile -> read_hardware -> read_workloads -> memory -> placement -> cost_model -> buckets
-  -> replan -> speculation -> policy -> kernels -> plan
+  read_model -> read_profile -> read_hardware -> read_workloads -> memory -> placement -> cost_model -> shard_copy
+  -> buckets -> replan -> speculation -> policy -> kernels -> plan
 
 Each pass reads what earlier passes put in the `Build` and adds its own result; each is logged. Each lives in
 its own module of compiler/passes/ (its __init__ is the map). Planning reads only config.json, the index and
 safetensors headers, never weights.
 
-The re-plan loop: memory, placement, cost_model and buckets (PLACE) rest on what memory reserves. Two later
+The re-plan loop: memory, placement, cost_model, shard_copy and buckets (PLACE) rest on what memory reserves. Two later
 passes change that and return why; PLACE then runs again, in order, each logged as `pass WHO: PASS WHY`:
 - replan: the buckets kept are smaller than the graph pool memory reserved (more room for hot experts);
 - speculation: the MTP block, placed beside the head, does not pay (its memory goes back to the layers).
@@ -46,6 +46,7 @@ from .passes.read_model import read_model
 from .passes.read_profile import read_profile
 from .passes.read_workloads import read_workloads
 from .passes.replan import replan
+from .passes.shard_copy import shard_copy
 from .passes.speculation import MIN_MEASURED_DRAFTS, speculation
 
 __all__ = ["ADAPT", "CHAT_ENCODINGS", "CPU_STEP", "DEFAULT_CONTEXT", "DEFAULT_WORKLOADS", "MIN_MEASURED_DRAFTS",
@@ -54,9 +55,9 @@ __all__ = ["ADAPT", "CHAT_ENCODINGS", "CPU_STEP", "DEFAULT_CONTEXT", "DEFAULT_WO
 
 log = logging.getLogger("ostinato.compile")
 
-PASSES = (read_model, read_profile, read_hardware, read_workloads, memory, placement, cost_model, buckets, replan,
-          speculation, policy, kernels, plan)
-PLACE = (memory, placement, cost_model, buckets)  # the passes the re-plan loop runs again
+PASSES = (read_model, read_profile, read_hardware, read_workloads, memory, placement, cost_model, shard_copy, buckets,
+          replan, speculation, policy, kernels, plan)
+PLACE = (memory, placement, cost_model, shard_copy, buckets)  # the passes the re-plan loop runs again
 
 
 def compile_plan(options: CompileOptions, on_pass=lambda name: None) -> Build:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from ostinato.plan import Plan
 
 from .cost_model import CostModel
+from .memory_model import shard_major_down_bytes
+from .passes.shard_copy import shard_copy_line
 
 GIB = 1024**3
 
@@ -55,6 +57,7 @@ def explain(plan: Plan, cost: CostModel | None = None, position: int | None = No
             f"prefill: {steps}split-route up to {t if t is not None else 'any number of'} tokens, upload-once above"
             + (f", sharded over the {hw.gpus.count} GPUs' links above {s} tokens" if s is not None else ""),
             *(crossover_lines(plan, cost, position) if cost is not None else []),
+            *([_shard_copy_line(plan)] if s is not None else []),
             f"predicted wait after a 120-token tool output: {p.wait_after_tool_output_120_tokens_ms:.1f} ms",
             f"predicted decode: {p.decode_ms_per_token:.2f} ms/token = {p.decode_tokens_per_s:.1f} tokens/s",
             _decode_threads_line(plan, cost),
@@ -64,6 +67,14 @@ def explain(plan: Plan, cost: CostModel | None = None, position: int | None = No
             + (" (one compiled call per token, built at the first load)" if plan.policy.cpu_step == "compiled"
                else " (op by op)")]
     return "\n".join(out)
+
+
+def _shard_copy_line(plan: Plan) -> str:
+    """policy.shard_major_copy of a plan that shards: the copy's bytes, held or not, from the host's memory row."""
+    host = next(d for d in plan.memory if d.device == "host")
+    copy = shard_major_down_bytes(host.components)
+    rest = host.total_bytes - host.components.get("shard_major_down", 0)
+    return shard_copy_line(plan.policy.shard_major_copy, copy, host.usable_bytes - rest)
 
 
 def _decode_threads_line(plan: Plan, cost: CostModel | None) -> str:

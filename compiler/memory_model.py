@@ -152,21 +152,29 @@ class MemoryPolicy:
             raise ValueError(f"headroom_fraction must be in [0, 0.5), got {self.headroom_fraction}")
 
 
-def host_expert_bytes(cold: int, hot: int, expert_bytes: int, adapt: str, sharded: bool = False) -> dict[str, int]:
+def host_expert_bytes(cold: int, hot: int, expert_bytes: int, adapt: str, shard_major_copy: bool = False
+                      ) -> dict[str, int]:
     """The host's rows of routed experts, for `cold` cold and `hot` hot experts of the model's layers (the
     MTP block's hot experts never move) under policy.adapt's mode `adapt`: the cold ones' (the CPU kernel's
     and the uploads' source), and when re-placing ("idle") the hot ones' (what an eviction computes and
     uploads from and a re-promotion copies from). Pinned copies with GPUs, the checkpoint's mapped pages on
-    a CPU run: held once either way. A plan that shards its uploads (`sharded`) holds every pinned row's
-    down matrix once more, shard-major (runtime/engine/shard_rows.py): a 1/G slice of w2 is strided in the
-    row, and each GPU's copy must be one contiguous run of page-locked bytes; w1, w3 and w2 are equal in
-    bytes, so that is a third of each row."""
+    a CPU run: held once either way. A plan that shards its uploads and holds the shard-major copy
+    (`shard_major_copy`: policy.shard_major_copy, where the host has room for it) holds every pinned row's
+    down matrix once more (runtime/engine/shard_rows.py): a 1/G slice of w2 is strided in the row, and with
+    the copy each GPU's is one contiguous run of page-locked bytes; w1, w3 and w2 are equal in bytes, so that
+    is a third of each row."""
     rows = {"cold_experts": cold * expert_bytes}
     if adapt == "idle":
         rows["hot_expert_rows"] = hot * expert_bytes
-    if sharded:
-        rows["shard_major_down"] = sum(rows.values()) // 3
+    if shard_major_copy:
+        rows["shard_major_down"] = shard_major_down_bytes(rows)
     return rows
+
+
+def shard_major_down_bytes(rows: dict[str, int]) -> int:
+    """The shard-major copy's bytes for the host's rows of experts `rows` (host_expert_bytes' cold_experts and
+    hot_expert_rows, every one pinned with GPUs): their down matrices, a third of each row."""
+    return sum(rows.get(k, 0) for k in ("cold_experts", "hot_expert_rows")) // 3
 
 
 def layer_resident_bytes(cfg: ModelConfig, layer: int, policy: MemoryPolicy) -> dict[str, int]:

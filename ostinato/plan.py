@@ -124,6 +124,11 @@ class Policy(Record):
     shard_threshold: Index | None = None  # ...and of more tokens than this their uploads are sharded over every
                                           # GPU's link (runtime/engine/sharded_upload.py; at least
                                           # prefill_threshold); None (or absent: older plans): never sharded
+    shard_major_copy: bool = False  # a plan that shards holds its pinned host rows' down matrices once more,
+                                    # shard-major (runtime/engine/shard_rows.py; memory: host shard_major_down),
+                                    # so each GPU's w2 slice is one contiguous copy: the compiler's choice where
+                                    # the host has room (compiler/passes/shard_copy.py); False (or absent: older
+                                    # plans): w2's slices are copied from the strided rows
     prefill_chunk: Count
     upload_group: Count
     snapshots: Count                     # turn-boundary snapshots a session keeps (memory: kv_snapshots)
@@ -165,6 +170,9 @@ class Policy(Record):
         if s is not None and (t is None or s < t):
             raise ValueError(f"field 'policy.shard_threshold' is {s}: sharding applies to prefills that upload, so it "
                              f"must be at least policy.prefill_threshold ({t}), or null")
+        if self.shard_major_copy and s is None:
+            raise ValueError("field 'policy.shard_major_copy' is true: the copy serves sharded uploads, and "
+                             "policy.shard_threshold is null (the plan never shards)")
         return self
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 import yaml
 from allocation_helpers import TWO_GPUS, _check, _compile, _filled_session
 from engine_helpers import IDS, _close, _variant, on_gpus
@@ -167,12 +168,62 @@ def test_explain_shows_the_crossovers_with_both_sides_predicted_ms(tmp_path):
     assert "crossover" not in explain(p)  # a plan file alone: the thresholds, without the cost model's figures
 
 
+def _host(plan):
+    return next(m for m in plan.memory if m.device == "host")
+
+
+def _copy_line(copy: int, room: int | None = None, lacks: int | None = None) -> str:
+    said = (f"held: the host has room, {room / 1e9:.1f} GB beside the rest" if lacks is None else
+            f"not held: the host lacks {lacks / 1e9:.1f} GB; slices of w2 are copied from strided rows")
+    return f"shard-major copy of the down matrices: {copy / 1e9:.1f} GB of host memory ({said})"
+
+
+def test_the_plan_holds_the_shard_major_copy_where_the_host_has_room_and_says_so(tmp_path):
+    p = _flash(tmp_path).plan
+    host = _host(p)
+    copy = (host.components["cold_experts"] + host.components.get("hot_expert_rows", 0)) // 3  # each row's w2
+    assert p.policy.shard_threshold is not None and p.policy.shard_major_copy
+    assert host.components["shard_major_down"] == copy > 0
+    line = _copy_line(copy, room=host.free_bytes + copy)
+    assert line in p.notes and line in explain(p).splitlines()
+
+
+def test_a_host_without_room_for_the_copy_still_shards_without_it(tmp_path):
+    """A host whose usable memory is a byte short of the plan with the copy compiles the same plan (thresholds,
+    placement) without it: policy.shard_major_copy false, no shard_major_down row, the notes and --explain say
+    by how much it was short; a byte more and the copy is held."""
+    held = _flash(tmp_path / "held").plan
+    total, copy = _host(held).total_bytes, _host(held).components["shard_major_down"]
+    data = yaml.safe_load((plans_dir() / "hardware" / "rtx4090d-x4.yaml").read_text())
+    plans = {}
+    for usable in (total - 1, total):
+        data["host"]["usable_bytes"] = usable
+        (tmp_path / f"{usable}.yaml").write_text(yaml.safe_dump(data))
+        plans[usable] = _flash(tmp_path / str(usable), str(tmp_path / f"{usable}.yaml")).plan
+    short = plans[total - 1]
+    p, host = short.policy, _host(short)
+    assert not p.shard_major_copy and "shard_major_down" not in host.components
+    assert (p.prefill_threshold, p.shard_threshold) == (held.policy.prefill_threshold, held.policy.shard_threshold)
+    assert [lp.hot_experts for lp in short.layers] == [lp.hot_experts for lp in held.layers]
+    assert host.total_bytes == total - copy and host.free_bytes == copy - 1
+    line = _copy_line(copy, lacks=1)
+    assert line in short.notes and line in explain(short).splitlines()
+    room = plans[total]  # exactly the total: held, no byte free
+    assert room.policy.shard_major_copy and _host(room).components["shard_major_down"] == copy
+    assert _host(room).free_bytes == 0
+
+
 # ----- the schema -------------------------------------------------------------------------------------------
 def test_the_shard_threshold_is_checked_and_older_plans_never_shard(tmp_path):
     policy = _flash(tmp_path).plan.policy.model_dump()
     t = policy["prefill_threshold"]
+    assert policy["shard_major_copy"] is True
+    del policy["shard_major_copy"]  # a plan written before the copy was a plan decision: no copy
+    assert validate(Policy, policy, "an older plan's policy").shard_major_copy is False
     del policy["shard_threshold"]  # a plan written before the field
     assert validate(Policy, policy, "an older plan's policy").shard_threshold is None
+    with pytest.raises(SchemaError, match="field 'policy.shard_major_copy' is true: the copy serves sharded uploads"):
+        validate(Policy, {**policy, "shard_major_copy": True}, "policy")
     for bad, threshold in ((t - 1, t), (10, None)):
         with pytest.raises(SchemaError, match="field 'policy.shard_threshold' is"):
             validate(Policy, {**policy, "shard_threshold": bad, "prefill_threshold": threshold}, "policy")
@@ -252,6 +303,46 @@ def test_a_two_gpu_plan_that_shards_holds_what_it_counted(tiny_ckpt, tmp_path, k
         assert held.rows[f"gpu{g}"]["upload_staging"] == engine.plan.memory[g].components["upload_staging"]
     host = next(m for m in engine.plan.memory if m.device == "host").components
     assert held.rows["host"]["shard_major_down"] == host["shard_major_down"] > 0
+    engine.close()
+
+
+@pytest.mark.slow  # two compiled plans, a session filled to the planned context
+def test_a_two_gpu_plan_without_room_for_the_copy_shards_exactly_from_strided_rows(tiny_ckpt, tmp_path, kernel_dir,
+                                                                                    monkeypatch):
+    """The plan above on a host a byte short of it with the down matrices' copy: it shards without the copy,
+    loaded as on GPUs (pinned rows) holds no copy, copies w2's slices as strided views of the pinned rows, its
+    sharded prefill equals the single-link upload's within 1e-4, and it holds what it counted."""
+    monkeypatch.delenv(ENV, raising=False)
+    context, options = 512, dict(prefill_chunk=64, max_hot_per_layer=5, dense_format="float32", speculative="off")
+    held = _compile(tiny_ckpt, tmp_path / "held", SLOW_LINKS, kernel_dir, context=context, **options)
+    assert held.policy.shard_major_copy and _host(held).components["shard_major_down"] > 0
+    short = {**SLOW_LINKS, "host": {**SLOW_LINKS["host"], "usable_bytes": _host(held).total_bytes - 1}}
+    plan = _compile(tiny_ckpt, tmp_path / "short", short, kernel_dir, context=context, **options)
+    s = plan.policy.shard_threshold
+    assert s == held.policy.shard_threshold and not plan.policy.shard_major_copy
+    assert "shard_major_down" not in _host(plan).components
+    force_pinning(monkeypatch)  # as on GPUs: host rows pinned (the copy would be made if the plan held it)
+    engine = load_engine(tmp_path / "short" / "plan.yaml", device="cpu")
+    ex = engine.executor
+    assert ex.sharded is not None and ex.sharded.down is None
+    n = max(s, *plan.policy.prefill_buckets, plan.policy.prefill_threshold) + 1
+    ids = torch.randint(0, engine.model.config.vocab_size, (n,), generator=torch.Generator().manual_seed(1))
+    session = engine.new_session()
+    assert session.prefill_mode(n) == "sharded"
+    copies = []
+    real = ex.sharded._copy_group
+    monkeypatch.setattr(ex.sharded, "_copy_group", lambda g, slices, pool, timer: copies.extend(slices)
+                        or real(g, slices, pool, timer))
+    sharded = session.prefill(ids)
+    assert ex.mode == "sharded" and copies and not any(src.w2.is_contiguous() for src in copies)  # strided w2
+    ex.sharded.threshold, uploaded = None, ex.counters.experts_uploaded  # the same prompt over one link
+    single = engine.new_session().prefill(ids)
+    assert ex.mode == "upload" and ex.counters.experts_uploaded > uploaded
+    _close(sharded, single)
+    ex.sharded.threshold = s
+    session = _filled_session(engine, context)
+    _check(engine, session)  # held = plan, without the copy
+    assert "shard_major_down" not in held_memory(engine, [session]).rows["host"]
     engine.close()
 
 

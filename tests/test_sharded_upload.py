@@ -14,8 +14,10 @@ Every planned GPU is the CPU here (the CPU twin), each with a copy stream of its
 - the plan's Triton prefill kernels (Triton's interpreter) compute pools of slices I/G wide: each slice as the
   float32 reference over its own rows and columns, a sharded upload on them as the single-link upload, and a
   triton-backend engine computes its slices with them;
-- where the host rows are pinned (with GPUs; forced here), every tensor a GPU copies is one contiguous run of
-  pinned bytes (w2's slices from the shard-major copy, shard_rows.py), with the same results;
+- where the host rows are pinned (with GPUs; forced here) and the plan holds the shard-major copy
+  (policy.shard_major_copy), every tensor a GPU copies is one contiguous run of pinned bytes (w2's slices from
+  the copy, shard_rows.py); without it no copy is made and w2's slices are strided views of the pinned rows;
+  the same results either way;
 - the bench (bench/sharded_upload.py) measures the exchange the cost model prices: the same bytes.
 """
 
@@ -336,12 +338,16 @@ def test_the_slices_are_computed_by_the_hot_backend_where_it_takes_their_width()
 
 
 # ----- whole engines ----------------------------------------------------------------------------------------
-def _sharded_engine(compiled, tiny_ckpt, gpus: int, monkeypatch, dtype=None):
+def _sharded_engine(compiled, tiny_ckpt, gpus: int, monkeypatch, dtype=None, shard_major_copy: bool = False):
     """The tiny mixed plan on `gpus` planned GPUs (all the CPU), prefills above 16 tokens upload, loaded
-    with sharded upload."""
-    plan, _ = compiled
+    with sharded upload; `shard_major_copy`: the plan shards (past the test prompts' lengths, so the session's
+    prefills run as its `upload` and the executor's upload_as picks the link) and holds the down matrices'
+    shard-major copy (policy.shard_major_copy)."""
+    plan = on_gpus(_variant(compiled[0], "mixed", 16), gpus)
+    if shard_major_copy:
+        plan = plan.replace(policy=plan.policy.replace(shard_threshold=len(IDS), shard_major_copy=True))
     monkeypatch.setenv(ENV, "sharded")
-    engine = load_engine(on_gpus(_variant(plan, "mixed", 16), gpus), tiny_ckpt, device="cpu", dtype=dtype)
+    engine = load_engine(plan, tiny_ckpt, device="cpu", dtype=dtype)
     monkeypatch.delenv(ENV)
     assert engine.executor.upload_shards == gpus and engine.executor.upload_as == "sharded"
     return engine
@@ -389,7 +395,7 @@ def test_a_pinned_sharded_engine_copies_each_slice_from_contiguous_pinned_bytes(
     bytes (what the memory model must count); every tensor each GPU copies is contiguous in a pinned buffer,
     and the prefill equals the single-link upload's."""
     pins = force_pinning(monkeypatch)
-    engine = _sharded_engine(compiled, tiny_ckpt, 2, monkeypatch)
+    engine = _sharded_engine(compiled, tiny_ckpt, 2, monkeypatch, shard_major_copy=True)
     ex, sharded = engine.executor, engine.executor.sharded
     E_plan = engine.plan.model.routed_experts
     dma = [sorted(set(range(E_plan)) - set(lp.hot_experts)) for lp in engine.plan.layers]  # no re-placing layers
@@ -413,6 +419,34 @@ def test_a_pinned_sharded_engine_copies_each_slice_from_contiguous_pinned_bytes(
     engine.close()
 
 
+@pytest.mark.slow  # the compiled plan's engine (C++ kernels)
+def test_a_pinned_sharded_engine_without_the_copy_slices_w2_from_the_strided_rows(compiled, tiny_ckpt, monkeypatch):
+    """Loaded as on GPUs, 2 planned GPUs, a plan without policy.shard_major_copy (the host had no room for it):
+    no page-locked buffer beyond the rows; w1/w3 slices are contiguous runs of the pinned rows and w2's strided
+    views of them; the prefill equals the single-link upload's."""
+    pins = force_pinning(monkeypatch)
+    engine = _sharded_engine(compiled, tiny_ckpt, 2, monkeypatch)
+    ex, sharded = engine.executor, engine.executor.sharded
+    assert not engine.plan.policy.shard_major_copy and sharded.down is None
+    E_plan = engine.plan.model.routed_experts
+    dma = [sorted(set(range(E_plan)) - set(lp.hot_experts)) for lp in engine.plan.layers]
+    down = held_bytes([le.cold for le in ex.layers], dma)  # what the copy would hold: a third of the rows
+    assert sum(n for _, n in pins.arenas) == down * 3  # the pinned rows alone
+
+    def pinned(t):
+        return any(p <= t.data_ptr() and t.data_ptr() + t.nbytes <= p + n for p, n in pins.arenas)
+
+    copies = _copied(monkeypatch, sharded)
+    logits = engine.new_session().prefill(IDS[:100])
+    assert ex.mode == "sharded" and {g for g, _ in copies} == {0, 1}
+    assert all(getattr(src, n).is_contiguous() and pinned(getattr(src, n)) for _, src in copies
+               for n in ("w1", "w1_scale", "w3", "w3_scale"))
+    assert all(not src.w2.is_contiguous() and pinned(src.w2) for _, src in copies)  # views of the pinned rows
+    ex.upload_as = "upload"
+    _close(logits, engine.new_session().prefill(IDS[:100]))
+    engine.close()
+
+
 @pytest.mark.slow  # the compiled plan
 def test_a_width_that_does_not_split_into_whole_blocks_is_refused_at_load(compiled, tiny_ckpt, monkeypatch):
     monkeypatch.setenv(ENV, "sharded")  # tiny's 128 over 3 GPUs: 42.7 values each
@@ -427,7 +461,7 @@ def test_greedy_tokens_of_a_sharded_bf16_engine_are_the_single_link_ones(compile
     """pinned: loaded as on GPUs, w2's slices copied from the shard-major pinned copy."""
     if pinned:
         force_pinning(monkeypatch)
-    engine = _sharded_engine(compiled, tiny_ckpt, gpus, monkeypatch, dtype=torch.bfloat16)
+    engine = _sharded_engine(compiled, tiny_ckpt, gpus, monkeypatch, dtype=torch.bfloat16, shard_major_copy=pinned)
     assert (engine.executor.sharded.down is not None) == pinned
     turns = [IDS[:40], IDS[40:100]]  # two prefills that upload, with replies between
 

@@ -12,6 +12,7 @@ Module map:
     memory.py          memory: what each layer and GPU holds whatever the placement
     placement.py       placement: hot experts and the layer split, fitted to memory (gives up what it may)
     cost_model.py      cost_model: the placement priced; the split-route / upload-once threshold
+    shard_copy.py      shard_copy: whether the host holds the down matrices shard-major for sharded uploads
     buckets.py         buckets: the prefill buckets
     replan.py          replan: the graph-pool reserve back to the buckets kept
     speculation.py     speculation: whether the plan decodes with the MTP block

@@ -40,6 +40,8 @@ class Build:
     threshold: int | None = None
     shard_threshold: int | None = None  # uploads of longer prefills are sharded over every GPU's link (cost_model)
     shard_from: str = ""        # which workloads' crossover it is (said in the notes)
+    shard_major_copy: bool = False  # the host holds the down matrices shard-major for the slices (shard_copy)
+    shard_copy_why: str = ""    # ...and why, or why not (said in the notes; "" where the plan does not shard)
     slice_reserve: bool | None = None  # the memory pass counts the slices' staging (None: not decided yet)
     workloads: list[WorkloadSummary] = field(default_factory=list)  # read_workloads: the options' workloads
     threshold_from: str = ""    # which workloads' crossover the threshold is (cost_model pass; said in the notes)

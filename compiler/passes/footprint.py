@@ -29,7 +29,9 @@ def device_components(b: Build, g: int, expert: int) -> dict[str, int]:
     return comps
 
 
-def host_components(b: Build, expert: int) -> dict[str, int]:
+def host_components(b: Build, expert: int, shard_major_copy: bool | None = None) -> dict[str, int]:
+    """What the host holds under the placement, by kind (its plan.memory row); `shard_major_copy`: whether it
+    holds the down matrices' shard-major copy (default: the plan's choice, b.shard_major_copy)."""
     cfg = b.config
     n_cold = sum(cfg.n_routed_experts - len(h) for h in b.placement.hot)
     if b.mtp_placed:  # the MTP block's cold experts, like a layer's
@@ -37,7 +39,8 @@ def host_components(b: Build, expert: int) -> dict[str, int]:
     n_hot = sum(len(h) for h in b.placement.hot)  # the model's layers: the MTP block's experts never move
     # Host rows of experts (memory_model.host_expert_bytes): the checkpoint's mapped pages on a CPU run,
     # pinned copies with GPUs; with re-placement the hot ones' rows too.
-    return {**host_expert_bytes(n_cold, n_hot, expert, adapt_policy(b).mode, b.shard_threshold is not None),
+    copy = b.shard_major_copy if shard_major_copy is None else shard_major_copy
+    return {**host_expert_bytes(n_cold, n_hot, expert, adapt_policy(b).mode, copy),
             "cpu_workspace": workspace_bytes(cfg, b.policy.prefill_chunk)}
 
 

@@ -72,7 +72,9 @@ def _place(b: Build) -> None:
 
 
 def _check_host(b: Build, expert: int) -> None:
-    host, hw = host_components(b, expert), b.hardware
+    # without the down matrices' shard-major copy: the plan holds it only where the host has room beside the
+    # rest (the shard_copy pass decides, once the cost model has decided whether the plan shards)
+    host, hw = host_components(b, expert, shard_major_copy=False), b.hardware
     need = sum(host.values())
     if hw.cpu_only:  # the device is the host itself: what it holds is host memory too
         device = sum(sum(device_components(b, g, expert).values()) for g in range(hw.gpus.count))

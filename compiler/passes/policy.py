@@ -24,6 +24,7 @@ def policy(b: Build) -> None:
     try:
         b.execution = validate(Policy, dict(
             context=o.context, sessions=o.sessions, prefill_threshold=b.threshold, shard_threshold=b.shard_threshold,
+            shard_major_copy=b.shard_major_copy,
             prefill_chunk=o.prefill_chunk,
             upload_group=o.upload_group, snapshots=o.snapshots, decode_graph_routes=cfg.num_experts_per_tok,
             prefill_buckets=list(b.buckets), cpu_threads=hw.host.cores, decode_cpu_threads=b.cost.decode_pool_threads,
@@ -44,6 +45,7 @@ def _workload_notes(b: Build) -> list[str]:
                   f"{b.shard_from})")
     buckets = f"bucket steps up to {b.buckets[-1]}" if b.buckets else "no bucket steps"
     notes = [f"prefill: {split}; {buckets} (priced on {b.buckets_from})",
+             *([b.shard_copy_why] if b.shard_copy_why else []),
              f"re-placement budget (policy.adapt.max_bytes): the link's bytes in {b.idle_from}",
              f"predictions: priced at session position {predictions_position(b):,d}"
              + (f" ({b.workloads[0].name}'s median cached prefix)" if b.workloads else "")]

@@ -392,9 +392,10 @@ def place_experts(spec: LoadSpec, disable: bool | None = False, parallel: int = 
     sharded = None
     if shards > 1:  # each planned GPU's two buffers of expert slices [I/G] (the plan's upload_staging counts them
         # when it shards), computed by the hot backend where it takes that width (slice_compute)
-        # where the rows are DMA sources, their down matrices shard-major too: each w2 slice one contiguous copy
+        # where the rows are DMA sources and the plan holds the copy (policy.shard_major_copy: the host has room),
+        # their down matrices shard-major too: each w2 slice one contiguous copy; else strided views of the rows
         down = (shard_major_down([le.cold for le in layers], _dma_rows(spec.placed, E, adapted), shards)
-                if pinned_arena.pinning(devices) else None)
+                if plan.policy.shard_major_copy and pinned_arena.pinning(devices) else None)
         sharded = ShardedUpload(devices, [[_staging(plan.policy.upload_group, D, width, dev) for _ in range(2)]
                                           for dev in devices], slice_compute(compute, cfg.swiglu_limit),
                                 [lp.gpu for lp in spec.placed], plan.policy.shard_threshold, down)

@@ -5,7 +5,8 @@ their scales), already one contiguous run of the host row, and columns g*W .. (g
 [D, I/2] (and w2_scale [D, I/32]): D runs of W/2 bytes, I/2 bytes apart. torch copies such a strided source by
 gathering it into a pageable temporary first, and a copy from pageable memory is staged by the driver and holds
 the host thread: a third of each slice's bytes would cross its link serialized with the others. So where the
-rows are DMA sources (the loader pins them: GPUs), their w2 and w2_scale are also held here, shard-major:
+rows are DMA sources (the loader pins them: GPUs) and the plan holds the copy (policy.shard_major_copy: the
+compiler's choice where the host has room for it), their w2 and w2_scale are also held here, shard-major:
 [G, D, W/2] and [G, D, W/32], so GPU g's slice of each is one contiguous run of page-locked bytes, one async copy.
 
 The host rows themselves stay as they are: the CPU expert kernel reads each w2 row whole ([D, I/2], its

@@ -13,9 +13,11 @@ its own link, so a layer's upload takes all G links at once:
   whole blocks of each row only when W is a multiple of 32, so W must be (slice_width refuses otherwise);
 - each GPU copies on its own copy stream into two staging buffers of slices (the plan's upload_group
   slices each), double-buffered as the single-link upload is: group i+1's copy overlaps group i's compute;
-  with GPUs each of its copies is from one contiguous run of pinned bytes: w1/w3 slices are runs of the
-  pinned host row, and w2's come from a shard-major copy of the pinned rows' down matrices (shard_rows.py:
-  host memory beyond the rows, a third of each pinned expert);
+  with GPUs w1/w3 slices are contiguous runs of the pinned host row, and where the plan holds it
+  (policy.shard_major_copy: the compiler's choice where the host has room) w2's come from a shard-major copy
+  of the pinned rows' down matrices (shard_rows.py: host memory beyond the rows, a third of each pinned
+  expert), so each copy is one contiguous run of pinned bytes; without it w2's slices are strided views of
+  the rows, which torch gathers through a pageable temporary (a copy that holds the host thread);
 - the hidden states x [T, D] reach every GPU (a copy: a peer copy on GPUs, a real copy on the CPU twin so
   the exchange costs what it moves); each GPU computes its partial [T, D] float32 over all the layer's
   cold routes; the partials come back to the layer's device and are added to its output in GPU order
@@ -137,7 +139,8 @@ class ShardedUpload:
         threshold: the plan's policy.shard_threshold, prefills of more tokens run sharded (engine/session.py);
         down: [placed layer] {host row: (w2 [G, D, W/2], w2_scale [G, D, W/32])}, the pinned rows' down matrices
         shard-major (shard_rows.py), what GPU g copies its w2 slices from; None, or a row it lacks: strided
-        views of the row (a CPU run, whose rows are not DMA sources)."""
+        views of the row (a plan without policy.shard_major_copy, or a CPU run, whose rows are not DMA
+        sources)."""
         if len(staging) != len(devices) or any(len(pair) != 2 for pair in staging):
             raise ValueError(f"need two staging buffers on each of the {len(devices)} GPUs")
         self.devices, self.staging, self.compute, self.layer_gpus = devices, staging, compute, layer_gpus
@@ -226,9 +229,9 @@ class ShardedUpload:
             for j, src in enumerate(slices):
                 for name in FIELDS:
                     dst = getattr(pool, name)[j]
-                    # with GPUs every source is one contiguous run of pinned bytes (source(): w2 from the
-                    # shard-major copy), so each is one async DMA; a strided one would be gathered by torch
-                    # into a pageable temporary first, a copy that holds the host thread
+                    # with GPUs and the shard-major copy every source is one contiguous run of pinned bytes
+                    # (source()), so each is one async DMA; without the copy w2's strided slices are gathered
+                    # by torch into a pageable temporary first, a copy that holds the host thread
                     dst.copy_(getattr(src, name).view(dst.dtype), non_blocking=True)
                     self.bytes_uploaded[g] += dst.numel()
         return s.record(stream)
