@@ -1,4 +1,4 @@
-// bf16 activations on vdpbf16ps (pairs of bf16 multiplied exactly, summed in float32): the GEMV row,
+// bf16 activations on vdpbf16ps (pairs of bf16 multiplied exactly, summed in float32): the GEMV's partial dots,
 // bf16 tile dequantization and the bf16 micro-kernel. AVX512_BF16 builds only (OST_BF16DOT); e2m1 codes
 // are exact in bf16, and the group's 2^k scale is applied to the float32 partial sum.
 //
@@ -36,17 +36,18 @@ inline void to_bf16_blocks(const float* src, uint16_t* dst, int64_t n) {
     }
 }
 
-// gemv_row on bf16 inputs: per block, two vdpbf16ps on its unscaled codes give both groups' dots, then
-// one FMA by [scale 0 x 8, scale 1 x 8] (exact: powers of two). Even and odd blocks accumulate apart:
-// two FMA chains per token.
+// gemv_chunk on bf16 inputs (acc[2 t + parity of the block] for token t): per block, two vdpbf16ps on its
+// unscaled codes give both groups' dots, then one FMA by [scale 0 x 8, scale 1 x 8] (exact: powers of two).
+// Even and odd blocks accumulate apart: two FMA chains per token. The 32 registers hold 8 tokens' two
+// accumulators beside the decoded codes. Blocks run in order whatever [b0, b1) is.
 template <int NT>
-inline void gemv_row_bf16(const uint8_t* p, const uint8_t* s, int K, const uint16_t* const* xs, float* y) {
+inline void gemv_chunk_bf16(const uint8_t* p, const uint8_t* s, int b0, int b1, const uint16_t* const* xs, V* acc) {
     const __m512i lut = _mm512_load_si512(FP4_BF16);
-    V acc[NT][2];
-    for (int t = 0; t < NT; ++t) acc[t][0] = acc[t][1] = _mm512_setzero_ps();
-    for (int b0 = 0; b0 < K / BLK; b0 += 2)
-        for (int j = 0; j < 2 && b0 + j < K / BLK; ++j) {
-            const int b = b0 + j;
+    V a[NT][2];
+    for (int t = 0; t < NT; ++t) a[t][0] = acc[2 * t], a[t][1] = acc[2 * t + 1];
+    for (int bp = b0; bp < b1; bp += 2)  // b0 is even: j is the block's parity, a constant per unrolled step
+        for (int j = 0; j < 2 && bp + j < b1; ++j) {
+            const int b = bp + j;
             const __m512i w = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)(p + 32 * b)));
             const __m512bh lo = (__m512bh)_mm512_permutexvar_epi16(w, lut);
             const __m512bh hi = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(w, 4), lut);
@@ -55,10 +56,10 @@ inline void gemv_row_bf16(const uint8_t* p, const uint8_t* s, int K, const uint1
                 const uint16_t* x = xs[t] + BLK * b;
                 V d = _mm512_dpbf16_ps(_mm512_setzero_ps(), lo, (__m512bh)_mm512_load_si512(x));
                 d = _mm512_dpbf16_ps(d, hi, (__m512bh)_mm512_load_si512(x + 32));
-                acc[t][j] = _mm512_fmadd_ps(d, sc, acc[t][j]);
+                a[t][j] = _mm512_fmadd_ps(d, sc, a[t][j]);
             }
         }
-    for (int t = 0; t < NT; ++t) y[t] = hsum(_mm512_add_ps(acc[t][0], acc[t][1]));
+    for (int t = 0; t < NT; ++t) acc[2 * t] = a[t][0], acc[2 * t + 1] = a[t][1];
 }
 
 // LUT entries that scaling changes: all but codes 0 and 8 (+0, -0), in both halves.

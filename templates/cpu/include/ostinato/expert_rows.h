@@ -1,7 +1,7 @@
 // One work item's weight rows against the routes of one expert, by one of three paths chosen by the
 // expert's route count n:
-//  - n <= GEMV_MAX (up to 8): decode straight into registers and FMA (weights read once; 5..8 tokens
-//    through gemv_row_wide, whose accumulators fit the registers);
+//  - n <= GEMV_MAX (up to 8): decode straight into registers and FMA (weights read once; the inputs in
+//    chunks that stay in L1 while a group of rows passes: gemv_rows);
 //  - n >= GEMM_MIN, bf16 activations, a GEMM library passed in (ost_set_gemm): decode a rows x KB tile
 //    to bf16 into an L2-sized buffer and hand it to the library (MKL's cblas_gemm_bf16bf16f32, which
 //    picks AMX where the CPU has it); GEMM_MIN = 0: never;
@@ -56,89 +56,132 @@ struct Rows {
     int next_n;  // 0: no next rows
 };
 
-// Rows ahead whose weights gemv_rows prefetches (into L2: measured faster than into L1, whose miss
-// buffers the burst of one row's prefetches would fill).
+// Rows ahead whose weights gemv_rows prefetches where a row is one chunk (into L2: measured faster than into
+// L1, whose miss buffers the burst of one row's prefetches would fill).
 constexpr int PREFETCH_ROWS = 2;
-inline void prefetch_row(const uint8_t* p, const uint8_t* s, int K) {
-    for (int i = 0; i < K / 2; i += 64) _mm_prefetch((const char*)p + i, _MM_HINT_T1);
-    for (int i = 0; i < K / 32; i += 64) _mm_prefetch((const char*)s + i, _MM_HINT_T1);
-}
+// The prefetch helpers are always inlined: a prefetch has no visible effect, so GCC deems a helper left out of
+// line side-effect free and deletes its calls (measured: every prefetch of a build gone).
+#define OST_PREFETCH_HELPER inline __attribute__((always_inline))
 // The packed bytes of columns [k0, k0 + kb) of every row into L2 while the current chunk is computed:
 // the decode reads them next, and with n tokens per weight the compute outlasts the DRAM latency.
-inline void prefetch_chunk(const uint8_t* const* rp, const uint8_t* const* rs, int nrows, int k0, int kb) {
+OST_PREFETCH_HELPER void prefetch_chunk(const uint8_t* const* rp, const uint8_t* const* rs, int nrows, int k0, int kb) {
     for (int r = 0; r < nrows; ++r) {
         for (int i = 0; i < kb / 2; i += 64) _mm_prefetch((const char*)rp[r] + k0 / 2 + i, _MM_HINT_T1);
         for (int i = 0; i < kb / 32; i += 64) _mm_prefetch((const char*)rs[r] + k0 / 32 + i, _MM_HINT_T1);
     }
 }
 // During the last chunk of a tile: the next rows' first chunk.
-inline void prefetch_after(const Rows& rows, int k0, int kb, int K) {
+OST_PREFETCH_HELPER void prefetch_after(const Rows& rows, int k0, int kb, int K) {
     if (k0 + kb < K)
         prefetch_chunk(rows.p, rows.s, rows.n, k0 + kb, kb);
     else if (rows.next_n)
         prefetch_chunk(rows.next_p, rows.next_s, rows.next_n, 0, kb);
 }
 
-// One row for n (1..GEMV_MAX) inputs: the row kernels are templates over the token count (a build with
-// GEMV_MAX <= 4 compiles the wide ones but never calls them).
-inline void gemv_row_n(int n, const uint8_t* p, const uint8_t* s, int K, const float* const* xs, float* y) {
-    switch (n) {
-        case 1: gemv_row<1>(p, s, K, xs, y); return;
-        case 2: gemv_row<2>(p, s, K, xs, y); return;
-        case 3: gemv_row<3>(p, s, K, xs, y); return;
-        case 4: gemv_row<4>(p, s, K, xs, y); return;
-    }
-    if constexpr (GEMV_MAX > 4) {
-        switch (n) {
-            case 5: gemv_row_wide<5>(p, s, K, xs, y); return;
-            case 6: gemv_row_wide<6>(p, s, K, xs, y); return;
-            case 7: gemv_row_wide<7>(p, s, K, xs, y); return;
-            default: gemv_row_wide<8>(p, s, K, xs, y); return;
-        }
-    }
+// The GEMV cuts its rows into groups of GEMV_GROUP and each row into chunks of blocks whose inputs, for all n
+// tokens, take about GEMV_X_BYTES: a group's rows pass over one chunk of inputs while L1 holds it, then the
+// next chunk. (A whole row at a time re-read every token's full input per row: from 2 tokens on more than L1
+// holds, and the L2 traffic of 8 float32 input bytes per packed byte per token, not the decode, bounded the
+// rate: 1.5x at 4 tokens on Zen 4.)
+// The accumulators of a group's rows stay in memory between chunks; each row's blocks still run in order,
+// so neither size changes a result.
+constexpr int GEMV_GROUP = 16;
+constexpr int GEMV_X_BYTES = 16384;
+// Blocks per chunk for n tokens of esize-byte inputs: even (the bf16 kernel pairs blocks by parity), >= 2.
+constexpr int gemv_chunk_blocks(int n, int esize) {
+    return GEMV_X_BYTES / (BLK * esize * n) / 2 * 2 < 2 ? 2 : GEMV_X_BYTES / (BLK * esize * n) / 2 * 2;
 }
-#ifdef OST_BF16DOT
-// 8 tokens' two accumulators fit the 32 registers beside the decoded codes: one kernel for 1..8.
-inline void gemv_row_bf16_n(int n, const uint8_t* p, const uint8_t* s, int K, const uint16_t* const* xs, float* y) {
-    switch (n) {
-        case 1: gemv_row_bf16<1>(p, s, K, xs, y); return;
-        case 2: gemv_row_bf16<2>(p, s, K, xs, y); return;
-        case 3: gemv_row_bf16<3>(p, s, K, xs, y); return;
-        case 4: gemv_row_bf16<4>(p, s, K, xs, y); return;
-    }
-    if constexpr (GEMV_MAX > 4) {
-        switch (n) {
-            case 5: gemv_row_bf16<5>(p, s, K, xs, y); return;
-            case 6: gemv_row_bf16<6>(p, s, K, xs, y); return;
-            case 7: gemv_row_bf16<7>(p, s, K, xs, y); return;
-            default: gemv_row_bf16<8>(p, s, K, xs, y); return;
-        }
-    }
-}
-#endif
 
-// xbs: bf16 inputs (vdpbf16ps builds with bf16 activations), else null and xs is used.
-void gemv_rows(const Rows& rows, int K, const float* const* xs, const uint16_t* const* xbs, int n, float* y, int ldy) {
-    const uint8_t* const* rp = rows.p;
-    const uint8_t* const* rs = rows.s;
-    float v[8];  // the widest gemv_row
-    for (int r = 0; r < PREFETCH_ROWS && r < rows.n; ++r) prefetch_row(rp[r], rs[r], K);
-    for (int r = 0; r < rows.n; ++r) {
-        const int a = r + PREFETCH_ROWS;  // into the next rows past the end
-        if (a < rows.n)
-            prefetch_row(rp[a], rs[a], K);
-        else if (a - rows.n < rows.next_n)
-            prefetch_row(rows.next_p[a - rows.n], rows.next_s[a - rows.n], K);
-#ifdef OST_BF16DOT
-        if (xbs) {
-            gemv_row_bf16_n(n, rp[r], rs[r], K, xbs, v);
-            for (int t = 0; t < n; ++t) y[t * ldy + r] = v[t];
-            continue;
-        }
-#endif
-        gemv_row_n(n, rp[r], rs[r], K, xs, v);
-        for (int t = 0; t < n; ++t) y[t * ldy + r] = v[t];
+// Blocks [b0, b1) of a row into L2.
+OST_PREFETCH_HELPER void prefetch_piece(const uint8_t* p, const uint8_t* s, int b0, int b1) {
+    for (int i = 32 * b0; i < 32 * b1; i += 64) _mm_prefetch((const char*)p + i, _MM_HINT_T1);
+    for (int i = 2 * b0; i < 2 * b1; i += 64) _mm_prefetch((const char*)s + i, _MM_HINT_T1);
+}
+
+// Blocks [b0, b1) of row a of rows (past the end: of the next rows), by gemv_rows' rule (below).
+OST_PREFETCH_HELPER void prefetch_ahead(const Rows& rows, int a, int K, bool every_row, int b0, int b1) {
+    const uint8_t* const* pp = rows.p;
+    const uint8_t* const* ps = rows.s;
+    const uint8_t* prev[2] = {nullptr, nullptr};  // rows a - 1 and a - 2 where they exist
+    if (a >= rows.n) {
+        a -= rows.n;
+        if (a >= rows.next_n) return;
+        pp = rows.next_p, ps = rows.next_s;
+        for (int i = 1; i <= 2; ++i)
+            prev[i - 1] = a >= i ? pp[a - i] : rows.n + a >= i ? rows.p[rows.n + a - i] : nullptr;
+    } else {
+        for (int i = 1; i <= 2; ++i) prev[i - 1] = a >= i ? pp[a - i] : nullptr;
     }
+    // inside a run of rows contiguous in memory, from its third row on: the hardware prefetcher streams it
+    if (!every_row && prev[0] && prev[1] && pp[a] == prev[0] + K / 2 && prev[0] == prev[1] + K / 2) return;
+    prefetch_piece(pp[a], ps[a], b0, b1);
+}
+
+// gemv_rows for NT tokens; BF16: xs are bf16 (vdpbf16ps builds), else float32.
+template <int NT, bool BF16>
+void gemv_rows_n(const Rows& rows, int K, const void* const* xs, float* y, int ldy) {
+    const int nb = K / BLK;
+    constexpr int cb_max = gemv_chunk_blocks(NT, BF16 ? 2 : 4);
+    const int cb = cb_max < nb ? cb_max : nb;
+    // A piece (row, chunk) is prefetched as far ahead as the rows' order allows: the same chunk of the row
+    // GEMV_GROUP rows on where rows are cut into chunks (a group's rows are read strided: the hardware
+    // prefetcher does not follow them), else the row PREFETCH_ROWS rows on. With 1 token only the first two
+    // rows of each run of rows contiguous in memory: the hardware prefetcher streams the rest of a run, and
+    // software prefetches inside it measured 15-20% slower there on Zen 4 (they take the load slots and miss
+    // buffers of the stream it already fetches); from 2 tokens on every row measured faster.
+    const bool chunked = cb < nb;
+    const bool every_row = chunked || NT > 1;
+    const int ahead = chunked ? GEMV_GROUP : PREFETCH_ROWS;
+    alignas(64) V acc[GEMV_GROUP][NT * GEMV_ACC];
+    for (int r = 0; r < ahead && r < rows.n; ++r) prefetch_ahead(rows, r, K, every_row, 0, cb);
+    for (int g0 = 0; g0 < rows.n; g0 += GEMV_GROUP) {
+        const int gn = rows.n - g0 < GEMV_GROUP ? rows.n - g0 : GEMV_GROUP;
+        for (int r = 0; r < gn; ++r)
+            for (int i = 0; i < NT * GEMV_ACC; ++i) acc[r][i] = vzero();
+        for (int b0 = 0; b0 < nb; b0 += cb) {
+            const int b1 = b0 + cb < nb ? b0 + cb : nb;
+            for (int r = 0; r < gn; ++r) {
+                prefetch_ahead(rows, g0 + r + ahead, K, every_row, b0, b1);  // into the next rows past the end
+#ifdef OST_BF16DOT
+                if constexpr (BF16) {
+                    gemv_chunk_bf16<NT>(rows.p[g0 + r], rows.s[g0 + r], b0, b1, (const uint16_t* const*)xs, acc[r]);
+                    continue;
+                }
+#endif
+                gemv_chunk<NT>(rows.p[g0 + r], rows.s[g0 + r], b0, b1, (const float* const*)xs, acc[r]);
+            }
+        }
+        for (int r = 0; r < gn; ++r)
+            for (int t = 0; t < NT; ++t) y[t * ldy + g0 + r] = gemv_sum(acc[r] + t * GEMV_ACC);
+    }
+}
+
+// One work item's rows for n (1..GEMV_MAX) inputs: y[t * ldy + r]. xbs: bf16 inputs (vdpbf16ps builds with bf16
+// activations), else null and xs is used. Templates over the token count (a build with GEMV_MAX <= 4
+// compiles the wide ones but never calls them).
+template <bool BF16>
+void gemv_rows_t(const Rows& rows, int K, const void* const* xs, int n, float* y, int ldy) {
+    switch (n) {
+        case 1: gemv_rows_n<1, BF16>(rows, K, xs, y, ldy); return;
+        case 2: gemv_rows_n<2, BF16>(rows, K, xs, y, ldy); return;
+        case 3: gemv_rows_n<3, BF16>(rows, K, xs, y, ldy); return;
+        case 4: gemv_rows_n<4, BF16>(rows, K, xs, y, ldy); return;
+    }
+    if constexpr (GEMV_MAX > 4) {
+        switch (n) {
+            case 5: gemv_rows_n<5, BF16>(rows, K, xs, y, ldy); return;
+            case 6: gemv_rows_n<6, BF16>(rows, K, xs, y, ldy); return;
+            case 7: gemv_rows_n<7, BF16>(rows, K, xs, y, ldy); return;
+            default: gemv_rows_n<8, BF16>(rows, K, xs, y, ldy); return;
+        }
+    }
+}
+void gemv_rows(const Rows& rows, int K, const float* const* xs, const uint16_t* const* xbs, int n, float* y, int ldy) {
+#ifdef OST_BF16DOT
+    if (xbs) return gemv_rows_t<true>(rows, K, (const void* const*)xbs, n, y, ldy);
+#endif
+    (void)xbs;
+    gemv_rows_t<false>(rows, K, (const void* const*)xs, n, y, ldy);
 }
 
 void tiled_rows(const uint8_t* const* rp, const uint8_t* const* rs, int nrows, int K, const float* const* xs, int n,

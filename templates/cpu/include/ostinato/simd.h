@@ -1,4 +1,4 @@
-// The vector layer: the ISA's vector type V (VW float32 lanes), its MXFP4 block decode and GEMV row
+// The vector layer: the ISA's vector type V (VW float32 lanes), its MXFP4 block decode and GEMV partial dots
 // (simd_avx2.h or simd_avx512.h, chosen by the kernel's ISA macro), and ISA-neutral wrappers over it.
 //
 // Part of the CPU expert kernel: templates/cpu/moe_experts.cpp.j2 includes it after its constants

@@ -1,4 +1,4 @@
-// AVX2 vector layer (8 lanes): decode of one 64-input MXFP4 block, its scales, and the GEMV row.
+// AVX2 vector layer (8 lanes): decode of one 64-input MXFP4 block, its scales, and the GEMV's partial dots.
 // simd.h includes it when the kernel defines OST_AVX2.
 //
 // Part of the CPU expert kernel: templates/cpu/moe_experts.cpp.j2 includes it after its constants
@@ -47,61 +47,74 @@ inline V block_scale(const uint8_t* s, int) {
 }
 constexpr int NDEC = 8;
 
-// One output row for NT tokens: y[t] = sum_k W[k] x_t[k], weights streamed once.
+// The GEMV's partial dots (expert_rows.h gemv_rows): acc[t] += row . x_t over blocks [b0, b1), the row's
+// packed bytes p and scales s. GEMV_ACC accumulators per token; expert_rows.h sums their lanes once per row.
+// Blocks run in order whatever [b0, b1) is, so how gemv_rows cuts a row into chunks changes no result.
+constexpr int GEMV_ACC = 1;
 template <int NT>
-inline void gemv_row(const uint8_t* p, const uint8_t* s, int K, const float* const* xs, float* y) {
-    V acc[NT];
-    for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
-    for (int b = 0; b < K / BLK; ++b) {
-        V w[8];
-        decode64(p + 32 * b, w);
-        const V sv = block_scale(s + 2 * b, 0);
-        for (int t = 0; t < NT; ++t) {
-            const float* x = xs[t] + BLK * b;
-            // two short chains (low / high nibbles) instead of one long one: FMA latency
-            V dl = _mm256_mul_ps(w[0], _mm256_load_ps(x));
-            V dh = _mm256_mul_ps(w[4], _mm256_load_ps(x + 32));
-            for (int m = 1; m < 4; ++m) {
-                dl = _mm256_fmadd_ps(w[m], _mm256_load_ps(x + 8 * m), dl);
-                dh = _mm256_fmadd_ps(w[4 + m], _mm256_load_ps(x + 32 + 8 * m), dh);
-            }
-            acc[t] = _mm256_fmadd_ps(_mm256_add_ps(dl, dh), sv, acc[t]);
-        }
-    }
-    for (int t = 0; t < NT; ++t) y[t] = hsum(acc[t]);
-}
-
-// gemv_row for 5..8 tokens: the 16 registers cannot hold 8 decoded vectors and 8
-// accumulators, so each block is decoded a half (one nibble, 4 vectors) at a time and the half's weights
-// are scaled once for all tokens (a power of two: exact, the product tile_f32.h's tiles hold), then
-// FMAed straight into each token's accumulator: NT >= 5 independent chains cover the FMA latency.
-template <int NT>
-inline void gemv_row_wide(const uint8_t* p, const uint8_t* s, int K, const float* const* xs, float* y) {
-    static_assert(NT >= 5 && NT <= 8, "5..8 tokens (gemv_row: 1..4)");
+inline void gemv_chunk(const uint8_t* p, const uint8_t* s, int b0, int b1, const float* const* xs, V* acc) {
     const __m256i m = _mm256_set1_epi8(0x0F);
     const __m256i b3 = _mm256_load_si256((const __m256i*)TAB.fp4_b3);
     const __m256i b2 = _mm256_load_si256((const __m256i*)TAB.fp4_b2);
     const __m256i hw = _mm256_set1_epi32((int)0xFFFF0000u);
-    V acc[NT];
-    for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
-    for (int b = 0; b < K / BLK; ++b) {
+    V a[NT];
+    for (int t = 0; t < NT; ++t) a[t] = acc[t];
+    for (int b = b0; b < b1; ++b) {
         const __m256i v = _mm256_loadu_si256((const __m256i*)(p + 32 * b));
         const V sv = block_scale(s + 2 * b, 0);
-        for (int h = 0; h < 2; ++h) {  // the lane order of decode64: vectors 4h .. 4h + 3
+        // the lane order of decode64: vectors 4h .. 4h + 3 from nibble h, decoded a half (4 vectors) at a time
+        auto half = [&](int h, V w[4]) {
             const __m256i nib = h ? _mm256_and_si256(_mm256_srli_epi16(v, 4), m) : _mm256_and_si256(v, m);
             const __m256i hi = _mm256_shuffle_epi8(b3, nib), lo = _mm256_shuffle_epi8(b2, nib);
             const __m256i wa = _mm256_unpacklo_epi8(lo, hi), wb = _mm256_unpackhi_epi8(lo, hi);
-            const V w[4] = {_mm256_mul_ps(_mm256_castsi256_ps(_mm256_slli_epi32(wa, 16)), sv),
-                            _mm256_mul_ps(_mm256_castsi256_ps(_mm256_and_si256(wa, hw)), sv),
-                            _mm256_mul_ps(_mm256_castsi256_ps(_mm256_slli_epi32(wb, 16)), sv),
-                            _mm256_mul_ps(_mm256_castsi256_ps(_mm256_and_si256(wb, hw)), sv)};
-            for (int t = 0; t < NT; ++t) {
-                const float* x = xs[t] + BLK * b + 32 * h;
-                for (int q = 0; q < 4; ++q) acc[t] = _mm256_fmadd_ps(w[q], _mm256_load_ps(x + 8 * q), acc[t]);
+            w[0] = _mm256_castsi256_ps(_mm256_slli_epi32(wa, 16));
+            w[1] = _mm256_castsi256_ps(_mm256_and_si256(wa, hw));
+            w[2] = _mm256_castsi256_ps(_mm256_slli_epi32(wb, 16));
+            w[3] = _mm256_castsi256_ps(_mm256_and_si256(wb, hw));
+        };
+        V w[4];
+        if constexpr (NT <= 2) {
+            // two short chains (low / high nibbles) per token instead of one long one: FMA latency
+            V d[2][NT];
+            for (int h = 0; h < 2; ++h) {
+                half(h, w);
+                for (int t = 0; t < NT; ++t) {
+                    const float* x = xs[t] + BLK * b + 32 * h;
+                    V dd = _mm256_mul_ps(w[0], _mm256_load_ps(x));
+                    for (int q = 1; q < 4; ++q) dd = _mm256_fmadd_ps(w[q], _mm256_load_ps(x + 8 * q), dd);
+                    d[h][t] = dd;
+                }
+            }
+            for (int t = 0; t < NT; ++t) a[t] = _mm256_fmadd_ps(_mm256_add_ps(d[0][t], d[1][t]), sv, a[t]);
+        } else if constexpr (NT <= 4) {
+            // NT chains cover the FMA latency; the scale once per block and token
+            V d[NT];
+            for (int h = 0; h < 2; ++h) {
+                half(h, w);
+                for (int t = 0; t < NT; ++t) {
+                    const float* x = xs[t] + BLK * b + 32 * h;
+                    V dd = h ? _mm256_fmadd_ps(w[0], _mm256_load_ps(x), d[t]) : _mm256_mul_ps(w[0], _mm256_load_ps(x));
+                    for (int q = 1; q < 4; ++q) dd = _mm256_fmadd_ps(w[q], _mm256_load_ps(x + 8 * q), dd);
+                    d[t] = dd;
+                }
+            }
+            for (int t = 0; t < NT; ++t) a[t] = _mm256_fmadd_ps(d[t], sv, a[t]);
+        } else {
+            // 5..8 tokens: the 16 registers cannot also hold a partial sum per token, so the half's weights are
+            // scaled once for all tokens (a power of two: exact, the product tile_f32.h's tiles hold) and FMAed
+            // straight into each token's accumulator
+            for (int h = 0; h < 2; ++h) {
+                half(h, w);
+                for (int q = 0; q < 4; ++q) w[q] = _mm256_mul_ps(w[q], sv);
+                for (int t = 0; t < NT; ++t) {
+                    const float* x = xs[t] + BLK * b + 32 * h;
+                    for (int q = 0; q < 4; ++q) a[t] = _mm256_fmadd_ps(w[q], _mm256_load_ps(x + 8 * q), a[t]);
+                }
             }
         }
     }
-    for (int t = 0; t < NT; ++t) y[t] = hsum(acc[t]);
+    for (int t = 0; t < NT; ++t) acc[t] = a[t];
 }
+inline float gemv_sum(const V* acc) { return hsum(acc[0]); }
 
 }  // namespace

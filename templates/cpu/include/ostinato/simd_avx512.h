@@ -1,4 +1,4 @@
-// AVX-512 vector layer (16 lanes): decode of one 64-input MXFP4 block, its scales, and the GEMV row.
+// AVX-512 vector layer (16 lanes): decode of one 64-input MXFP4 block, its scales, and the GEMV's partial dots.
 // simd.h includes it when the kernel defines OST_AVX512.
 //
 // Part of the CPU expert kernel: templates/cpu/moe_experts.cpp.j2 includes it after its constants
@@ -30,13 +30,17 @@ inline void decode64(const uint8_t* p, V w[4]) {
 inline V block_scale(const uint8_t* s, int m) { return _mm512_set1_ps(TAB.e8m0[s[m / 2]]); }
 constexpr int NDEC = 4;
 
-// One accumulator per group: two independent FMA chains per token instead of one (FMA latency bounds a
-// single chain at one block per 8 cycles, below what DRAM delivers).
+// The GEMV's partial dots (expert_rows.h gemv_rows): acc[GEMV_ACC t + L] += group L's part of row . x_t over
+// blocks [b0, b1), the row's packed bytes p and scales s. One accumulator per group: two independent FMA chains
+// per token instead of one (FMA latency bounds a single chain at one block per 8 cycles, below what DRAM
+// delivers). The 32 registers hold 8 tokens' two accumulators, the 4 decoded vectors and the scales. Blocks run
+// in order whatever [b0, b1) is, so how gemv_rows cuts a row into chunks changes no result.
+constexpr int GEMV_ACC = 2;
 template <int NT>
-inline void gemv_row(const uint8_t* p, const uint8_t* s, int K, const float* const* xs, float* y) {
-    V acc[NT][2];
-    for (int t = 0; t < NT; ++t) acc[t][0] = acc[t][1] = _mm512_setzero_ps();
-    for (int b = 0; b < K / BLK; ++b) {
+inline void gemv_chunk(const uint8_t* p, const uint8_t* s, int b0, int b1, const float* const* xs, V* acc) {
+    V a[NT][2];
+    for (int t = 0; t < NT; ++t) a[t][0] = acc[2 * t], a[t][1] = acc[2 * t + 1];
+    for (int b = b0; b < b1; ++b) {
         V w[4];
         decode64(p + 32 * b, w);
         const V s0 = _mm512_set1_ps(TAB.e8m0[s[2 * b]]), s1 = _mm512_set1_ps(TAB.e8m0[s[2 * b + 1]]);
@@ -46,17 +50,12 @@ inline void gemv_row(const uint8_t* p, const uint8_t* s, int K, const float* con
             V d1 = _mm512_mul_ps(w[2], _mm512_load_ps(x + 32));
             d0 = _mm512_fmadd_ps(w[1], _mm512_load_ps(x + 16), d0);
             d1 = _mm512_fmadd_ps(w[3], _mm512_load_ps(x + 48), d1);
-            acc[t][0] = _mm512_fmadd_ps(d0, s0, acc[t][0]);
-            acc[t][1] = _mm512_fmadd_ps(d1, s1, acc[t][1]);
+            a[t][0] = _mm512_fmadd_ps(d0, s0, a[t][0]);
+            a[t][1] = _mm512_fmadd_ps(d1, s1, a[t][1]);
         }
     }
-    for (int t = 0; t < NT; ++t) y[t] = hsum(_mm512_add_ps(acc[t][0], acc[t][1]));
+    for (int t = 0; t < NT; ++t) acc[2 * t] = a[t][0], acc[2 * t + 1] = a[t][1];
 }
-// 5..8 tokens: the 32 registers hold 8 tokens' two accumulators, the 4 decoded vectors and the scales.
-template <int NT>
-inline void gemv_row_wide(const uint8_t* p, const uint8_t* s, int K, const float* const* xs, float* y) {
-    static_assert(NT >= 5 && NT <= 8, "5..8 tokens (gemv_row: 1..4)");
-    gemv_row<NT>(p, s, K, xs, y);
-}
+inline float gemv_sum(const V* acc) { return hsum(_mm512_add_ps(acc[0], acc[1])); }
 
 }  // namespace
