@@ -118,14 +118,15 @@ def test_upload_once_above_the_threshold_is_hand_computed():
     assert pol.prefill(routing(1, 4, [{2: 1}]), 1).mode == "split"
 
 
-def test_ktransformers_runs_experts_on_the_cpu_up_to_its_threshold_then_streams_whole_layers():
+def test_ktransformers_runs_experts_on_the_cpu_below_its_threshold_then_streams_whole_layers():
+    """kt_ep_wrapper switches a forward of num_tokens >= the threshold to its layerwise prefill."""
     c = cost()
-    kt = KTransformers(c, threshold=4)
-    at = kt.prefill(routing(1, 4, [{0: 2, 1: 2}]), 4)
-    assert at.mode == "cpu" and at.seconds == pytest.approx(2 * 10 * MS + 2 * 4 * ACT)
-    above = kt.prefill(routing(1, 4, [{0: 3, 1: 2}]), 5)
-    assert above.mode == "layerwise" and above.uploaded == 4                # the whole layer, touched or not
-    assert above.seconds == pytest.approx(4 * 100 * MS + 2 * MS)
+    kt = KTransformers(c, threshold=5)
+    below = kt.prefill(routing(1, 4, [{0: 2, 1: 2}]), 4)
+    assert below.mode == "cpu" and below.seconds == pytest.approx(2 * 10 * MS + 2 * 4 * ACT)
+    at = kt.prefill(routing(1, 4, [{0: 3, 1: 2}]), 5)
+    assert at.mode == "layerwise" and at.uploaded == 4                # the whole layer, touched or not
+    assert at.seconds == pytest.approx(4 * 100 * MS + 2 * MS)
     steps, _ = kt.decode(np.array([[[0]]]))
     assert steps[0] == pytest.approx(10 * MS + 2 * ACT)
 
@@ -145,7 +146,7 @@ def test_ktransformers_gpu_experts_are_each_layers_most_frequent():
     shares = np.array([[0.1, 0.4, 0.2, 0.3], [0.25, 0.25, 0.4, 0.1]])
     assert frequency_placed(shares, 2).tolist() == [[False, True, False, True], [True, False, True, False]]
     c = cost(hot=())                                           # Ostinato's hot set plays no part here
-    kt = KTransformers(c, threshold=4, gpu_experts=frequency_placed(np.array([[0.4, 0.3, 0.2, 0.1]]), 1))
+    kt = KTransformers(c, threshold=5, gpu_experts=frequency_placed(np.array([[0.4, 0.3, 0.2, 0.1]]), 1))
     f = kt.prefill(routing(1, 4, [{0: 2, 1: 2}]), 4)           # e0 on the GPU (1 ms) | e1 on the host
     assert f.mode == "cpu" and f.seconds == pytest.approx(10 * MS + 2 * 4 * ACT)
 
@@ -284,13 +285,13 @@ def test_a_baselines_kernel_is_priced_by_its_per_core_rate_scaled_to_the_host(tm
                      "  other: {per_core: [4.0e+4, 1.0e+4], reserved_cores: 0}\n")
     speeds = load_kernel_table(table)
     c = cost()
-    kt = KTransformers(c, threshold=4, kernel=speeds.of("other"))
+    kt = KTransformers(c, threshold=5, kernel=speeds.of("other"))
     f = kt.prefill(routing(1, 4, [{2: 1}]), 1)                  # one route to one cold expert: 1 token per expert
     assert f.seconds == pytest.approx(EXPERT / 4e4 + 2 * ACT)
     f = kt.prefill(routing(1, 4, [{2: 4}]), 4)                  # 4 tokens on one expert: 1e4 B/s per core
     assert f.seconds == pytest.approx(EXPERT / 1e4 + 2 * 4 * ACT)
     many = HW.replace(host=HW.host.replace(cores=8))
-    wide = KTransformers(CostModel(c.cfg, many, c.layers, EXPERT, 0, 0), threshold=4, kernel=speeds.of("other"))
+    wide = KTransformers(CostModel(c.cfg, many, c.layers, EXPERT, 0, 0), threshold=5, kernel=speeds.of("other"))
     assert wide.prefill(routing(1, 4, [{2: 1}]), 1).seconds == pytest.approx(EXPERT / (0.8 * 1e5) + 2 * ACT)
     with pytest.raises(KeyError, match="'ggml' has no kernel measurement"):
         speeds.of("ggml")
@@ -459,7 +460,7 @@ def test_ktransformers_dynamic_update_moves_its_gpu_set_only_on_layerwise_prefil
     gpu = frequency_placed(np.array([[6.0, 5, 4, 3, 2, 1]]), 2)            # e0, e1
     kt = KTransformersDynamic(c, threshold=4, gpu_experts=gpu)
     short = routing(1, 6, [{4: 3}])
-    assert kt.prefill(short, 3).mode == "cpu" and (kt.gpu == gpu).all()   # at or under the threshold: no update
+    assert kt.prefill(short, 3).mode == "cpu" and (kt.gpu == gpu).all()   # under the threshold: no update
     kt.decode(np.array([[[5]]] * 3))
     assert (kt.gpu == gpu).all() and kt.updates == 0
     long = routing(1, 6, [{4: 5, 5: 2, 0: 2, 1: 1}])

@@ -3,6 +3,10 @@ shared expert and the dense parts on the GPUs, routed experts on the CPU except 
 per layer kept on the GPUs; prefills above `--kt-gpu-prefill-token-threshold` switch to layerwise GPU
 prefill, streaming the layer's experts to the GPUs (tensor parallel: every GPU takes its shard over its
 own link at once, as fast as host memory feeds them; modeled double-buffered like every upload here).
+The threshold is compared with each forward's tokens, `num_tokens >= threshold` where num_tokens is the MoE
+layer's input rows (kvcache-ai/sglang python/sglang/srt/layers/moe/kt_ep_wrapper.py at 04653fa88), and a forward
+has at most --chunked-prefill-size tokens (RECIPE_CHUNKED_PREFILL): a prompt longer than that runs chunk by
+chunk, each chunk deciding alone, and a threshold above the chunk never switches (the recipe's 4096 over 2048).
 Decode: the CPU experts run inside the captured graph.
 Like Ostinato it runs PyTorch: prefill eagerly (op dispatch counted at an unfused PyTorch forward's
 UNFUSED_EAGER_OPS_PER_LAYER), decode as captured CUDA graphs.
@@ -36,6 +40,11 @@ from .formats import CHECKPOINT, with_weights
 from .policy import Forward, Policy, speculative_decode, split_pass, static_decode, upload_pass
 
 DOCUMENTED_THRESHOLD = 4096   # --kt-gpu-prefill-token-threshold in its DeepSeek-V4-Flash tutorial (PUBLISHED.md)
+# The tokens of one prefill forward: SGLang cuts a prompt into forwards of --chunked-prefill-size tokens, 2048 in
+# every version of that tutorial's launch command (kvcache-ai/ktransformers doc/en/DeepSeek-V4-Flash.md, commits
+# 041bdfc6 2026-05-03 to f5ee50d4 2026-08-05), and SGLang's own default for GPUs of 20-35 GB (A10, 4090, 5090:
+# kvcache-ai/sglang python/sglang/srt/server_args.py at 04653fa88, 2026-07-15).
+RECIPE_CHUNKED_PREFILL = 2048
 # How that tutorial (kvcache-ai/ktransformers doc/en/DeepSeek-V4-Flash.md) batches requests: since commit 37db9a3b
 # (2026-05-09; still so at 95009ea6, 2026-08-21) `--max-running-requests 2` with CUDA graphs captured for batch 1
 # only (`--cuda-graph-bs 1 --cuda-graph-max-bs 1`), so two requests decode in an eager forward; its first recipe
@@ -85,6 +94,7 @@ class KTransformers(Policy):
     name = "KTransformers"
     weights = CHECKPOINT.name
     max_running = RECIPE_MAX_RUNNING          # --max-running-requests
+    prefill_chunk = RECIPE_CHUNKED_PREFILL    # --chunked-prefill-size: the most tokens of one prefill forward
     graph_batches = RECIPE_GRAPH_BATCHES      # --cuda-graph-bs: the batch sizes decoded by a captured graph
 
     def __init__(self, cost: CostModel, threshold: int, gpu_experts: np.ndarray | None = None, kernel=None,
@@ -134,8 +144,12 @@ class KTransformers(Policy):
     def resident(self) -> np.ndarray:
         return self.gpu
 
+    def layerwise(self, n: int) -> bool:
+        """Whether a forward of n tokens takes its layerwise GPU prefill (kt_ep_wrapper: num_tokens >= threshold)."""
+        return n >= self.threshold
+
     def prefill(self, counts: np.ndarray, n: int, position: int = 0) -> Forward:
-        if n > self.threshold:
+        if self.layerwise(n):
             return upload_pass(self.cost, counts, n, np.broadcast_to(~self.gpu, counts.shape), "layerwise",
                                links=self.links, position=position)
         return split_pass(self.cost, counts, n, self.gpu, "cpu", position=position)
@@ -181,7 +195,7 @@ class KTransformersDynamic(KTransformers):
 
     def prefill(self, counts: np.ndarray, n: int, position: int = 0) -> Forward:
         f = super().prefill(counts, n, position)
-        if n > self.threshold:
+        if self.layerwise(n):
             self.gpu = top_of_batch(counts, self.gpu)
             self.updates += 1
         return f
@@ -210,9 +224,10 @@ def layerwise_prefill(cost: CostModel, gpu: np.ndarray, n: int) -> float:
     return float(cost.forward_time(cost.pipelined(per), n, decode=False, eager=True))
 
 
-def best_threshold(cost: CostModel, gpu: np.ndarray, kernel=None, largest: int = 1 << 16) -> int:
+def best_threshold(cost: CostModel, gpu: np.ndarray, kernel=None, largest: int = RECIPE_CHUNKED_PREFILL) -> int:
     """The prefill threshold set well: the smallest size (powers of two and their midpoints) from which its
-    layerwise prefill is expected to beat its CPU path, by this cost model with kt-kernel's rates."""
+    layerwise prefill is expected to beat its CPU path, by this cost model with kt-kernel's rates, up to `largest`
+    (a forward's most tokens, --chunked-prefill-size); largest + 1 when it wins at none: no forward switches."""
     c = with_gpu_set(kt_cost(cost, kernel), gpu)
-    sizes = sorted({m for p in range(7, largest.bit_length()) for m in (1 << p, 3 << (p - 1))})
-    return next((n for n in sizes if layerwise_prefill(c, gpu, n) < c.split_forward(n)), largest)
+    sizes = sorted({m for p in range(7, largest.bit_length()) for m in (1 << p, 3 << (p - 1)) if m <= largest})
+    return next((n for n in sizes if layerwise_prefill(c, gpu, n) < c.split_forward(n)), largest + 1)

@@ -24,6 +24,13 @@ and its copy into the cache does not hold up the step; at 32 tokens it is upload
 32 tokens skip the cache (the paper, arXiv 2611.11533, abstract: "skips forward passes of more than 32
 tokens"): op offload uploads every expert the pass uses, as without a cache, and nothing is inserted.
 
+A prompt runs as forwards of the physical batch, `-ub` (N_UBATCH): llama-server hands llama_decode batches of up
+to `-b` tokens (the logical batch, 2048 by default), and llama_decode splits each into ubatches of up to `-ub`
+tokens, building and computing one graph per ubatch. So the ubatch is the forward: its tokens are the op's batch
+op offload compares with GGML_OP_OFFLOAD_MIN_BATCH (ggml-cuda's get_op_batch_size: a MUL_MAT's ne[1], a
+MUL_MAT_ID's ne[2], the graph's tokens), and every ubatch copies the host weights it uses again; `-b` only decides
+how many ubatches one llama_decode call runs.
+
 Every configuration reads llama.cpp's own weights: the DeepSeek-V4-Flash GGUF as ggml-org publishes it
 (formats.py GGUF_MXFP4_MOE: the dense matrices and the head in Q8_0, not the plan's formats).
 """
@@ -39,6 +46,9 @@ from .policy import Forward, Policy
 
 OP_OFFLOAD_MIN_BATCH = 32     # GGML_OP_OFFLOAD_MIN_BATCH default
 CACHE_FILL_MAX_BATCH = 32     # --moe-cache-mib: batches above this only read the cache
+# The physical batch -ub and the logical batch -b by default: common/common.h's n_ubatch = 512 and n_batch = 2048
+# (ggml-org/llama.cpp at 001d906a); the forward is the ubatch (module docstring).
+N_UBATCH, N_BATCH = 512, 2048
 
 
 def gguf_cost(cost: CostModel, kernel=None) -> CostModel:
@@ -51,6 +61,7 @@ def gguf_cost(cost: CostModel, kernel=None) -> CostModel:
 class LayerPlacement(Policy):
     name = "llama.cpp layers"
     weights = GGUF_MXFP4_MOE.name
+    prefill_chunk = N_UBATCH   # -ub: the most tokens of one forward
 
     def __init__(self, cost: CostModel, gpu_layers: int, kernel=None):
         """`kernel`: ggml's measured kernel rates (KernelRates, kernels.py; None: the cost model's own)."""
@@ -90,6 +101,7 @@ class LayerPlacement(Policy):
 class CpuExperts(Policy):
     name = "llama.cpp CPU experts"
     weights = GGUF_MXFP4_MOE.name
+    prefill_chunk = N_UBATCH   # -ub: the most tokens of one forward
 
     def __init__(self, cost: CostModel, kernel=None, n_cpu_moe: int | None = None):
         """`kernel`: ggml's measured kernel rates (KernelRates, kernels.py; None: the cost model's own);
@@ -176,6 +188,7 @@ def layers_that_fit(layer_bytes: list[int], expert_bytes: int, n_experts: int, b
 class LruCache(Policy):
     name = "llama.cpp LRU cache"
     weights = GGUF_MXFP4_MOE.name
+    prefill_chunk = N_UBATCH   # -ub: the most tokens of one forward
 
     def __init__(self, cost: CostModel, warm: np.ndarray, capacity: np.ndarray | None = None, kernel=None):
         """`kernel`: ggml's measured kernel rates, which compute the misses on the CPU (KernelRates, kernels.py;

@@ -2,7 +2,9 @@
 prefills of up to the largest of `policy.prefill_buckets` run as captured bucket steps, longer ones
 of up to `policy.prefill_threshold` tokens split-route (hot routes on the GPU, cold routes on
 the host, concurrently), longer ones upload each distinct cold expert once, over every GPU's link past
-`policy.shard_threshold` (a 1/G slice each: runtime/engine/sharded_upload.py); decode splits too. Its decode,
+`policy.shard_threshold` (a 1/G slice each: runtime/engine/sharded_upload.py); decode splits too. The mode is
+chosen once per prompt from its whole length (runtime/engine/session.py prefill_mode) and every chunk of the plan's
+prefill chunk runs in it (runtime/model/session.py), as the cost model prices a prompt (CostModel.prefill). Its decode,
 bucket and verify steps are fixed-shape (runtime/model/static_decode): their attention reads the rows of their
 buffers (CostModel.step_context), the eager prefills the rows visible at the turn's position.
 With `mtp_acceptance`, decode steps are speculative (runtime/model/speculative.py, depth 1): the MTP block
@@ -21,10 +23,12 @@ from .policy import (
     Forward,
     Policy,
     bucket_pass,
+    chunk_starts,
     sharded_pass,
     speculative_decode,
     split_pass,
     static_decode,
+    summed,
     upload_pass,
 )
 
@@ -53,14 +57,31 @@ class Ostinato(Policy):
         self.mtp_acceptance = mtp_acceptance
         self._draft_s = with_gpu_set(cost, hot).mtp_draft() if mtp_acceptance is not None else 0.0
 
-    def prefill(self, counts: np.ndarray, n: int, position: int = 0) -> Forward:
-        if self.buckets and 0 < n <= self.buckets[-1]:
+    def mode(self, prompt: int) -> str:
+        """How the plan runs a prompt of `prompt` tokens, every chunk of it (runtime/engine/session.py prefill_mode,
+        CostModel.prefill): bucket steps within the largest bucket, else CostModel.eager_mode's split, upload or
+        sharded."""
+        if self.buckets and 0 < prompt <= self.buckets[-1]:
+            return "bucket"
+        return self.cost.eager_mode(prompt, self.threshold, self.shard_threshold)
+
+    def prefill(self, counts: np.ndarray, n: int, position: int = 0, prompt: int | None = None) -> Forward:
+        """One forward of n tokens, a chunk of a prompt of `prompt` tokens (None: n, the whole prompt) in that
+        prompt's mode."""
+        mode = self.mode(n if prompt is None else prompt)
+        if mode == "bucket":
             return bucket_pass(self.cost, counts, n, self.hot, self.buckets, position)
-        if self.shard_threshold is not None and n > self.shard_threshold:
+        if mode == "sharded":
             return sharded_pass(self.cost, counts, n, self.hot, position)
-        if self.threshold is not None and n > self.threshold:
+        if mode == "upload":
             return upload_pass(self.cost, counts, n, (counts > 0) & ~self.hot, "upload", position=position)
         return split_pass(self.cost, counts, n, self.hot, position=position)
+
+    def prefill_prompt(self, passes: list[tuple[np.ndarray, int]], position: int = 0) -> Forward:
+        """Every chunk in the mode of the whole prompt (mode), as the runtime runs it."""
+        prompt = sum(n for _, n in passes)
+        return summed([self.prefill(counts, n, at, prompt)
+                       for (counts, n), at in zip(passes, chunk_starts(passes, position))])
 
     def resident(self) -> np.ndarray:
         return self.hot

@@ -48,9 +48,23 @@ class Policy:
     def reset(self) -> None:
         """A new session (caches start cold)."""
 
+    @property
+    def prefill_chunk(self) -> int:
+        """The most tokens one prefill forward runs: a longer prompt runs as forwards of this many tokens, the last
+        one shorter, each after the ones before it (replay.py). Here the plan's policy.prefill_chunk, as Ostinato's
+        runtime/model/session.py cuts a prompt; a baseline states its own documented size beside its class."""
+        return self.cost.prefill_chunk
+
     def prefill(self, counts: np.ndarray, n: int, position: int = 0) -> Forward:   # counts [L, E]
-        """n tokens routed as `counts` after `position` tokens already in the session."""
+        """One forward of n tokens routed as `counts` after `position` tokens already in the session."""
         raise NotImplementedError
+
+    def prefill_prompt(self, passes: list[tuple[np.ndarray, int]], position: int = 0) -> Forward:
+        """A prompt as the system runs it: its forwards `passes` [(counts [L, E], tokens)] of at most prefill_chunk
+        tokens, the first after `position`, each after the ones before it, summed. Here each forward is priced
+        alone (prefill), as a system that decides how to run a forward from that forward's own tokens does; one
+        that decides once for the whole prompt overrides this (Ostinato)."""
+        return summed([self.prefill(counts, n, at) for (counts, n), at in zip(passes, chunk_starts(passes, position))])
 
     def decode(self, ids: np.ndarray, position: int = 0) -> tuple[np.ndarray, Forward]:   # ids [T, L, k] -> [T]
         """Decode steps routed as `ids`, the first after `position` tokens already in the session, each one
@@ -74,6 +88,19 @@ class Policy:
 
     def end_turn(self, idle_s: float) -> None:
         """A turn ended and the agent's tool runs for `idle_s` seconds before the next one (re-placement)."""
+
+
+def chunk_starts(passes: list[tuple[np.ndarray, int]], position: int = 0) -> list[int]:
+    """The position of each forward of a prompt cut into `passes` [(counts, tokens)] that starts after `position`."""
+    return [int(at) for at in position + np.cumsum([0] + [n for _, n in passes[:-1]])]
+
+
+def summed(fs: list[Forward]) -> Forward:
+    """A prompt's forwards as one Forward: seconds and parts added, the mode the last forward's."""
+    if len(fs) == 1:
+        return fs[0]
+    return Forward(sum(f.seconds for f in fs), sum(f.gpu_experts_s for f in fs), sum(f.cpu_experts_s for f in fs),
+                   sum(f.upload_s for f in fs), fs[-1].mode, sum(f.uploaded for f in fs))
 
 
 def _split_sums(counts: np.ndarray, gpu: np.ndarray) -> tuple[list[float], ...]:

@@ -64,9 +64,9 @@ class AdaptiveOstinato(Ostinato):
         self.hot = self.planned.copy()
         self.session = np.zeros(self.planned.shape)
 
-    def prefill(self, counts: np.ndarray, n: int, position: int = 0) -> Forward:
+    def prefill(self, counts: np.ndarray, n: int, position: int = 0, prompt: int | None = None) -> Forward:
         self.session += counts
-        return super().prefill(counts, n, position)
+        return super().prefill(counts, n, position, prompt)
 
     def decode(self, ids: np.ndarray, position: int = 0) -> tuple[np.ndarray, Forward]:
         self.session += counts_of(ids, self.planned.shape[1])

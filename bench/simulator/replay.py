@@ -5,10 +5,14 @@ Turn t (workload README): prefill `appended` tokens on top of the cached context
 policies see the same sampled routing of every pass (lockstep), so their differences are theirs.
 A system without a prefix cache (Policy.reuses_prefix False) prefills the whole context every turn:
 its extra tokens are routed by a second sampler, so the shared trace does not depend on which
-systems run. Prefills longer than the prefill chunk run as one forward per chunk (the engines' chunked
-prefill), each with its own routing. Every forward is priced at its position (Policy.prefill, Policy.decode):
-a turn's prefill after the context so far (0 for a system that prefills it all again: its chunks one after
-another from there), its decode steps after the prefill.
+systems run. Each system cuts a prefill into forwards of its own prefill chunk (Policy.prefill_chunk: the plan's
+for Ostinato, SGLang's --chunked-prefill-size for KTransformers, llama.cpp's physical batch), the last one
+shorter; the routing is drawn once per piece of ROUTING_GRAIN tokens (cut also at any system's chunk that is not
+a multiple of it) and each forward gets the sum of its pieces, so every system routes the same tokens alike and
+the draw does not depend on which systems run. The system prices the prompt from its forwards
+(Policy.prefill_prompt: Ostinato runs every chunk in the mode of the whole prompt). Every forward is priced at
+its position (Policy.prefill, Policy.decode): a turn's prefill after the context so far (0 for a system that
+prefills it all again: its chunks one after another from there), its decode steps after the prefill.
 """
 
 from __future__ import annotations
@@ -52,27 +56,50 @@ class SessionTime:
         return sum(t.seconds for t in self.turns)
 
 
+# The routing's draw unit: llama.cpp's physical batch (llamacpp.N_UBATCH), the smallest system's chunk; every
+# system's chunk (512, 2,048, 4,096) is a multiple of it, so the pieces are the same whichever systems run.
+ROUTING_GRAIN = 512
+
+
 def chunks(n: int, chunk: int) -> list[int]:
     """A prefill of n tokens as the engines run it: forwards of `chunk` tokens, the last one shorter."""
     return [chunk] * (n // chunk) + ([n % chunk] if n % chunk else [])
 
 
+def pieces(n: int, sizes: set[int]) -> list[int]:
+    """n tokens cut at every multiple of each of `sizes` (ROUTING_GRAIN and every system's chunk): the pieces whose
+    sums are each system's chunks."""
+    cuts = sorted({c for size in sizes for c in range(size, n, size)} | {n}) if n else []
+    return [int(t) for t in np.diff([0] + cuts)]
+
+
+def chunk_counts(piece_counts: list[tuple[np.ndarray, int]], chunk: int) -> list[tuple[np.ndarray, int]]:
+    """The forwards of `chunk` tokens (chunks()) made of consecutive pieces [(counts [L, E], tokens)] cut at its
+    multiples among others: each forward's counts the sum of its pieces'."""
+    out, at = [], 0
+    for n in chunks(sum(t for _, t in piece_counts), chunk):
+        take, t = [], 0
+        while t < n:
+            take.append(piece_counts[at][0])
+            t += piece_counts[at][1]
+            at += 1
+        if t != n:
+            raise ValueError(f"pieces of {[t for _, t in piece_counts]} tokens do not add up to chunks of {chunk}")
+        out.append((take[0] if len(take) == 1 else np.sum(take, axis=0), n))
+    return out
+
+
 def chunked_prefill(p: Policy, passes: list[tuple[np.ndarray, int]], position: int = 0) -> Forward:
-    """One prefill as forwards over its chunks' routing counts, summed: the first chunk after `position` tokens
-    already in the session (0: a fresh one), each after the chunks before it."""
-    starts = position + np.cumsum([0] + [n for _, n in passes[:-1]])
-    fs = [p.prefill(counts, n, int(at)) for (counts, n), at in zip(passes, starts)]
-    if len(fs) == 1:
-        return fs[0]
-    return Forward(sum(f.seconds for f in fs), sum(f.gpu_experts_s for f in fs), sum(f.cpu_experts_s for f in fs),
-                   sum(f.upload_s for f in fs), fs[-1].mode, sum(f.uploaded for f in fs))
+    """One prefill as p runs it over its chunks' routing counts (Policy.prefill_prompt): the first chunk after
+    `position` tokens already in the session (0: a fresh one), each after the chunks before it."""
+    return p.prefill_prompt(passes, position)
 
 
 def simulate(sessions: list[SessionShape], policies: list[Policy], sampler: TraceSampler,
              chunk: int | None = None, idle_s: float = 0.0) -> dict[str, list[SessionTime]]:
-    """`chunk`: the prefill chunk (default: the first policy's cost model's); `idle_s`: the agent's tool time
-    between two turns (Policy.end_turn). `sampler`: a TraceSampler (one routing law for every session) or a
-    DriftSampler (trace.py: a law per session)."""
+    """`chunk`: every system's prefill chunk (default: each system's own, Policy.prefill_chunk); `idle_s`: the
+    agent's tool time between two turns (Policy.end_turn). `sampler`: a TraceSampler (one routing law for every
+    session) or a DriftSampler (trace.py: a law per session)."""
     return simulate_groups(sessions, [policies], sampler, chunk, idle_s)[0]
 
 
@@ -98,7 +125,8 @@ def _hits(gpu: np.ndarray | None, counts: np.ndarray | None = None, ids: np.ndar
 def _simulate(sessions: list[SessionShape], policies: list[Policy], sampler: TraceSampler,
               chunk: int | None, idle_s: float = 0.0) -> dict[int, list[SessionTime]]:
     """Each policy's (by id) session times."""
-    chunk = chunk or policies[0].cost.prefill_chunk
+    size = {id(p): chunk or p.prefill_chunk for p in policies}   # [policy] its forwards' tokens
+    sizes = set(size.values()) | {ROUTING_GRAIN}
     out: dict[int, list[SessionTime]] = {id(p): [] for p in policies}
     empty = Forward(0.0)
     root = sampler
@@ -115,14 +143,14 @@ def _simulate(sessions: list[SessionShape], policies: list[Policy], sampler: Tra
         turns: dict[int, list[TurnTime]] = {id(p): [] for p in policies}
         context = 0
         for t, turn in enumerate(s.turns):
-            new = [(sampler.counts(c), c) for c in chunks(turn.appended, chunk)]
+            new = [(sampler.counts(c), c) for c in pieces(turn.appended, sizes)]
             ids = sampler.ids(turn.generated) if turn.generated else None
             whole = None
             for p in policies:
-                passes, at = new, context
+                passes, at = chunk_counts(new, size[id(p)]), context
                 if not p.reuses_prefix and context:
-                    whole = whole or [(again.counts(c), c) for c in chunks(context + turn.appended, chunk)]
-                    passes, at = whole, 0
+                    whole = whole or [(again.counts(c), c) for c in pieces(context + turn.appended, sizes)]
+                    passes, at = chunk_counts(whole, size[id(p)]), 0
                 gpu = p.resident()
                 hot = sum(_hits(gpu, counts=c) for c, _ in passes) if gpu is not None else 0
                 pre = chunked_prefill(p, passes, at) if passes else empty

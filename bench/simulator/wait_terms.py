@@ -23,7 +23,7 @@ from ostinato.compiler.cost_model import CostModel
 
 from .ktransformers import KTransformers
 from .ostinato_policy import Ostinato
-from .policy import Forward, Policy, _split_sums
+from .policy import Forward, Policy, _split_sums, chunk_starts
 from .replay import SessionTime, simulate, summarize
 from .trace import TraceSampler
 
@@ -188,19 +188,21 @@ def decode_step_terms(cost: CostModel, gpu: np.ndarray, ids: np.ndarray, positio
     return forward_terms(cost, layers, 1, True, cost.decode_is_eager() if eager is None else eager, ops)
 
 
-def prefill_terms(p: Policy, counts: np.ndarray, n: int, position: int) -> Terms:
-    """The terms of p.prefill(counts, n, position), by the branch the policy takes."""
+def prefill_terms(p: Policy, counts: np.ndarray, n: int, position: int, prompt: int | None = None) -> Terms:
+    """The terms of p.prefill(counts, n, position), a chunk of a prompt of `prompt` tokens (None: n), by the branch
+    the policy takes."""
     c = p.cost
     if isinstance(p, Ostinato):
-        if p.buckets and 0 < n <= p.buckets[-1]:
+        mode = p.mode(n if prompt is None else prompt)
+        if mode == "bucket":
             return bucket_terms(c, counts, n, p.hot, p.buckets, position)
-        if p.shard_threshold is not None and n > p.shard_threshold:
+        if mode == "sharded":
             return sharded_terms(c, counts, n, p.hot, position)
-        if p.threshold is not None and n > p.threshold:
+        if mode == "upload":
             return upload_terms(c, counts, n, (counts > 0) & ~p.hot, 1, position)
         return split_terms(c, counts, n, p.hot, position)
     if isinstance(p, KTransformers):
-        if n > p.threshold:
+        if p.layerwise(n):
             return upload_terms(c, counts, n, np.broadcast_to(~p.gpu, counts.shape), p.links, position)
         return split_terms(c, counts, n, p.gpu, position)
     raise TypeError(f"{p.name}: its prefill is not itemized (Ostinato and KTransformers are)")
@@ -248,6 +250,19 @@ class Itemized(Policy):
         f = self.inner.prefill(counts, n, position)
         terms = prefill_terms(self.inner, counts, n, position)
         _check(self, terms, f.seconds, f"{n}-token prefill at {position}")
+        self.turns[-1][-1] = add(self.turns[-1][-1], terms)
+        return f
+
+    @property
+    def prefill_chunk(self) -> int:
+        return self.inner.prefill_chunk
+
+    def prefill_prompt(self, passes: list[tuple[np.ndarray, int]], position: int = 0) -> Forward:
+        f = self.inner.prefill_prompt(passes, position)
+        prompt = sum(n for _, n in passes)
+        terms = add(*(prefill_terms(self.inner, counts, n, at, prompt)
+                      for (counts, n), at in zip(passes, chunk_starts(passes, position))))
+        _check(self, terms, f.seconds, f"{prompt}-token prompt at {position}")
         self.turns[-1][-1] = add(self.turns[-1][-1], terms)
         return f
 
