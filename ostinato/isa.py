@@ -6,10 +6,17 @@ KERNEL_VARIANTS entry; `kernel_variant` maps a spec ISA to the path that serves 
 The runtime checks a plan's CPU kernel against it before loading the library: a kernel built for an
 ISA the CPU lacks would die with SIGILL (even while loading, in its static initializers) instead of
 saying what is wrong. The compiler uses the same detection to pick a host's ISA.
+
+OSTINATO_ISA=<one of ISAS> caps what this CPU reports (detect_isa, supports) for the whole engine: a plan's
+kernels, the dense products' bf16 slabs (model/bf16_widening.py NATIVE_BF16), every check gated on the ISA. It
+runs an AVX2 host's code paths on an AVX-512 machine (the benchmarks' --isa; torch's own kernels need
+ATEN_CPU_CAPABILITY and ONEDNN_MAX_CPU_ISA as well, bench/llama_cpp_side_by_side.py isa_env); it never
+reports an ISA the CPU lacks.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 ISAS = ("avx2", "avx512", "avx512_bf16", "amx")
@@ -35,6 +42,24 @@ REQUIRED_FLAGS = (
 )
 
 
+ISA_ENV = "OSTINATO_ISA"
+
+
+def isa_cap() -> str | None:
+    """The ISA that OSTINATO_ISA caps this CPU's at, or None where it is unset."""
+    value = os.environ.get(ISA_ENV, "")
+    if not value:
+        return None
+    if value not in ISAS:
+        raise ValueError(f"{ISA_ENV}={value!r} is not one of {list(ISAS)}")
+    return value
+
+
+def _within_cap(isa: str) -> bool:
+    cap = isa_cap()
+    return cap is None or ISAS.index(isa) <= ISAS.index(cap)
+
+
 def cpu_flags(cpuinfo: str | Path = "/proc/cpuinfo") -> frozenset[str]:
     """The `flags` set of the first processor in a cpuinfo file."""
     for line in Path(cpuinfo).read_text().splitlines():
@@ -44,15 +69,15 @@ def cpu_flags(cpuinfo: str | Path = "/proc/cpuinfo") -> frozenset[str]:
 
 
 def supports(isa: str, cpuinfo: str | Path = "/proc/cpuinfo") -> bool:
-    """Whether this CPU can run code built for `isa`."""
+    """Whether this CPU can run code built for `isa` (and OSTINATO_ISA lets it)."""
     needed = dict(REQUIRED_FLAGS)[isa]
-    return set(needed) <= cpu_flags(cpuinfo)
+    return set(needed) <= cpu_flags(cpuinfo) and _within_cap(isa)
 
 
 def detect_isa(cpuinfo: str | Path = "/proc/cpuinfo") -> str:
-    """The best ISA of ISAS this machine supports."""
+    """The best ISA of ISAS this machine supports (at most OSTINATO_ISA's)."""
     flags = cpu_flags(cpuinfo)
     for isa, needed in REQUIRED_FLAGS:
-        if all(f in flags for f in needed):
+        if all(f in flags for f in needed) and _within_cap(isa):
             return isa
     raise RuntimeError(f"this CPU has neither AVX2+FMA nor AVX-512 (flags: {' '.join(sorted(flags))})")

@@ -148,6 +148,23 @@ def test_every_code_and_scale_decodes_exactly(kernels):
             assert torch.equal(got, want[:, cols:cols + 4].T)
 
 
+@pytest.mark.parametrize("size", [2.0 ** 7, 1e3, 2.0 ** 121])
+@pytest.mark.parametrize("T,K", [(1, 4096), (2, 264)])
+def test_large_activations_keep_exact_products(kernels, size, T, K):
+    """The kernel scales x by a power of two once a call to match its decoding (2^8 for F16C's halves, 2^120 for
+    AVX2's float32 bits): where x is large (activations of 10^3 and more occur; 2^121 with weights near 2^-60
+    keeps every product finite) the scale is lowered so none overflows, and the sums are scaled back: the outputs
+    stay the float32 product's."""
+    g = torch.Generator().manual_seed(int(size) % 1000 + T)
+    q, scale = quantize_fp8(torch.randn(128, -(-K // 128) * 128, generator=g) * (2.0 ** -60 if size > 2 ** 100 else 1))
+    m = Fp8Matrix.of_bytes(q[:, :K].contiguous(), scale)
+    x = torch.randn(1, T, K, generator=g)
+    x[0, :, ::7] *= size  # every 7th column large
+    want = _reference(x, m)
+    assert want.abs().max() < 2.0 ** 100  # the float32 product is finite
+    _close(kernels.fp8_linear(x, m.q, m.scale, 1), want)
+
+
 def test_what_the_kernel_does_not_take_is_refused_or_left_to_the_caller(kernels):
     g = torch.Generator().manual_seed(5)
     m = _matrix(256, 256, g)

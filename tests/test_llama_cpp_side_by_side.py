@@ -83,3 +83,48 @@ def test_ours_is_planned_for_this_hosts_isa(tmp_path):
     assert spec["host"]["isa"] == "avx512" and spec["gpus"]["usable_bytes"] == 4 * 2**30  # the preset's
     spec = yaml.safe_load(Path(sbs._hardware(tmp_path, 8.0, "avx2")).read_text())
     assert spec["host"]["isa"] == "avx2" and spec["gpus"]["usable_bytes"] == 8 * 2**30
+
+
+def test_a_forced_isa_caps_the_engine_and_torch_and_says_so():
+    """--isa avx2 on an AVX-512 CPU: Ostinato's environment caps its ISA and torch's (the host's own: nothing),
+    llama.cpp builds haswell's ggml features without AVX-512, and the run's docs block and table name it."""
+    from ostinato.bench import llama_cpp_build
+    assert sbs.isa_env(None) == {}
+    assert sbs.isa_env("avx2") == {"OSTINATO_ISA": "avx2", "ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+    flags = llama_cpp_build.ISA_FLAGS["avx2"]
+    assert "-DGGML_NATIVE=OFF" in flags and "-DGGML_AVX2=ON" in flags and "-DGGML_AVX512=OFF" in flags
+    assert sbs.doc_label("v4-flash-4x32", None) == "v4-flash-4x32"
+    assert sbs.doc_label("v4-flash-4x32", "avx2") == "v4-flash-4x32, avx2 code"
+    run = {"prompt_tok_s": 10.0, "decode_tok_s": 2.0, "median_wait_s": 1.0, "p90_wait_s": 2.0,
+           "replay_decode_tok_s": 2.0, "median_session_s": 3.0, "top1": [1, 2], "waits": 2}
+    info = {"machine": "AMD EPYC", "threads": 1, "checkpoint": "c", "llama": "l", "gguf": "g", "llama_flags": "-t 1",
+            "dtype": "bfloat16", "plan": "p", "sessions": "s", "prompt": 8, "generate": 4}
+    plain = sbs.table({sbs.LLAMA: run, sbs.OURS: run}, info)
+    forced = sbs.table({sbs.LLAMA: run, sbs.OURS: run}, dict(info, forced_isa="avx2", native_isa="avx512_bf16"))
+    assert "avx2" not in plain
+    assert "avx2 code on both sides" in forced and "not an avx2 machine" in forced and "OSTINATO_ISA=avx2" in forced
+    assert "Load average 1.50 at the start, 2.25 at the end" in sbs.table({sbs.LLAMA: run, sbs.OURS: run},
+                                                                          dict(info, load=(1.5, 2.25)))
+
+
+def test_a_forced_isa_llama_cpp_builds_into_its_own_folder(tmp_path, monkeypatch):
+    """A build for another ISA never reuses (or replaces) the host's build, and an ISA without flags is refused."""
+    from ostinato.bench import llama_cpp_build
+    for name in ("build", "build-avx2"):
+        (tmp_path / name / "bin").mkdir(parents=True)
+        (tmp_path / name / "bin" / llama_cpp_build.SERVER_TARGET).write_text("")
+    monkeypatch.setattr(llama_cpp_build, "_installed_server", lambda: None)
+    assert llama_cpp_build.find_or_build_server(tmp_path, tmp_path).parent.parent.name == "build"
+    assert llama_cpp_build.find_or_build_server(tmp_path, tmp_path, isa="avx2").parent.parent.name == "build-avx2"
+    with pytest.raises(SystemExit, match="amx"):
+        llama_cpp_build.find_or_build_server(tmp_path, tmp_path, isa="amx")
+
+
+def test_the_warm_up_reaches_past_every_context_the_run_reaches():
+    """Each server is warmed at doubling lengths up to the longest context measured (the bench prompt with its
+    tokens, or a replayed conversation), so no one-time setup at a new length lands in a measured request."""
+    s = SessionShape("x/one", [Turn(100, 3), Turn(50, 2), Turn(1500, 4)])  # 1,659 tokens by its last turn
+    assert sbs.warm_lengths([s], 300) == [64, 128, 256, 512, 1024, 2048]
+    assert sbs.warm_lengths([s], 3000) == [64, 128, 256, 512, 1024, 2048, 4096]
+    assert sbs.warm_lengths([SessionShape("x/two", [Turn(10, 2)])], 40) == [64]
+    assert sbs.warm_lengths([s], 3000, limit=2000) == [64, 128, 256, 512, 1024, 2000]  # within the context

@@ -292,7 +292,10 @@ def test_a_baselines_kernel_is_priced_by_its_per_core_rate_scaled_to_the_host(tm
     assert f.seconds == pytest.approx(EXPERT / 1e4 + 2 * 4 * ACT)
     many = HW.replace(host=HW.host.replace(cores=8))
     wide = KTransformers(CostModel(c.cfg, many, c.layers, EXPERT, 0, 0), threshold=5, kernel=speeds.of("other"))
-    assert wide.prefill(routing(1, 4, [{2: 1}]), 1).seconds == pytest.approx(EXPERT / (0.8 * 1e5) + 2 * ACT)
+    # ...plus the hand-off of 8 cores' pool (HostSpec.handoff_s: grown past the 2 threads it was measured at)
+    assert wide.prefill(routing(1, 4, [{2: 1}]), 1).seconds == pytest.approx(EXPERT / (0.8 * 1e5) + 2 * ACT
+                                                                            + many.host.handoff_s)
+    assert many.host.handoff_s > HW.host.handoff_s
     with pytest.raises(KeyError, match="'ggml' has no kernel measurement"):
         speeds.of("ggml")
     head = "isa: avx2\ncores: 2\nread_bandwidth: 1.0\ntokens_per_expert: [1, 4]\nsystems:\n"

@@ -191,17 +191,22 @@ def test_the_verdict_states_each_term_and_names_the_largest_difference():
 
 
 def test_the_indexers_score_tensors_are_their_counted_bytes_at_the_gpus_bandwidth(systems):
-    """The term the verdict reads for the indexer: cost_model.indexer_bytes of the rows a dynamic forward scores (one
-    per 4 visible tokens) or a fixed-shape step's buffers hold, over the GPU's bandwidth; none on a layer without an
-    indexer, none for a system priced with fused kernels; the rest of the dense part is the DENSE term."""
-    from ostinato.compiler.cost_model import indexer_bytes
+    """The term the verdict reads for the indexer: the bytes of Ostinato's fused GPU indexer (its [queries, rows]
+    float32 scores and top-k's passes, 15 bytes a (query, row), and its queries read) for the rows a dynamic forward
+    scores (one per 4 visible tokens) or a fixed-shape step's buffers hold, over the GPU's bandwidth; none on a layer
+    without an indexer, none for a system priced with its picks only; the rest of the dense part is the DENSE term."""
     ours, theirs, _ = systems
-    c, bw, heads = ours.cost, ours.cost.hw.gpus.bandwidth, ours.cost.cfg.index_n_heads
+    c, bw = ours.cost, ours.cost.hw.gpus.bandwidth
+    heads, dim = c.cfg.index_n_heads, c.cfg.index_head_dim
+
+    def fused(n: int, rows: int) -> int:
+        return n * rows * (4 + 4 + 5 + 2) + n * heads * dim * 2
+
     csa, sliding = 2, 0
     terms = wt.dense_terms(c, csa, 100, 30_000)
-    assert terms[wt.INDEXER] == pytest.approx(indexer_bytes(heads, 100, 30_100 // 4) / bw)
+    assert terms[wt.INDEXER] == pytest.approx(fused(100, 30_100 // 4) / bw)
     assert terms[wt.DENSE] == pytest.approx(float(c.before_experts_time(csa, 100, 30_000)) - terms[wt.INDEXER])
     step = wt.dense_terms(c, csa, 1, 30_000, step_context=65_536)
-    assert step[wt.INDEXER] == pytest.approx(indexer_bytes(heads, 1, 65_536 // 4) / bw)
+    assert step[wt.INDEXER] == pytest.approx(fused(1, 65_536 // 4) / bw)
     assert wt.dense_terms(c, sliding, 100, 30_000)[wt.INDEXER] == 0.0
     assert wt.dense_terms(theirs.cost, csa, 100, 30_000)[wt.INDEXER] == 0.0

@@ -28,7 +28,7 @@ from .replay import SessionTime, simulate, summarize
 from .trace import TraceSampler
 
 DENSE = "attention, router and dense weights before the experts (indexer's matmul included)"
-INDEXER = "CSA indexer's materialized score tensors"
+INDEXER = "CSA indexer's scores past its matmul (fused on GPUs, torch's tensors on a host)"
 GPU = "experts on the GPUs (shared, hot; uploaded or sliced cold ones)"
 # one term for the cold experts however the system moves them, so that two ways of doing the same work compare
 COLD = "cold experts: on the CPU, or their weights over the links"

@@ -46,8 +46,9 @@ SLAB_ELEMENTS = 1 << 20
 
 
 def _native_bf16() -> bool:
-    """Whether this CPU computes in bf16 (AVX512-BF16, which every AMX CPU has); unknown counts as yes,
-    which keeps torch's own path."""
+    """Whether this CPU computes in bf16 (AVX512-BF16, which every AMX CPU has; OSTINATO_ISA below avx512_bf16
+    says no, as an AVX2 host's engine would: ostinato/isa.py); unknown counts as yes, which keeps torch's own
+    path."""
     try:
         return supports("avx512_bf16")
     except (OSError, RuntimeError):
