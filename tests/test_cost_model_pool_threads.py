@@ -109,3 +109,19 @@ def test_an_older_plan_without_the_field_runs_decode_on_the_whole_pool_and_a_big
                                                     "  cpu_threads: 96\n  decode_cpu_threads: 97\n"))
     with pytest.raises(PlanError, match=r"policy\.decode_cpu_threads' is 97: .* at most policy\.cpu_threads \(96\)"):
         load_plan(work / "bigger.yaml")
+
+
+def test_the_simulator_decodes_ostinato_on_its_pool_and_the_baselines_on_every_core():
+    """bench/simulator prices Ostinato's decode steps at the plan's decode threads (as decode_step does) and each
+    baseline's at every core (their own thread settings, not Ostinato's choice)."""
+    from ostinato.bench.simulator.ktransformers import kt_cost
+    from ostinato.bench.simulator.llamacpp import gguf_cost
+    from ostinato.bench.simulator.policy import _decode_table
+
+    every_core = v4_cost("h200-x1", "fp8")
+    ours = every_core.with_decode_threads(every_core.choose_decode_threads())
+    assert ours.decode_pool_threads < ours.hw.host.cores
+    k = ours.cfg.num_experts_per_tok
+    pooled, whole = _decode_table(ours, k), _decode_table(every_core, k)
+    assert (pooled[:, 0] < whole[:, 0]).all()   # every route cold: the smaller pool's hand-off
+    assert kt_cost(ours).decode_pool_threads is None and gguf_cost(ours).decode_pool_threads is None

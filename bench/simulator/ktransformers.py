@@ -86,7 +86,8 @@ def kt_cost(cost: CostModel, kernel=None) -> CostModel:
     """The plan's cost model as KTransformers runs it: the checkpoint's weights, its unfused eager forward, and
     kt-kernel's measured rates (compiler/host_kernel.py's KernelRates; None: the cost model's own)."""
     cost = with_weights(cost, CHECKPOINT).with_eager_ops(UNFUSED_EAGER_OPS_PER_LAYER)  # its forward is not ours
-    cost = cost.with_csa_picks_only()   # its attention kernels: priced at the model's work (cost_model.py)
+    cost = cost.with_decode_threads(None)   # its workers: --kt-cpuinfer, the recipe's, not Ostinato's decode pool
+    cost = cost.with_csa_picks_only()   # its attention kernels: priced at the model's work (cost_model/)
     return cost.with_host_kernel(kernel) if kernel is not None else cost
 
 

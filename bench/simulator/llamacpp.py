@@ -54,7 +54,8 @@ N_UBATCH, N_BATCH = 512, 2048
 def gguf_cost(cost: CostModel, kernel=None) -> CostModel:
     """The plan's cost model as llama.cpp runs it: its GGUF's weights, and ggml's measured kernel rates
     (KernelRates, kernels.py; None: the cost model's own)."""
-    cost = with_weights(cost, GGUF_MXFP4_MOE).with_csa_picks_only()   # its attention: the model's work (cost_model.py)
+    cost = with_weights(cost, GGUF_MXFP4_MOE).with_csa_picks_only()   # its attention: the model's work (cost_model/)
+    cost = cost.with_decode_threads(None)   # its threads: -t, every core, not Ostinato's decode pool
     return cost.with_host_kernel(kernel) if kernel is not None else cost
 
 

@@ -1,6 +1,6 @@
 """What a policy answers for one forward pass, and the per-layer arithmetic the policies share.
 
-Every time comes from the project's cost model (compiler/cost_model.py) fed with a trace's explicit
+Every time comes from the project's cost model (compiler/cost_model/) fed with a trace's explicit
 counts: the simulator has no hardware model of its own. A layer runs in the cost model's order
 (CostModel.layer_seconds): its dense part before the experts, then the GPU side (hot experts and the shared
 expert) beside the host side (cold experts and their hand-off).
@@ -200,12 +200,14 @@ def decode_table(cost: CostModel, k: int) -> np.ndarray:
 
 
 def _decode_table(cost: CostModel, k: int) -> np.ndarray:
-    L = len(cost.layers)
+    """[L, k+1] a decode layer's experts with h of its k routes hot, the expert pool at the model's threads for
+    decode-sized calls (cost.decode_pool_threads: Ostinato's plan's choice; None, every core, for the baselines)."""
+    L, threads = len(cost.layers), cost.decode_pool_threads
     t = np.empty((L, k + 1))
     for l in range(L):
         for h in range(k + 1):
-            t[l, h] = cost.overlap(cost.shared_expert_time(l, 1) + cost.gpu_experts_time(h, h),
-                                   cost.cpu_experts_time(1, k - h, k - h))
+            t[l, h] = cost.overlap(cost.shared_expert_time(l, 1) + cost.gpu_experts_time(h, h, threads),
+                                   cost.cpu_experts_time(1, k - h, k - h, threads))
     return t
 
 
@@ -238,8 +240,9 @@ def static_decode(cost: CostModel, gpu: np.ndarray, ids: np.ndarray, eager: bool
     # a step forced eager on GPUs dispatches the dynamic forward's ops
     ops = cost.step_ops_per_layer(1) if eager is None else None
     steps = cost.forward_time(steps, 1, True, cost.decode_is_eager() if eager is None else eager, ops)
-    gtab = np.array([cost.gpu_experts_time(h, h) for h in range(k + 1)])
-    ctab = np.array([cost.cpu_experts_time(1, k - h, k - h) for h in range(k + 1)])
+    threads = cost.decode_pool_threads
+    gtab = np.array([cost.gpu_experts_time(h, h, threads) for h in range(k + 1)])
+    ctab = np.array([cost.cpu_experts_time(1, k - h, k - h, threads) for h in range(k + 1)])
     return steps, Forward(float(steps.sum()), float(gtab[hits].sum()), float(ctab[hits].sum()), 0.0, "decode")
 
 
@@ -266,8 +269,9 @@ def verify_steps(cost: CostModel, gpu: np.ndarray, ids: np.ndarray, size: int, p
     hot_r, hot_d = hot.sum(axis=2), (hot & first).sum(axis=2)             # [T, L]
     cold_r, cold_d = m - hot_r, (~hot & first).sum(axis=2)
     reads = hot_d if (cost.hw.cpu_only or not per_route) else hot_r
-    gtab = np.array([[cost.gpu_experts_time(d, r) for r in range(m + 1)] for d in range(m + 1)])
-    ctab = np.array([[cost.cpu_experts_time(size, d, r) for r in range(m + 1)] for d in range(m + 1)])
+    threads = cost.decode_pool_threads if size <= 2 else None   # a 2-token verify is a decode-sized call
+    gtab = np.array([[cost.gpu_experts_time(d, r, threads) for r in range(m + 1)] for d in range(m + 1)])
+    ctab = np.array([[cost.cpu_experts_time(size, d, r, threads) for r in range(m + 1)] for d in range(m + 1)])
     att = first_parts(cost, size, position + np.arange(T), fixed_shape)  # [T, L]
     shared = np.array([cost.shared_expert_time(l, size) for l in range(L)])  # [L]
     g, c = gtab[reads, hot_r], ctab[cold_d, cold_r]                       # [T, L]
