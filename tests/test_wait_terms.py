@@ -210,3 +210,15 @@ def test_the_indexers_score_tensors_are_their_counted_bytes_at_the_gpus_bandwidt
     assert step[wt.INDEXER] == pytest.approx(fused(1, 65_536 // 4) / bw)
     assert wt.dense_terms(c, sliding, 100, 30_000)[wt.INDEXER] == 0.0
     assert wt.dense_terms(theirs.cost, csa, 100, 30_000)[wt.INDEXER] == 0.0
+
+
+def test_a_decode_on_the_plans_smaller_pool_adds_up_too(systems):
+    """With the plan's decode threads set (policy.decode_cpu_threads), the decode step's terms price the host side
+    on that pool as the policy does."""
+    ours, _, sampler = systems
+    cost = ours.cost.with_decode_threads(1)
+    pooled = Ostinato(cost, ours.hot, threshold=300, buckets=[2, 4], shard_threshold=600)
+    ids = sampler.ids(3)
+    steps, _ = pooled.decode(ids, 5_000)
+    assert steps[0] != ours.decode(ids, 5_000)[0][0]   # the pool's size moved the price
+    assert wt.total(wt.decode_terms(pooled, ids, 5_000)) == pytest.approx(float(steps[0]), rel=1e-9)

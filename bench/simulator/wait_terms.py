@@ -73,13 +73,13 @@ def dense_terms(cost: CostModel, layer: int, n: int, position: int, step_context
     return {DENSE: seconds - scratch, INDEXER: scratch}
 
 
-def host_side_terms(cost: CostModel, n: int, distinct: float, routes: float) -> Terms:
-    """cost.cpu_experts_time: the host kernel, n tokens' activations over the link both ways, and the rest of it, the
-    hand-off to the host task (host.task_handoff_s, or what the spec resolves for its cores)."""
-    seconds = cost.cpu_experts_time(n, distinct, routes)
+def host_side_terms(cost: CostModel, n: int, distinct: float, routes: float, threads: int | None = None) -> Terms:
+    """cost.cpu_experts_time on a pool of `threads` (None: every core): the host kernel, n tokens' activations over
+    the link both ways, and the rest of it, the hand-off to the host task (what the spec resolves for the pool)."""
+    seconds = cost.cpu_experts_time(n, distinct, routes, threads)
     if routes <= 0:
         return {}
-    experts = cost.host_experts_time(distinct, routes)
+    experts = cost.host_experts_time(distinct, routes, threads)
     link, act = cost.hw.link, n * cost.cfg.hidden_size * 4
     moved = 2 * link.latency_s + act / link.d2h_bandwidth + act / link.h2d_bandwidth
     return {COLD: experts, EXCHANGE: moved, HANDOFF: seconds - experts - moved}
@@ -179,11 +179,12 @@ def decode_step_terms(cost: CostModel, gpu: np.ndarray, ids: np.ndarray, positio
     hits = gpu[np.arange(ids.shape[0])[:, None], ids].sum(axis=1)   # [L]
     context = cost.step_context(1, position) if fixed_shape else None
     layers: Terms = {}
+    threads = cost.decode_pool_threads   # a decode-sized call's pool, as static_decode prices it
     for l in range(ids.shape[0]):
         h = int(hits[l])
-        g = {GPU: cost.shared_expert_time(l, 1) + cost.gpu_experts_time(h, h)}
+        g = {GPU: cost.shared_expert_time(l, 1) + cost.gpu_experts_time(h, h, threads)}
         layers = add(layers, dense_terms(cost, l, 1, position, context),
-                     concurrent(cost, g, host_side_terms(cost, 1, k - h, k - h)))
+                     concurrent(cost, g, host_side_terms(cost, 1, k - h, k - h, threads)))
     ops = cost.step_ops_per_layer(1) if eager is None else None
     return forward_terms(cost, layers, 1, True, cost.decode_is_eager() if eager is None else eager, ops)
 
