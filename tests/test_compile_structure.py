@@ -41,7 +41,7 @@ def test_a_pass_that_returns_why_runs_the_placement_passes_again_in_order(monkey
         "pass first", "pass asks", "pass asks: fit (because)", "pass asks: price (because)", "pass last"]
 
 
-def test_the_placement_passes_are_the_ones_memory_placement_cost_model_buckets():
-    assert [p.__name__ for p in pipeline.PLACE] == ["memory", "placement", "cost_model", "buckets"]
+def test_the_placement_passes_are_the_ones_memory_placement_cost_model_shard_copy_buckets():
+    assert [p.__name__ for p in pipeline.PLACE] == ["memory", "placement", "cost_model", "shard_copy", "buckets"]
     names = [p.__name__ for p in pipeline.PASSES]
     assert names[names.index("memory"):names.index("buckets") + 1] == [p.__name__ for p in pipeline.PLACE]
