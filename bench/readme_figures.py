@@ -142,6 +142,10 @@ def flash_host() -> str:
     if rows:  # policy.adapt idle: an evicted expert is computed and uploaded from its host row
         held += (f", and the hot ones' rows too ({rows // expert:,d} experts, {rows / GIB:.1f} GiB), which "
                  f"re-placement between turns computes and uploads from")
+    copy = parts.pop("shard_major_down", 0)   # policy.shard_major_copy: held where the host has room
+    if copy:
+        held += (f"; a shard-major copy of those rows' down matrices ({copy / GIB:.1f} GiB), so that every GPU's "
+                 f"slice of a sharded upload is one contiguous copy")
     others = "".join(f", {k.replace('_', ' ')} {v / GIB:.1f} GiB" for k, v in parts.items())
     return (f"**Host memory.** The routed experts in MXFP4 are {all_layers / GIB:.1f} GiB for all {cfg.n_layers} "
             f"layers ({all_layers:,d} B)"
