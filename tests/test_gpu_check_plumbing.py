@@ -253,7 +253,7 @@ def test_the_device_scripts_cpu_twin(tmp_path):
             kinds = [child.tag for child in case if child.tag in ("skipped", "failure", "error")]
             outcomes[f"{case.get('classname')}.{case.get('name')}"] = kinds[0] if kinds else "passed"
     assert _files(outcomes) == checks and set(outcomes.values()) == {"passed"}, outcomes
-    assert len(outcomes) == 17, sorted(outcomes)  # each check at the tiny shapes, float32 inputs only
+    assert len(outcomes) == 20, sorted(outcomes)  # each check at the tiny shapes, float32 inputs only
     assert [line.split()[0] for line in summary.splitlines() if line.split()[0] in checks][0] == \
         "test_speculation_replacement"
     written = {f["figure"] for f in map(json.loads, (packed / "figures.jsonl").read_text().splitlines())}
