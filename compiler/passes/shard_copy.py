@@ -25,8 +25,9 @@ def shard_copy(b: Build) -> None:
     if b.shard_threshold is None:  # no sharded uploads: nothing to copy slices from
         return
     expert = model_sizes(b.config).expert_bytes
-    rest = sum(host_components(b, expert, shard_major_copy=False).values())
-    copy = host_components(b, expert, shard_major_copy=True)["shard_major_down"]
+    parts = host_components(b, expert, shard_major_copy=True)
+    copy = parts.pop("shard_major_down")
+    rest = sum(parts.values())
     room = b.hardware.host.usable_bytes - rest
     b.shard_major_copy = copy <= room
     b.shard_copy_why = shard_copy_line(b.shard_major_copy, copy, room)
