@@ -105,6 +105,12 @@ def test_params_are_validated_with_the_field_name():
         CpuExpertParams(D=100, I=128)
     with pytest.raises(ValueError, match="isa: 'sse2'"):
         CpuExpertParams(D=256, I=128, isa="sse2")
+    # bf16 builds pair 64-input blocks within a K chunk: a 192-input chunk shorter than D would not compile
+    for isa in ("avx512_bf16", "amx"):
+        with pytest.raises(ValueError, match="bf16_k_chunk: 192.*multiple of 128"):
+            CpuExpertParams(D=384, I=128, isa=isa, bf16_k_chunk=192)
+    CpuExpertParams(D=384, I=128, isa="avx2", bf16_k_chunk=192)  # no bf16 operands: 64 suffices
+    CpuExpertParams(D=128, I=128, isa="avx512_bf16", bf16_k_chunk=192)  # longer than every row: one chunk
     with pytest.raises(ValueError, match="max_routes"):
         TritonExpertParams(64, 64, "decode")
 

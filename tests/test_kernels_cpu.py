@@ -337,6 +337,42 @@ def test_every_gemv_width_on_every_isa(kernel, isa, dtype):
            bound=1e-5 if dtype == torch.float32 else bf16_bound(isa))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_odd_block_counts_end_in_a_lone_block(kernel, dtype):
+    """bf16 operands take blocks of 64 inputs in pairs (bf16dot.h): D 192 and I 320 (3 and 5 blocks) end every
+    row in a lone block, on the GEMV path (1, 3 and 8 routes an expert) and the tiled one (12): the float32
+    reference within the bound."""
+    g = torch.Generator().manual_seed(37)
+    D, I = 192, 320
+    counts = [1, 3, 8, 12]
+    experts = [random_packed_expert(D, I, g) for _ in counts]
+    x = torch.randn(max(counts) + 1, D, generator=g).to(dtype)  # the last token has no route
+    _check(kernel(D, I, k_chunk=64), x, _routes_per_expert(counts, g), experts,
+           bound=1e-5 if dtype == torch.float32 else BF16_BOUND)
+
+
+def test_bf16_gemv_takes_scale_bytes_0_and_255_exactly(kernel):
+    """The bf16 GEMV builds group scales from their bytes as float32 bits b << 23, exact for bytes 1..254;
+    rows with byte 0 (2^-127, a subnormal) or 255 (NaN) take a table. Gate/up groups of bytes 0 and 1 with
+    every code (x scaled by 2^120 so their products count) match the reference; a down group of byte 255
+    makes its output column NaN for every token, as in the reference (b << 23 would read it as infinity)."""
+    g = torch.Generator().manual_seed(41)
+    D, I = TINY
+    T = 4  # one expert, 4 routes: the GEMV path
+    e = random_packed_expert(D, I, g, 0, 1, 118, 124)
+    assert set(e.w1_scale.view(torch.uint8).unique().tolist()) == {0, 1}
+    x = (torch.randn(T, D, generator=g) * 2.0 ** 120).bfloat16()
+    routes = group_routes(torch.zeros(T, 1, dtype=torch.long), torch.ones(T, 1), 1)
+    _check(kernel(D, I), x, routes, [e], bound=BF16_BOUND)
+    e.w2_scale.view(torch.uint8)[5, 2] = 255
+    out = kernel(D, I)(x, routes, [e], torch.zeros(T, D), 2)
+    ref = moe_experts_reference(x.float(), routes, [e], torch.zeros(T, D))
+    nan = torch.zeros(D, dtype=torch.bool)
+    nan[5] = True
+    assert ref[:, nan].isnan().all() and out[:, nan].isnan().all()
+    assert ref[:, ~nan].isfinite().all() and out[:, ~nan].isfinite().all()
+
+
 @pytest.mark.parametrize("isa", ISA_VARIANTS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_gemv_chunks_and_row_groups_at_real_shape(kernel, real_experts, isa, dtype):

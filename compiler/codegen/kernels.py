@@ -69,6 +69,10 @@ class CpuExpertParams:
         _check(self.bf16_k_chunk % 64 == 0 and all(k % self.bf16_k_chunk == 0 or k < self.bf16_k_chunk
                                                    for k in (self.D, self.I)),
                "bf16_k_chunk", self.bf16_k_chunk, "a multiple of 64 dividing D and I (or larger)")
+        # bf16 dot-product builds decode 64-input blocks in pairs from the start of each K chunk (bf16dot.h)
+        _check(kernel_variant(self.isa) != "avx512_bf16" or self.bf16_k_chunk % 128 == 0
+               or (self.D <= self.bf16_k_chunk and self.I <= self.bf16_k_chunk), "bf16_k_chunk", self.bf16_k_chunk,
+               "a multiple of 128 where it is shorter than D or I (bf16 builds pair 64-input blocks)")
         _check(self.max_experts >= 1, "max_experts", self.max_experts, ">= 1")
         _check(isinstance(self.swiglu_limit, float) and self.swiglu_limit > 0, "swiglu_limit", self.swiglu_limit,
                "a positive float")

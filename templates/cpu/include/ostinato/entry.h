@@ -59,7 +59,7 @@ int entry(const float* xf, const uint16_t* xh, int64_t T, int64_t E, const int64
 #ifdef OST_BF16DOT
     if (xh) {  // bf16 activations: every path runs on bf16 dot products (h is rounded to bf16 for the down matmul)
         xb = (uint16_t*)xalloc(sizeof(uint16_t) * T * D);
-        to_bf16_blocks(xp, xb, T * D);
+        for (int64_t t = 0; t < T; ++t) to_bf16_blocks(xp + t * D, xb + t * D, D);  // blocks pair up per row
         c.xb = xb;
         c.hb = (uint16_t*)xalloc(sizeof(uint16_t) * off[E] * I);
     }

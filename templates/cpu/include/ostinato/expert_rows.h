@@ -87,9 +87,10 @@ OST_PREFETCH_HELPER void prefetch_after(const Rows& rows, int k0, int kb, int K)
 // so neither size changes a result.
 constexpr int GEMV_GROUP = 16;
 constexpr int GEMV_X_BYTES = 16384;
-// Blocks per chunk for n tokens of esize-byte inputs: even (the bf16 kernel pairs blocks by parity), >= 2.
+// Blocks per chunk for n tokens of esize-byte inputs: a multiple of 4, >= 4 (the bf16 kernel takes blocks in
+// pairs, alternately into two accumulators).
 constexpr int gemv_chunk_blocks(int n, int esize) {
-    return GEMV_X_BYTES / (BLK * esize * n) / 2 * 2 < 2 ? 2 : GEMV_X_BYTES / (BLK * esize * n) / 2 * 2;
+    return GEMV_X_BYTES / (BLK * esize * n) / 4 * 4 < 4 ? 4 : GEMV_X_BYTES / (BLK * esize * n) / 4 * 4;
 }
 
 // Blocks [b0, b1) of a row into L2.
