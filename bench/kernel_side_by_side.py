@@ -44,10 +44,12 @@ its AMX tile kernels). Memory: ours 3.4 GB, kt's own copy 3.6 GB (its process br
 build without AVX-512 (--llama-cpp-build) to run the three AVX2 variants side by side. `--clock cpu` times each
 call in its process's CPU seconds (all threads, spinning included) instead of wall seconds: on a machine others
 load, a descheduled thread then costs nothing, and the rate per core (bytes / CPU seconds) stays comparable
-between systems; it writes no table.
+between systems; it writes no table. `--doc` also rewrites the written table's block in docs/benchmarks.md
+(bench/kernel_table_doc.py renders it; `python -m ostinato.bench.kernel_table_doc --doc` re-renders every
+committed table's).
 
 Usage: python -m ostinato.bench.kernel_side_by_side [--threads N] [--rounds R] [--samples S] [--out FILE]
-           [--llama-cpp-build DIR --llama-cpp-src DIR] [--isa ISA] [--clock wall|cpu] [--quick]
+           [--llama-cpp-build DIR --llama-cpp-src DIR] [--isa ISA] [--clock wall|cpu] [--quick] [--doc [FILE]]
 """
 
 from __future__ import annotations
@@ -67,6 +69,7 @@ from ostinato.host import cpu_model
 from ostinato.isa import ISAS, detect_isa, supports
 
 from .expert_layer import EXPERT_BYTES, MAX_LEN, N_EXPERTS, SEED, TOP_K, D, I, layer_checksum, random_layer
+from .kernel_table_doc import DOC, write_doc
 from .kt_process import KtProcess
 from .simulator.kernels import table_file
 
@@ -362,6 +365,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="a smoke run: 5 shapes, 2 rounds, few calls")
     ap.add_argument("--no-kt", action="store_true", help="leave kt-kernel out")
     ap.add_argument("--no-ggml", action="store_true", help="leave ggml out")
+    ap.add_argument("--doc", type=Path, nargs="?", const=DOC, default=None, metavar="FILE",
+                    help=f"also rewrite the written table's block in FILE (default {DOC}; "
+                         "bench/kernel_table_doc.py renders it)")
     args = ap.parse_args(argv)
     if args.threads < 1 or args.rounds < 1 or args.samples < 1:
         ap.error("--threads, --rounds and --samples must be >= 1")
@@ -371,6 +377,10 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--clock cpu: the table holds wall seconds; pass --out '' (or no --out)")
     if args.out is None:
         args.out = "" if args.clock == "cpu" else str(table_file(args.isa or detect_isa()))
+    if args.doc is not None and not args.out:
+        ap.error("--doc writes the block of the table this run writes: it needs a table (--out, and --clock wall)")
+    if args.doc is not None and not args.doc.is_file():
+        ap.error(f"--doc {args.doc}: no such file (run from the repository root, or name the file)")
     if args.out:
         out_dir = Path(args.out).resolve().parent
         if not out_dir.is_dir():
@@ -578,6 +588,9 @@ def run(args) -> int:
                  "seconds": [med[n, s] for s in shape_list], "driven": driven[n]} for n in present})
         write_table(args.out, data)
         print(f"wrote {args.out}")
+        if args.doc is not None:
+            write_doc(args.doc, [Path(args.out)])
+            print(f"wrote its block into {args.doc}")
     return 0
 
 
