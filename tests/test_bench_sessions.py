@@ -16,6 +16,14 @@ SYSTEMS = ("Ostinato", "Ostinato + MTP (90% acceptance)", "KTransformers (its DS
            "llama.cpp layers", "llama.cpp CPU experts", "llama.cpp LRU cache")
 
 
+@pytest.fixture(scope="module")
+def world():
+    """The documented tables' world (build_world: the V4-Flash plan compiled for rtx4090d-x4), built once for the
+    module's tests: it is read only (each replay makes its own policies)."""
+    from ostinato.bench.simulator.world import build_world
+    return build_world()
+
+
 def runs_waiting(wait: float) -> list:
     """One session's runs: a first turn, then a turn that waits `wait` s after its tool output."""
     from ostinato.bench.simulator.policy import Forward
@@ -84,7 +92,7 @@ def test_another_workload_file_is_replayed(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_the_documented_tables_are_the_tools_output():
+def test_the_documented_tables_are_the_tools_output(world):
     """docs/benchmarks.md's modeled tables, regenerated from the committed plan inputs, workload and seed."""
     from ostinato.bench.simulator.bench import (
         DOC_BEGIN,
@@ -99,11 +107,10 @@ def test_the_documented_tables_are_the_tools_output():
         modeled_tables,
         replacement_tables,
     )
-    from ostinato.bench.simulator.world import build_world
 
     doc = (Path(__file__).resolve().parents[1] / bench_sessions.DOC).read_text()
     block = doc[doc.index(DOC_BEGIN) + len(DOC_BEGIN):doc.index(DOC_END)].strip()
-    world, sessions = build_world(), read_sessions(bench_sessions.SHIPPED)
+    sessions = read_sessions(bench_sessions.SHIPPED)
     tables, head, _ = modeled_tables(world, sessions, DOC_SESSIONS, seed=0,
                                      equal=bench_sessions.at_equal_kernels(world))
     assert block == tables, ("docs/benchmarks.md's modeled tables are stale: run "
@@ -121,18 +128,17 @@ def test_the_documented_tables_are_the_tools_output():
 
 
 @pytest.mark.slow
-def test_the_agent_scale_tables_are_the_tools_output_and_differ_as_the_page_says():
+def test_the_agent_scale_tables_are_the_tools_output_and_differ_as_the_page_says(world):
     """docs/benchmarks.md's agent-scale block, regenerated; and the direction its paragraph states: Ostinato's
     median wait below KTransformers' with a prefix cache (hypothetical: its DeepSeek-V4 recipe has none) on the
     shipped sessions, above it on the agent-scale ones."""
     from ostinato.bench.simulator.bench import WITH_HYPOTHETICAL
     from ostinato.bench.simulator.ktransformers import WITH_PREFIX_CACHE
-    from ostinato.bench.simulator.world import build_world
 
     doc = (Path(__file__).resolve().parents[1] / bench_sessions.DOC).read_text()
     shown = doc[doc.index(bench_sessions.AGENT_BEGIN) + len(bench_sessions.AGENT_BEGIN):
                 doc.index(bench_sessions.AGENT_END)].strip()
-    block = bench_sessions.agent_scale_block(build_world(), read_sessions(bench_sessions.AGENT_SCALE))
+    block = bench_sessions.agent_scale_block(world, read_sessions(bench_sessions.AGENT_SCALE))
     assert shown == block, ("docs/benchmarks.md's agent-scale tables are stale: run python -m ostinato.bench.sessions "
                             "--sessions plans/workloads/agent_scale.csv --skip-measured --doc")
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+
 from ostinato.workload import SessionShape
 
 from .ktransformers import is_hypothetical
@@ -88,7 +90,7 @@ def modeled_tables(world: World, sessions: list[SessionShape], limit: int | None
     plot. Deterministic from the seed: docs/benchmarks.md embeds this text (doc_with)."""
     text, ablated, lines, timeline = [], [], [], None
     for w, ss in by_workload(sessions, limit).items():
-        configs, runs = workload_runs(world, ss, seed)
+        configs, runs = workload_runs(world, ss, seed, equal)
         ablated.append(table(f"ablation, {w}: {len(ss)} sessions, Ostinato with one mechanism removed", runs))
         for config, title in CONFIG_TITLES.items():
             runs = configs[config]
@@ -130,17 +132,24 @@ def config_runs(world: World, config: str, sessions: list[SessionShape], seed: i
     return _RUNS[key]
 
 
-def workload_runs(world: World, sessions: list[SessionShape], seed: int) -> tuple[dict[str, dict], dict]:
+def workload_runs(world: World, sessions: list[SessionShape], seed: int, equal: World | None = None
+                  ) -> tuple[dict[str, dict], dict]:
     """config_runs() of every configuration (remembered there too) and simulate() of the ablations, from one
-    replay of the sessions (simulate_groups: the same runs as one simulate() each, the trace drawn once)."""
-    todo = [c for c in CONFIG_TITLES if _runs_key(world, c, sessions, seed) not in _RUNS]
+    replay of the sessions (simulate_groups: the same runs as one simulate() each, the trace drawn once).
+    `equal` (modeled_tables' world at equal kernels): its configurations ride on the same replay when it routes
+    alike (the same shares and routes per token: then config_runs() of it would draw this very trace, which does
+    not depend on the systems that run) and are remembered for config_runs() too."""
     k = world.build.config.num_experts_per_tok
+    routes_alike = equal is not None and equal.build.config.num_experts_per_tok == k and np.array_equal(
+        equal.shares, world.shares)
+    worlds = [world] + ([equal] if routes_alike else [])
+    todo = [(w, c) for w in worlds for c in CONFIG_TITLES if _runs_key(w, c, sessions, seed) not in _RUNS]
     replacing = replacement_policies(world)   # re-placement without drift rides on this replay's trace
     *runs, ablated, replaced = simulate_groups(
-        sessions, [world.policies(c) for c in todo] + [world.ablations(), replacing],
+        sessions, [w.policies(c) for w, c in todo] + [world.ablations(), replacing],
         TraceSampler(world.shares, k, seed), idle_s=IDLE_S)   # idle_s: only re-placing systems use it
-    for config, r in zip(todo, runs):
-        _RUNS[_runs_key(world, config, sessions, seed)] = r
+    for (w, config), r in zip(todo, runs):
+        _RUNS[_runs_key(w, config, sessions, seed)] = r
     _REPLACED[_runs_key(world, "replacement", sessions, seed)] = (replaced, list(replacing[0].moves))
     return {c: config_runs(world, c, sessions, seed) for c in CONFIG_TITLES}, ablated
 

@@ -169,11 +169,10 @@ def top_of_batch(counts: np.ndarray, gpu: np.ndarray) -> np.ndarray:
     GPUs where they are (then to the lower id): the GPU set its dynamic update leaves after a layerwise prefill
     (kt_ep_wrapper's _update_gpu_experts_from_batch, select_top_experts_from_batch)."""
     L, E = counts.shape
+    order = np.lexsort((np.broadcast_to(np.arange(E), (L, E)), ~gpu, -counts), axis=-1)  # [L, E] per layer: most
+    keep = np.arange(E)[None, :] < gpu.sum(axis=1)[:, None]   # [L, E]   routes, then resident, then id
     out = np.zeros_like(gpu)
-    for l in range(L):
-        n = int(gpu[l].sum())
-        order = np.lexsort((np.arange(E), ~gpu[l], -counts[l]))   # most routes, then resident, then id
-        out[l, order[:n]] = True
+    np.put_along_axis(out, order, keep, axis=1)   # each layer's first gpu[l].sum() of its order
     return out
 
 

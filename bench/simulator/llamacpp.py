@@ -42,7 +42,7 @@ import numpy as np
 from ostinato.compiler.cost_model import CostModel
 
 from .formats import GGUF_MXFP4_MOE, with_weights
-from .policy import Forward, Policy
+from .policy import Forward, Policy, dense_seconds
 
 OP_OFFLOAD_MIN_BATCH = 32     # GGML_OP_OFFLOAD_MIN_BATCH default
 CACHE_FILL_MAX_BATCH = 32     # --moe-cache-mib: batches above this only read the cache
@@ -145,6 +145,8 @@ class CpuExperts(Policy):
 def _dense(c: CostModel, l: int, n: int, position, slots: np.ndarray | None, on_host: bool = False):
     """Layer l's dense part: n tokens of one sequence after `position`, or n slots' one each (`slots`)."""
     if slots is None:
+        if np.ndim(position) == 0:   # one forward: every layer's at once, remembered (policy.dense_seconds)
+            return dense_seconds(c, n, position, whole=True, on_host=on_host)[l]
         return c.attention_time(l, n, position, on_host=on_host)
     return c.batched_attention_time(l, slots, on_host=on_host)
 
@@ -231,6 +233,7 @@ class LruCache(Policy):
         miss = used & ~self.cached if fills else used      # a bigger pass skips the cache: every used expert is
         on_cpu = n < OP_OFFLOAD_MIN_BATCH                   # host-resident; below op offload's batch the CPU computes
         total = g_sum = h_sum = u_sum = 0.0
+        dense = dense_seconds(c, n, position, whole=True)
         for l in range(self.L):
             hits = used[l] & ~miss[l]
             g = c.gpu_experts_time(float(hits.sum()), float(counts[l][hits].sum()))
@@ -239,7 +242,7 @@ class LruCache(Policy):
             else:
                 h, u = 0.0, c.upload_time(float(miss[l].sum()))
                 g = c.gpu_experts_time(float(used[l].sum()), float(counts[l].sum()))
-            total += u + c.attention_time(l, n, position) + g + h
+            total += u + dense[l] + g + h
             g_sum, h_sum, u_sum = g_sum + g, h_sum + h, u_sum + u
         if fills:
             self._touch(used)

@@ -103,6 +103,65 @@ def summed(fs: list[Forward]) -> Forward:
                    sum(f.upload_s for f in fs), fs[-1].mode, sum(f.uploaded for f in fs))
 
 
+# dense_seconds' memo per cost model object (a pure function of the model, which is not changed once built: see
+# decode_table) and forward: a context prefilled again every turn runs its chunks at the same positions each turn
+_DENSE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def dense_seconds(cost: CostModel, n: int, position: int, whole: bool = False, on_host: bool = False,
+                  step_context: int | None = None) -> np.ndarray:
+    """[L] cost.before_experts_time(l, n, position, on_host, step_context) of every layer l (`whole`:
+    cost.attention_time, the shared expert's part too) for one forward at a single `position`, each entry the very
+    value the call returns. A fixed-shape step's (`step_context`) reads its buffers' rows whatever the position.
+    Read-only: remembered per cost model."""
+    key = (whole, n, position if step_context is None else None, on_host, step_context)
+    memo = _DENSE.setdefault(cost, {})
+    if key not in memo:
+        price = cost.attention_time if whole else cost.before_experts_time
+        memo[key] = np.array([price(l, n, position, on_host, step_context) for l in range(len(cost.layers))])
+        memo[key].flags.writeable = False
+    return memo[key]
+
+
+# _Prices' memo per cost model object (pure functions of the model, as dense_seconds')
+_PRICES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+class _Prices:
+    """A cost model's expert and upload prices remembered by their arguments: each value the very one the cost model
+    returns. A context prefilled again every turn prices the same few (distinct, routes) pairs in every chunk and
+    layer (a layerwise chunk's every route on the GPU, its uploads the same each layer). It holds no reference to
+    the cost model (the memo's weak key)."""
+
+    def __init__(self):
+        self.gpu, self.host, self.link = {}, {}, {}
+
+    @staticmethod
+    def of(cost: CostModel) -> _Prices:
+        prices = _PRICES.get(cost)
+        if prices is None:
+            prices = _PRICES[cost] = _Prices()
+        return prices
+
+    def gpu_experts(self, cost: CostModel, distinct: float, routes: float) -> float:
+        key = (distinct, routes)
+        if key not in self.gpu:
+            self.gpu[key] = cost.gpu_experts_time(distinct, routes)
+        return self.gpu[key]
+
+    def cpu_experts(self, cost: CostModel, n: int, distinct: float, routes: float) -> float:
+        key = (n, distinct, routes)
+        if key not in self.host:
+            self.host[key] = cost.cpu_experts_time(n, distinct, routes)
+        return self.host[key]
+
+    def upload(self, cost: CostModel, experts: float, links: int) -> float:
+        key = (experts, links)
+        if key not in self.link:
+            self.link[key] = cost.upload_time(experts, links=links)
+        return self.link[key]
+
+
 def _split_sums(counts: np.ndarray, gpu: np.ndarray) -> tuple[list[float], ...]:
     """Per layer (as floats): distinct GPU experts touched, their routes, distinct host experts touched, theirs.
     All layers at once; the sums are of integer counts, so exact in any order."""
@@ -119,11 +178,11 @@ def split_pass(cost: CostModel, counts: np.ndarray, n: int, gpu: np.ndarray, mod
     Python (cost.dispatch_time)."""
     total = g_sum = c_sum = 0.0
     hot_d, hot_r, cold_d, cold_r = _split_sums(counts, gpu)
+    first, prices = dense_seconds(cost, n, position), _Prices.of(cost)
     for l in range(counts.shape[0]):
-        g = cost.gpu_experts_time(hot_d[l], hot_r[l])
-        h = cost.cpu_experts_time(n, cold_d[l], cold_r[l])
-        total += float(cost.layer_seconds(cost.before_experts_time(l, n, position),
-                                          cost.shared_expert_time(l, n) + g, h))
+        g = prices.gpu_experts(cost, hot_d[l], hot_r[l])
+        h = prices.cpu_experts(cost, n, cold_d[l], cold_r[l])
+        total += float(cost.layer_seconds(first[l], cost.shared_expert_time(l, n) + g, h))
         g_sum, c_sum = g_sum + g, c_sum + h
     return Forward(float(cost.forward_time(total, n, False, eager)), g_sum, c_sum, 0.0, mode)
 
@@ -136,10 +195,11 @@ def upload_pass(cost: CostModel, counts: np.ndarray, n: int, upload: np.ndarray,
     per, g_sum, u_sum = [], 0.0, 0.0
     k = cost.cfg.num_experts_per_tok
     touched, uploads = (counts > 0).sum(axis=1).tolist(), upload.sum(axis=1).tolist()  # per layer, all at once
+    dense, prices = dense_seconds(cost, n, position, whole=True), _Prices.of(cost)
     for l in range(counts.shape[0]):
-        g = cost.gpu_experts_time(float(touched[l]), float(n * k))
-        u = cost.upload_time(float(uploads[l]), links=links)
-        per.append((u, float(cost.attention_time(l, n, position)) + g))
+        g = prices.gpu_experts(cost, float(touched[l]), float(n * k))
+        u = prices.upload(cost, float(uploads[l]), links)
+        per.append((u, float(dense[l]) + g))
         g_sum, u_sum = g_sum + g, u_sum + u
     return Forward(float(cost.forward_time(cost.pipelined(per), n, False, eager)), g_sum, 0.0, u_sum, mode,
                    int(upload.sum()))
@@ -170,13 +230,13 @@ def bucket_pass(cost: CostModel, counts: np.ndarray, n: int, gpu: np.ndarray, bu
     at = position
     for T in bucket_pieces(n, buckets):
         share, step, context = T / n, 0.0, cost.step_context(T, at)
+        first = dense_seconds(cost, T, at, step_context=context)
         for l in range(counts.shape[0]):
             hot_routes, cold_routes = share * hot_r[l], share * cold_r[l]
             hot_reads = min(hot_routes, hot_d[l]) if cost.hw.cpu_only else hot_routes
             g = cost.gpu_experts_time(hot_reads, hot_routes)
             h = cost.cpu_experts_time(T, min(cold_routes, cold_d[l]), cold_routes)
-            step += float(cost.layer_seconds(cost.before_experts_time(l, T, at, step_context=context),
-                                             cost.shared_expert_time(l, T) + g, h))
+            step += float(cost.layer_seconds(first[l], cost.shared_expert_time(l, T) + g, h))
             g_sum, c_sum = g_sum + g, c_sum + h
         total += float(cost.forward_time(step, T, True, cost.decode_is_eager(), cost.step_ops_per_layer(T)))
         at += T
@@ -211,6 +271,13 @@ def _decode_table(cost: CostModel, k: int) -> np.ndarray:
     return t
 
 
+def resident_hits(gpu: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """[T, L, k] bool: whether each route of ids [T, L, k] goes to an expert of gpu [L, E] (np.take_along_axis of
+    gpu[None] along the experts, as one flat take: layer l's expert e is gpu's flat entry l * E + e)."""
+    L, E = gpu.shape
+    return gpu.ravel().take(ids + (np.arange(L) * E)[:, None])
+
+
 def first_parts(cost: CostModel, size: int, positions: np.ndarray, fixed_shape: bool) -> np.ndarray:
     """[T, L] seconds of each layer's dense part before its experts in a forward of `size` tokens after each of
     `positions` [T]: a fixed-shape step's (its buffers' rows, cost.step_context) or a dynamic one's (the rows
@@ -220,11 +287,30 @@ def first_parts(cost: CostModel, size: int, positions: np.ndarray, fixed_shape: 
     if fixed_shape:   # few distinct step contexts (one on GPUs)
         contexts = np.array([cost.step_context(size, int(p)) for p in positions])
         for c in np.unique(contexts):
-            out[contexts == c] = [float(cost.before_experts_time(l, size, step_context=int(c))) for l in range(L)]
+            out[contexts == c] = [float(x) for x in dense_seconds(cost, size, None, step_context=int(c))]
         return out
     for l in range(L):
         out[:, l] = cost.before_experts_time(l, size, positions)
     return out
+
+
+# run_first_parts' memo per cost model object: its last few runs of steps (every system on one cost model, Ostinato's
+# variants and ablations, decodes a turn's steps at the same positions, one system after the other)
+_RUN_PARTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_RUN_PARTS_KEPT = 8
+
+
+def run_first_parts(cost: CostModel, size: int, start: int, steps: int, fixed_shape: bool) -> np.ndarray:
+    """[steps, L] first_parts of `steps` consecutive forwards of `size` tokens, the first after `start` tokens, each
+    one token further on. Read-only: remembered per cost model for its last _RUN_PARTS_KEPT runs."""
+    key = (size, int(start), steps, fixed_shape)
+    runs = _RUN_PARTS.setdefault(cost, {})
+    if key not in runs:
+        if len(runs) >= _RUN_PARTS_KEPT:
+            del runs[next(iter(runs))]   # the oldest run
+        runs[key] = first_parts(cost, size, start + np.arange(steps), fixed_shape)
+        runs[key].flags.writeable = False
+    return runs[key]
 
 
 def static_decode(cost: CostModel, gpu: np.ndarray, ids: np.ndarray, eager: bool | None = None,
@@ -233,8 +319,8 @@ def static_decode(cost: CostModel, gpu: np.ndarray, ids: np.ndarray, eager: bool
     routes that hit it; the step is a replayed graph (eager only on a cpu-only spec, or when `eager` says so).
     `fixed_shape`: the steps read their buffers' rows (Ostinato's decode step), else the rows visible."""
     T, k = ids.shape[0], ids.shape[2]
-    hits = np.take_along_axis(gpu[None], ids, axis=2).sum(axis=2)         # [T, L]
-    first = first_parts(cost, 1, position + np.arange(T), fixed_shape)    # [T, L]
+    hits = resident_hits(gpu, ids).sum(axis=2)                            # [T, L]
+    first = run_first_parts(cost, 1, position, T, fixed_shape)            # [T, L]
     steps = first.sum(axis=1) + decode_table(cost, k)[np.arange(ids.shape[1])[None], hits].sum(axis=1)  # [T]
     # the plan's decode step, as decode_step prices it (dispatched only where it is eager: a cpu-only spec);
     # a step forced eager on GPUs dispatches the dynamic forward's ops
@@ -263,7 +349,7 @@ def verify_steps(cost: CostModel, gpu: np.ndarray, ids: np.ndarray, size: int, p
     T, L, k = ids.shape
     grouped = np.sort(_group_ids(ids, size), axis=2)                     # [T, L, m]
     m = grouped.shape[2]
-    hot = np.take_along_axis(gpu[None], grouped, axis=2)                  # [T, L, m]
+    hot = resident_hits(gpu, grouped)                                     # [T, L, m]
     first = np.ones_like(hot)
     first[:, :, 1:] = grouped[:, :, 1:] != grouped[:, :, :-1]            # first of its id in the group
     hot_r, hot_d = hot.sum(axis=2), (hot & first).sum(axis=2)             # [T, L]
@@ -272,7 +358,7 @@ def verify_steps(cost: CostModel, gpu: np.ndarray, ids: np.ndarray, size: int, p
     threads = cost.decode_pool_threads if size <= 2 else None   # a 2-token verify is a decode-sized call
     gtab = np.array([[cost.gpu_experts_time(d, r, threads) for r in range(m + 1)] for d in range(m + 1)])
     ctab = np.array([[cost.cpu_experts_time(size, d, r, threads) for r in range(m + 1)] for d in range(m + 1)])
-    att = first_parts(cost, size, position + np.arange(T), fixed_shape)  # [T, L]
+    att = run_first_parts(cost, size, position, T, fixed_shape)          # [T, L]
     shared = np.array([cost.shared_expert_time(l, size) for l in range(L)])  # [L]
     g, c = gtab[reads, hot_r], ctab[cold_d, cold_r]                       # [T, L]
     layers = att + ((shared[None] + g + c) if cost.hw.cpu_only else np.maximum(shared[None] + g, c))

@@ -94,9 +94,12 @@ def replacement_policies(world, adapt: AdaptPolicy | None = None, idle_s: float 
     adapt = adapt or default_adapt(world.hot, b.hardware.link.h2d_bandwidth, idle_s)
     kt_gpu, kt_threshold = world.kt_at_best
     kt = world.kernel("kt-kernel")
+    # the tables' KTransformers at its best is this very system: shared, a replay of both prices it once
+    frequency = world.kt_frequency if world.kt_frequency.name == KT_FREQUENCY else KTransformers(
+        world.cost, kt_threshold, kt_gpu, kt, name=KT_FREQUENCY)
     return [AdaptiveOstinato(world.cost, world.hot, b.threshold, b.buckets, adapt, shard_threshold=b.shard_threshold),
             Ostinato(world.cost, world.hot, b.threshold, b.buckets, name=WITHOUT, shard_threshold=b.shard_threshold),
-            KTransformers(world.cost, kt_threshold, kt_gpu, kt, name=KT_FREQUENCY),
+            frequency,
             KTransformersDynamic(world.cost, kt_threshold, kt_gpu, kt, name=KT_DYNAMIC)]
 
 

@@ -23,7 +23,7 @@ import numpy as np
 
 from ostinato.workload import SessionShape
 
-from .policy import Forward, Policy
+from .policy import Forward, Policy, resident_hits
 from .trace import TraceSampler
 
 
@@ -118,8 +118,15 @@ def _hits(gpu: np.ndarray | None, counts: np.ndarray | None = None, ids: np.ndar
     if gpu is None:
         return 0
     if counts is not None:
-        return int(counts[gpu].sum())
-    return int(np.take_along_axis(gpu[None], ids, axis=2).sum())
+        return int(np.dot(counts.ravel(), gpu.ravel()))   # integers: exact, and no mask copied out
+    return int(resident_hits(gpu, ids).sum())
+
+
+def _drawn(sampler: TraceSampler, sizes: list[int]) -> list[tuple[np.ndarray, int]]:
+    """[(counts [L, E], tokens)] of consecutive pieces of `sizes` tokens: TraceSampler.counts_of_pieces, or one
+    counts() each of a sampler without it (any object with counts() and ids() routes a replay)."""
+    many = getattr(sampler, "counts_of_pieces", None)
+    return list(zip(many(sizes) if many is not None else [sampler.counts(n) for n in sizes], sizes))
 
 
 def _simulate(sessions: list[SessionShape], policies: list[Policy], sampler: TraceSampler,
@@ -143,13 +150,13 @@ def _simulate(sessions: list[SessionShape], policies: list[Policy], sampler: Tra
         turns: dict[int, list[TurnTime]] = {id(p): [] for p in policies}
         context = 0
         for t, turn in enumerate(s.turns):
-            new = [(sampler.counts(c), c) for c in pieces(turn.appended, sizes)]
+            new = _drawn(sampler, pieces(turn.appended, sizes))
             ids = sampler.ids(turn.generated) if turn.generated else None
             whole = None
             for p in policies:
                 passes, at = chunk_counts(new, size[id(p)]), context
                 if not p.reuses_prefix and context:
-                    whole = whole or [(again.counts(c), c) for c in pieces(context + turn.appended, sizes)]
+                    whole = whole or _drawn(again, pieces(context + turn.appended, sizes))
                     passes, at = chunk_counts(whole, size[id(p)]), 0
                 gpu = p.resident()
                 hot = sum(_hits(gpu, counts=c) for c, _ in passes) if gpu is not None else 0

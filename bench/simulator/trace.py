@@ -45,14 +45,14 @@ class TraceSampler:
     def _draw(self, layer: int, n: int) -> np.ndarray:
         """[T, k]: successive draws with replacement, keeping each token's first k distinct ids (the
         same law as drawing without replacement); tokens short of k distinct draw again."""
+        E = self.cdf.shape[1]
         out = np.empty((n, self.k), dtype=np.int64)
         todo = np.arange(n)
         m = 3 * self.k
-        earlier = np.tri(m, m, -1, dtype=bool)                                  # [m, m]: [j, i] = i < j
         while todo.size:
             cand = np.searchsorted(self.cdf[layer], self.rng.random((todo.size, m)), side="right")  # [T, m]
-            cand = np.minimum(cand, self.cdf.shape[1] - 1)
-            dup = ((cand[:, :, None] == cand[:, None, :]) & earlier).any(axis=2)    # drawn before by the token
+            cand = np.minimum(cand, E - 1)
+            dup = _drawn_before(cand, E)                                        # [T, m] drawn before by the token
             rank = np.cumsum(~dup, axis=1)                                   # [T, m]
             keep = ~dup & (rank <= self.k)
             ok = rank[:, -1] >= self.k
@@ -64,10 +64,40 @@ class TraceSampler:
         """[L, E] routes per expert of one n-token forward pass. Up to EXACT_MAX tokens exactly from ids();
         longer batches as a multinomial of n*k routes over the per-route marginal (the per-token
         distinctness barely changes the counts of a long batch, and drawing it token by token is slow)."""
-        L, E = self.shares.shape
         if n <= EXACT_MAX:
-            return counts_of(self.ids(n), E)
-        return np.stack([self.rng.multinomial(n * self.k, self.route_p[l]) for l in range(L)])
+            return counts_of(self.ids(n), self.shares.shape[1])
+        return self.rng.multinomial(n * self.k, self.route_p)   # one draw per layer, in layer order
+
+    def counts_of_pieces(self, sizes: list[int]) -> list[np.ndarray]:
+        """[L, E] counts() of consecutive forward passes of `sizes` tokens, the same numbers in the same order as
+        one counts() call each: the long ones in a row are drawn by one multinomial call over [pieces, L] (numpy
+        draws its rows in C order, piece after piece and layer after layer, as the calls one by one would), which
+        saves a Python call per piece and layer (a re-prefilled context is hundreds of pieces a turn)."""
+        out: list[np.ndarray] = []
+        i = 0
+        while i < len(sizes):
+            j = i
+            while j < len(sizes) and sizes[j] > EXACT_MAX:
+                j += 1
+            if j == i:
+                out.append(self.counts(sizes[i]))
+                i += 1
+                continue
+            n = np.asarray(sizes[i:j], dtype=np.int64)[:, None] * self.k   # [P, 1]
+            out.extend(self.rng.multinomial(n, self.route_p))           # [P, L, E]
+            i = j
+        return out
+
+
+def _drawn_before(cand: np.ndarray, n_experts: int) -> np.ndarray:
+    """[T, m] bool: whether cand[t, j] (ids [T, m]) is among cand[t, :j]: each token's first draw of each id written
+    last to first, then every draw compared with its id's first (m scatters over [T, E], not [T, m, m] pairs)."""
+    T, m = cand.shape
+    rows = np.arange(T)
+    first = np.full((T, n_experts), m, dtype=np.int64)   # [T, E]
+    for j in range(m - 1, -1, -1):
+        first[rows, cand[:, j]] = j
+    return first[rows[:, None], cand] < np.arange(m)[None, :]
 
 
 def counts_of(ids: np.ndarray, n_experts: int) -> np.ndarray:

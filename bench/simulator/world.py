@@ -72,6 +72,25 @@ class World:
         gpu = frequency_placed(self.shares, int(self.hot.sum()) // self.hot.shape[0])
         return gpu, best_threshold(self.cost, gpu, self.kernel("kt-kernel"))
 
+    @cached_property
+    def alike(self) -> tuple[Policy, Policy, Policy, Policy]:
+        """The systems both configurations run the same way: Ostinato, Ostinato + MTP, llama.cpp's layer placement and
+        its LRU cache, built once for both, so that a replay of both configurations (simulate_groups: a policy in two
+        groups runs once) prices each of them once. A replay resets them at each session (Policy.reset)."""
+        cost, ggml = self.cost, self.kernel("ggml")
+        ours = Ostinato(cost, self.hot, self.build.threshold, self.build.buckets,
+                        shard_threshold=self.build.shard_threshold)
+        mtp = Ostinato(cost, self.hot, self.build.threshold, self.build.buckets, name=MTP_NAME,
+                       mtp_acceptance=MTP_ACCEPTANCE, shard_threshold=self.build.shard_threshold)
+        return ours, mtp, LayerPlacement(cost, self.gpu_layers, ggml), LruCache(cost, self.hot, kernel=ggml)
+
+    @cached_property
+    def kt_frequency(self) -> KTransformers:
+        """KTransformers at its best without a prefix cache (BEST_DOCUMENTED), built once: the "best" configuration
+        and the re-placement study (replacement.py, the same system) share it, so a replay of both prices it once."""
+        kt_gpu, kt_threshold = self.kt_at_best
+        return KTransformers(self.cost, kt_threshold, kt_gpu, self.kernel("kt-kernel"), name=BEST_DOCUMENTED)
+
     def policies(self, config: str = "best") -> list[Policy]:
         """Ostinato first, Ostinato with MTP speculative decoding (MTP_ACCEPTANCE) beside it, then the baselines
         `config`ured as documented or at their best."""
@@ -81,24 +100,18 @@ class World:
         # GPU experts fill the GPU memory Ostinato's hot set gets: the same count, N per layer
         per_layer = int(self.hot.sum()) // L
         kt, ggml = self.kernel("kt-kernel"), self.kernel("ggml")
-        ours = Ostinato(cost, self.hot, self.build.threshold, self.build.buckets,
-                        shard_threshold=self.build.shard_threshold)
-        mtp = Ostinato(cost, self.hot, self.build.threshold, self.build.buckets, name=MTP_NAME,
-                       mtp_acceptance=MTP_ACCEPTANCE, shard_threshold=self.build.shard_threshold)
+        ours, mtp, layers, lru = self.alike
         if config == "documented":
             return [ours, mtp,
                     KTransformers(cost, DOCUMENTED_THRESHOLD, uniform_placed((L, E), per_layer), kt,
                                   reuses_prefix=False, name=DOCUMENTED),
-                    LayerPlacement(cost, self.gpu_layers, ggml), CpuExperts(cost, ggml),
-                    LruCache(cost, self.hot, kernel=ggml)]
+                    layers, CpuExperts(cost, ggml), lru]
         kt_gpu, kt_threshold = self.kt_at_best
         # llama.cpp --n-cpu-moe N: the same GPU memory as whole layers of experts (the last L - N layers)
         n_cpu_moe = L - int(self.hot.sum()) // E
-        return [ours, mtp,
-                KTransformers(cost, kt_threshold, kt_gpu, kt, name=BEST_DOCUMENTED),
+        return [ours, mtp, self.kt_frequency,
                 KTransformers(cost, kt_threshold, kt_gpu, kt, reuses_prefix=True, name=WITH_PREFIX_CACHE),
-                LayerPlacement(cost, self.gpu_layers, ggml), CpuExperts(cost, ggml, n_cpu_moe),
-                LruCache(cost, self.hot, kernel=ggml)]
+                layers, CpuExperts(cost, ggml, n_cpu_moe), lru]
 
     def ablations(self) -> list[Policy]:
         return ablations(self.cost, self.hot, self.build.threshold, self.build.buckets, self.kernel("kt-kernel"),
