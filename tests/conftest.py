@@ -33,10 +33,14 @@ if not torch.cuda.is_available():
 os.environ.setdefault("OSTINATO_CPU_STEP", "eager")
 
 import pytest  # noqa: E402
+import triton_interpreter  # noqa: E402
 
 from ostinato.compiler.codegen.dense_ops import CODE_PATHS  # noqa: E402
 from ostinato.isa import detect_isa, supports  # noqa: E402
 from ostinato.tiny import write_tiny_checkpoint  # noqa: E402
+
+# Triton's interpreter without the set-up it repeats inside a kernel (tests/triton_interpreter.py): the same results
+triton_interpreter.install()
 
 
 def pytest_collection_modifyitems(config, items):

@@ -6,6 +6,7 @@ import pytest
 import torch
 from engine_helpers import IDS, _variant
 
+from ostinato import buckets
 from ostinato.runtime.cli import run as run_cli
 from ostinato.runtime.engine import executor as executor_module
 from ostinato.runtime.engine.cpu_threads import GPU_RESERVED, cpu_threads, usable_cores
@@ -65,6 +66,9 @@ def test_decode_passes_the_planned_threads_prefill_every_thread_and_the_logits_d
     the compiled step's host tasks) and the whole pool in prefill's; its results do not depend on its threads."""
     if usable_cores() < 2:
         pytest.skip("one core: the pool and the decode threads cannot differ")
+    # the compiled engines build the plan context's step only, the one tests/test_cpu_step.py builds for this mixed
+    # plan (threads are not in the graph: Inductor's cache has it); positions 0..24 need no other context
+    monkeypatch.setattr(buckets, "DECODE_CONTEXT_SMALLEST", 1 << 30)
     plan = _variant(compiled[0], "mixed", None)
     one = plan.replace(policy=plan.policy.replace(cpu_threads=2, decode_cpu_threads=1))
     every = plan.replace(policy=plan.policy.replace(cpu_threads=2, decode_cpu_threads=None))
@@ -83,6 +87,7 @@ def test_decode_passes_the_planned_threads_prefill_every_thread_and_the_logits_d
     for name, p in (("one", one), ("every", every)):
         e = load_engine(p, tiny_ckpt, device="cpu", cpu_step=cpu_step)
         assert (e.cpu_threads.threads, e.cpu_threads.decode) == (2, 1 if name == "one" else 2)
+        assert e.step_runner.cpu_step == cpu_step, e.step_runner.cpu_step_note  # the step asked for, not a fallback
         kernel_call = type(e.executor.cpu_kernel).__call__
         monkeypatch.setattr(type(e.executor.cpu_kernel), "__call__", lambda self, x, routes, experts, out, n=1: (
             calls.append(("prefill", x.shape[0], n)), kernel_call(self, x, routes, experts, out, n))[1])

@@ -23,6 +23,7 @@ import os
 import re
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -196,13 +197,25 @@ def dense_ops_jobs(root: Path) -> list[dict]:
 
 
 def run_compile_check(python: str | Path, jobs: list[dict], home: Path) -> list[dict]:
-    """Run the check in a subprocess with no TRITON_* variable (conftest sets TRITON_INTERPRET, and
-    TRITON_ALLOW_NON_CONSTEXPR_GLOBALS would hide what this test looks for); caches go under `home`."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TRITON_")} | {"TRITON_HOME": str(home)}
-    run = subprocess.run([str(python), str(CHECK)], input=json.dumps(jobs), capture_output=True, text=True, env=env,
-                         timeout=600, check=False)
-    assert run.returncode == 0, run.stderr[-4000:]
-    return json.loads(run.stdout)
+    """Run the check in subprocesses with no TRITON_* variable (conftest sets TRITON_INTERPRET, and
+    TRITON_ALLOW_NON_CONSTEXPR_GLOBALS would hide what this test looks for), one a core at once over consecutive
+    parts of `jobs` (each compile keeps one core busy; the check compiles its jobs one by one); caches go under
+    `home` -> the results, in the order of `jobs`."""
+    parts = max(1, min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1,
+                       len(jobs)))
+    bounds = [len(jobs) * i // parts for i in range(parts + 1)]
+
+    def check(i: int) -> list[dict]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TRITON_")} | {"TRITON_HOME": str(home / str(i))}
+        run = subprocess.run([str(python), str(CHECK)], input=json.dumps(jobs[bounds[i]:bounds[i + 1]]),
+                             capture_output=True, text=True, env=env, timeout=600, check=False)
+        assert run.returncode == 0, run.stderr[-4000:]
+        return json.loads(run.stdout)
+
+    with ThreadPoolExecutor(parts) as pool:
+        results = [r for part in pool.map(check, range(parts)) for r in part]
+    assert len(results) == len(jobs), (len(results), len(jobs))
+    return results
 
 
 def _name(job: dict, res: dict) -> str:

@@ -22,6 +22,7 @@ without CUDA (and without --cpu) nothing runs after the cuda step, which says so
   report:first  the FP8 GEMV at every dense shape of V4-Flash, wo_a as the engine runs it and the FP8 GEMM;
                 hot-expert decode; a decode graph's tok/s
   checks        tests/gpu, one file per process, up to --jobs at once, the speculation + re-placement check first
+                (the order they started in: checks_started.txt in the archive; summary lines come as each ends)
   report:rest   prefill, upload, host node and bucket rows, and the goals judged from the checks' figures
 Time: the plan printed first gives each step's estimate on one H200 and its limit. No step starts, and a running
 one is stopped, past --budget-s (BUDGET_S, default 420 s: a first run and a rerun fit the device tool's 15
@@ -263,6 +264,8 @@ def run_checks(r: Run, step: Step) -> None:
                 r.verdict(file.stem, "NOT RUN (out of time)", 0)
                 continue
             log = open(r.logs / "checks" / f"{file.stem}.log", "w")  # noqa: SIM115 - closed when it ends
+            with open(r.logs / "checks_started.txt", "a") as order:  # start order (the summary: end order)
+                order.write(file.stem + "\n")
             proc = subprocess.Popen([*cmd, f"--junitxml={r.logs / 'junit' / (file.stem + '.xml')}", str(file)],
                                     cwd=REPO, env=r.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
             running[file.stem] = (proc, log, time.monotonic(), limit)
@@ -280,6 +283,11 @@ def run_checks(r: Run, step: Step) -> None:
                 print(tail(Path(log.name)), flush=True)
             del running[name]
         time.sleep(0.2)
+
+
+def cpu_jobs() -> int:
+    """--cpu: a check file per core, up to JOBS (each is one busy Python thread, the interpreter's kernels)."""
+    return max(1, min(JOBS, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
 
 
 def coverage(r: Run) -> str:
@@ -315,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget-s", type=float, default=float(os.environ.get("BUDGET_S", 0)) or None,
                     help=f"the whole run's time (default $BUDGET_S, else {BUDGET_S:g}; --cpu {CPU_BUDGET_S:g})")
     ap.add_argument("--jobs", type=int, default=int(os.environ.get("JOBS", 0)) or None,
-                    help=f"check files at once (default {JOBS} on CUDA, 1 with --cpu)")
+                    help=f"check files at once (default {JOBS} on CUDA; with --cpu one a core, up to {JOBS})")
     ap.add_argument("--work", help="the tiny checkpoint, its plans and kernels (default build/gpu_check_work, kept "
                                    "for a rerun)")
     ap.add_argument("--logs", help="the logs packed into the archive (default build/gpu_check_logs, made afresh)")
@@ -323,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--wheelhouse", type=Path, default=REPO / "build" / "wheelhouse")
     ap.add_argument("--plan", action="store_true", help="print the plan of time and exit")
     args = ap.parse_args(argv)
-    args.jobs = args.jobs or (1 if args.cpu else JOBS)
+    args.jobs = args.jobs or (cpu_jobs() if args.cpu else JOBS)
     args.budget_s = args.budget_s or (CPU_BUDGET_S if args.cpu else BUDGET_S)
     if args.plan:
         print(plan_text(args.budget_s))

@@ -33,6 +33,11 @@ import pytest  # noqa: E402
 import ostinato.runtime  # noqa: E402
 from ostinato.bench.gpu_setup import GpuSetup, make_setup  # noqa: E402
 
+if ON_CPU:  # Triton's interpreter without the set-up it repeats inside a kernel (tests/triton_interpreter.py)
+    import triton_interpreter
+
+    triton_interpreter.install()
+
 FIGURES: dict[str, float] = {}  # measured figures the checks record, printed in pytest's summary
 RUNTIME = str(Path(ostinato.runtime.__file__).resolve().parent)  # runtime/, as checked out
 RAN: set[str] = set()  # the files of every Python function called since the session began (with a coverage folder)
@@ -41,7 +46,7 @@ RAN: set[str] = set()  # the files of every Python function called since the ses
 def _record_calls() -> None:
     """Note the file of every function that starts, cheaply: with sys.monitoring (Python 3.12+, the GPU machine's)
     each code object reports once and is then switched off; before 3.12 a profile hook that only notes the
-    file name of each call (a set add: two check files' CPU twin ran no slower within the noise)."""
+    file name of each call (a set add), Triton's interpreted kernels left out of it (_unhook_triton_launches)."""
     if monitoring := getattr(sys, "monitoring", None):
         tool = monitoring.PROFILER_ID
 
@@ -61,8 +66,35 @@ def _record_calls() -> None:
         if event == "call":
             RAN.add(frame.f_code.co_filename)
 
+    _unhook_triton_launches()
     threading.setprofile(called)
     sys.setprofile(called)
+
+
+def _unhook_triton_launches() -> None:
+    """Before 3.12 (the CPU twin): Triton's interpreter runs a kernel as a great many Python calls of its own, each
+    of which would call the profile hook (the Triton-heavy check files ran 3-4x slower under it). A kernel launch
+    notes the kernel's file, as its first call would, and runs unhooked; a device function it calls notes its own."""
+    try:
+        from triton.runtime.interpreter import GridExecutor, InterpretedFunction
+    except ImportError:  # no Triton: nothing of it runs
+        return
+    launch, device_call = GridExecutor.__call__, InterpretedFunction.__call__
+
+    def unhooked_launch(self, *args, **kwargs):
+        RAN.add(self.fn.__code__.co_filename)
+        hook = sys.getprofile()
+        sys.setprofile(None)  # this thread's hook only
+        try:
+            return launch(self, *args, **kwargs)
+        finally:
+            sys.setprofile(hook)
+
+    def noted_device_call(self, *args, **kwargs):
+        RAN.add(self.fn.__code__.co_filename)
+        return device_call(self, *args, **kwargs)
+
+    GridExecutor.__call__, InterpretedFunction.__call__ = unhooked_launch, noted_device_call
 
 
 def runtime_coverage() -> dict[str, list[str]]:
