@@ -115,6 +115,12 @@ def test_cli_refuses_bad_arguments(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         ks.main(["--out", str(tmp_path / "no" / "such" / "t.yaml")])
     assert e.value.code == 2 and "no directory" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:  # --doc writes the block of the table the run writes: none here
+        ks.main(["--out", "", "--doc"])
+    assert e.value.code == 2 and "--doc writes the block" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        ks.main(["--out", str(tmp_path / "t.yaml"), "--doc", str(tmp_path / "no-such.md")])
+    assert e.value.code == 2 and "no-such.md: no such file" in capsys.readouterr().err
 
 
 def test_cli_refuses_an_isa_this_cpu_lacks_and_a_table_of_cpu_seconds(tmp_path, capsys):
